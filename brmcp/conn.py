@@ -1,0 +1,206 @@
+"""One MCP session over Bison Relay PMs: the SDK transport pair.
+
+A :class:`Conn` is created by a :class:`~brmcp.Router` (``dial`` for the
+client role, ``accept`` for the server role). Its :attr:`Conn.read_stream`
+and :attr:`Conn.write_stream` satisfy the MCP SDK transport protocols, so
+``ClientSession(conn.read_stream, conn.write_stream)`` and
+``server.run(conn.read_stream, conn.write_stream, ...)`` work unmodified.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
+from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCResponse
+
+from . import wire
+from .sender import SendError
+
+if TYPE_CHECKING:
+    from .router import Router
+
+__all__ = ["Conn"]
+
+log = logging.getLogger("brmcp.transport")
+
+
+class _WriteStream:
+    """SDK ``WriteStream[SessionMessage]``: serialize compactly, split into
+    envelope parts and send them in seq order through the host's PMSender."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+
+    async def send(self, item: SessionMessage, /) -> None:
+        await self._conn._write(item)
+
+    async def aclose(self) -> None:
+        self._conn.close()
+
+    async def __aenter__(self) -> _WriteStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class Conn:
+    """One (peer, sid) session.
+
+    Attributes: :attr:`peer` (the remote uid), :attr:`sid` (16 hex for dialed
+    sessions, whatever the peer chose for accepted ones), :attr:`session_id`
+    (``"<peer>/<sid>"``), :attr:`read_stream` (``SessionMessage | Exception``
+    items; inbound messages carry ``ServerMessageMetadata(request_context=peer)``)
+    and :attr:`write_stream`. :meth:`close` is idempotent and sends nothing to
+    the peer: the protocol has no close frame (WIRE.md §Sessions).
+
+    A failed PM send closes the session; the SDK then sees a transport error
+    (``anyio.BrokenResourceError``, reported by the SDK as "Connection
+    closed") and :attr:`error` holds the :class:`~brmcp.SendError`.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_inbox_recv",
+        "_inbox_send",
+        "_meta",
+        "_router",
+        "_write_stream",
+        "error",
+        "last_activity",
+        "peer",
+        "sid",
+    )
+
+    def __init__(self, router: Router, peer: str, sid: str, inbox_size: int, now: float) -> None:
+        self._router = router
+        self.peer = peer
+        self.sid = sid
+        self._inbox_send: MemoryObjectSendStream[SessionMessage | Exception]
+        self._inbox_recv: MemoryObjectReceiveStream[SessionMessage | Exception]
+        self._inbox_send, self._inbox_recv = anyio.create_memory_object_stream[SessionMessage | Exception](
+            inbox_size
+        )
+        self._write_stream = _WriteStream(self)
+        self._meta = ServerMessageMetadata(request_context=peer)
+        self._closed = False
+        self.error: BaseException | None = None
+        self.last_activity = now
+
+    @property
+    def session_id(self) -> str:
+        """``"<peer>/<sid>"``, unique within a router."""
+        return f"{self.peer}/{self.sid}"
+
+    @property
+    def read_stream(self) -> MemoryObjectReceiveStream[SessionMessage | Exception]:
+        """Inbound JSON-RPC messages, FIFO; ends (EOF) when the session closes."""
+        return self._inbox_recv
+
+    @property
+    def write_stream(self) -> _WriteStream:
+        """Outbound JSON-RPC messages; each becomes one or more PMs."""
+        return self._write_stream
+
+    @property
+    def streams(self) -> tuple[MemoryObjectReceiveStream[SessionMessage | Exception], _WriteStream]:
+        """``(read_stream, write_stream)``, the SDK transport pair."""
+        return self._inbox_recv, self._write_stream
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (explicitly, by idle expiry, inbox
+        overflow, a send failure or the router closing)."""
+        return self._closed
+
+    def close(self) -> None:
+        """Close the session: readers get EOF, writers get
+        ``ClosedResourceError``, the router forgets it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox_send.close()
+        self._router._forget(self)
+
+    async def __aenter__(self) -> Conn:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _deliver(self, message: SessionMessage | Exception) -> bool:
+        """Queue an inbound message without blocking; False when the inbox
+        is full (the router then closes the session)."""
+        try:
+            self._inbox_send.send_nowait(message)
+        except anyio.WouldBlock:
+            return False
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return True
+        return True
+
+    async def _write(self, item: SessionMessage) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        router = self._router
+        now = router._clock()
+        self.last_activity = now
+        router._touch(self)
+        message = item.message
+        payload = message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+        exp = math.floor(now + router.options.ttl)
+        chunk_size = router.options.chunk_size
+        try:
+            parts = wire.encode(payload, sid=self.sid, exp=exp, chunk_size=chunk_size)
+        except wire.TooLargeError:
+            if not isinstance(message, JSONRPCResponse):
+                raise
+            # A result too large for 64 parts becomes an error response for
+            # the same request, so the caller learns why instead of waiting.
+            limit = wire.MAX_PARTS * chunk_size
+            refusal = JSONRPCError(
+                jsonrpc="2.0",
+                id=message.id,
+                error=ErrorData(
+                    code=INTERNAL_ERROR,
+                    message=f"result of {len(payload)} bytes exceeds the transport limit of {limit} bytes",
+                ),
+            )
+            payload = refusal.model_dump_json(by_alias=True, exclude_unset=True).encode()
+            parts = wire.encode(payload, sid=self.sid, exp=exp, chunk_size=chunk_size)
+        sender = router.sender
+        try:
+            for text in parts:
+                await sender.send_pm(self.peer, text)
+        except Exception as exc:  # the host's sender may raise anything
+            failure = SendError(self.peer, exc)
+            failure.__cause__ = exc
+            self.error = failure
+            log.warning("%s; closing session %s", failure, self.sid)
+            router.stats.send_failures += 1
+            self.close()
+            raise anyio.BrokenResourceError(str(failure)) from failure
+        router.stats.pms_sent += len(parts)
+        router.stats.messages_sent += 1
+
+    def _make_message(self, message: Any) -> SessionMessage:
+        return SessionMessage(message, metadata=self._meta)
