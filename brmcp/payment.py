@@ -1,0 +1,166 @@
+"""Payment metadata shared by bots and callers (go-brmcp.md §2.7, §2.8).
+
+* ``_meta`` keys: :data:`PRICE_ATOMS_KEY` and :data:`PRICING_KEY` on tools in
+  ``tools/list``; :data:`CALL_KEY` in ``tools/call`` ``params._meta``.
+* The refusal a bot returns for an unfunded paid call: an ``isError`` tool
+  result whose text content is the JSON of :class:`PaymentRequired`
+  (:func:`payment_required_text` writes it, :func:`parse_payment_required`
+  finds it). All amounts are integer atoms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mcp.types import CallToolResult, TextContent
+
+from . import _gojson
+
+__all__ = [
+    "CALL_KEY",
+    "CALL_KEY_MAX_BYTES",
+    "CALL_KEY_MIN_BYTES",
+    "PAYMENT_REQUIRED",
+    "PRICE_ATOMS_KEY",
+    "PRICING_DYNAMIC",
+    "PRICING_KEY",
+    "TIP_RAIL",
+    "PaymentRequired",
+    "parse_payment_required",
+    "payment_required_result",
+    "payment_required_text",
+    "valid_call_key",
+]
+
+#: Tool ``_meta`` key: the per-call price in atoms (``0`` for free tools).
+PRICE_ATOMS_KEY = "brmcp/priceAtoms"
+#: Tool ``_meta`` key: ``"dynamic"`` when the price depends on the arguments.
+PRICING_KEY = "brmcp/pricing"
+#: The :data:`PRICING_KEY` value for argument-dependent prices.
+PRICING_DYNAMIC = "dynamic"
+#: ``tools/call`` ``params._meta`` key carrying the caller's idempotency key.
+CALL_KEY = "brmcp/callKey"
+#: Inclusive bounds on a honoured callKey's length in UTF-8 bytes (§2.8).
+CALL_KEY_MIN_BYTES = 8
+CALL_KEY_MAX_BYTES = 128
+#: The ``error`` value of a payment refusal.
+PAYMENT_REQUIRED = "payment_required"
+#: The only payment rail (BR tips); ``acceptedRails`` is always ``["tip"]``.
+TIP_RAIL = "tip"
+
+_FIELDS: dict[str, _gojson.Kind] = {
+    "error": "string",
+    "tool": "string",
+    "priceAtoms": "int64",
+    "balanceAtoms": "int64",
+    "shortfallAtoms": "int64",
+    "acceptedRails": "strings",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PaymentRequired:
+    """A bot's ``payment_required`` refusal (go-brmcp.md §2.7).
+
+    ``price_atoms`` is the tool's price, ``balance_atoms`` the caller's
+    prepaid balance when the debit failed and ``shortfall_atoms`` the
+    difference; all in atoms. ``accepted_rails`` is ``("tip",)`` from every
+    conforming bot.
+    """
+
+    error: str = PAYMENT_REQUIRED
+    tool: str = ""
+    price_atoms: int = 0
+    balance_atoms: int = 0
+    shortfall_atoms: int = 0
+    accepted_rails: tuple[str, ...] = (TIP_RAIL,)
+
+    def to_json(self) -> str:
+        """The compact JSON text, keys in the Go struct order, as Go's
+        ``json.Marshal`` writes it (an empty rail list is ``null``)."""
+        return _gojson.dumps(
+            {
+                "error": self.error,
+                "tool": self.tool,
+                "priceAtoms": self.price_atoms,
+                "balanceAtoms": self.balance_atoms,
+                "shortfallAtoms": self.shortfall_atoms,
+                "acceptedRails": list(self.accepted_rails) if self.accepted_rails else None,
+            }
+        )
+
+
+def payment_required_text(
+    tool: str, price_atoms: int, balance_atoms: int, shortfall_atoms: int | None = None
+) -> str:
+    """The refusal text a bot sends when ``balance_atoms`` cannot cover
+    ``price_atoms``, byte-identical to the Go harness (go-brmcp.md §2.7,
+    §3.6 step 4), e.g. ``{"error":"payment_required","tool":"fortune",
+    "priceAtoms":10000,"balanceAtoms":0,"shortfallAtoms":10000,
+    "acceptedRails":["tip"]}``. ``shortfall_atoms`` defaults to
+    ``price_atoms - balance_atoms``. All amounts in atoms."""
+    if shortfall_atoms is None:
+        shortfall_atoms = price_atoms - balance_atoms
+    return PaymentRequired(
+        tool=tool,
+        price_atoms=price_atoms,
+        balance_atoms=balance_atoms,
+        shortfall_atoms=shortfall_atoms,
+    ).to_json()
+
+
+def payment_required_result(tool: str, price_atoms: int, balance_atoms: int) -> CallToolResult:
+    """The whole refusal: ``isError`` with the JSON of
+    :func:`payment_required_text` as its single text content and no
+    ``structuredContent`` (go-brmcp.md §2.7)."""
+    text = payment_required_text(tool, price_atoms, balance_atoms)
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+def _decode(text: str) -> PaymentRequired | None:
+    try:
+        fields = _gojson.decode_struct(_gojson.loads(text), _FIELDS, struct="brmcp.PaymentRequired")
+    except _gojson.GoJSONError:
+        return None
+    if fields.get("error") != PAYMENT_REQUIRED:
+        return None
+    rails: Sequence[str] = fields.get("acceptedRails", ())
+    return PaymentRequired(
+        error=PAYMENT_REQUIRED,
+        tool=fields.get("tool", ""),
+        price_atoms=fields.get("priceAtoms", 0),
+        balance_atoms=fields.get("balanceAtoms", 0),
+        shortfall_atoms=fields.get("shortfallAtoms", 0),
+        accepted_rails=tuple(rails),
+    )
+
+
+def parse_payment_required(result: CallToolResult | None) -> PaymentRequired | None:
+    """Find a payment refusal in a tool result (go-brmcp.md §2.7).
+
+    Returns None unless ``result`` is an ``isError`` result; then the first
+    text content, in order, whose text decodes (with Go's rules: keys
+    case-insensitive, unknown keys ignored, a non-integer amount or a wrong
+    type means "does not decode") into the refusal shape with ``error ==
+    "payment_required"``. Other texts may come before it. Never raises for
+    bad content.
+    """
+    if result is None or not result.is_error:
+        return None
+    for item in result.content:
+        if isinstance(item, TextContent):
+            found = _decode(item.text)
+            if found is not None:
+                return found
+    return None
+
+
+def valid_call_key(value: Any) -> bool:
+    """True when ``value`` is a callKey a bot honours: a string of 8..128
+    UTF-8 bytes (go-brmcp.md §2.8); anything else runs the call unkeyed."""
+    if not isinstance(value, str):
+        return False
+    size = len(value.encode("utf-8", "surrogatepass"))
+    return CALL_KEY_MIN_BYTES <= size <= CALL_KEY_MAX_BYTES

@@ -1,0 +1,310 @@
+"""Money and journal operations of the harness, over the built-in SQLite
+ledger (one transaction per movement plus its journal row) or an external
+:class:`~.billing.Billing` store (journal in SQLite, balances elsewhere,
+exactly-once through movement refs)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sqlite3
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from . import store
+from ._executor import GroupCommitExecutor
+from .billing import Billing, InsufficientBalance
+from .store import JournalEntry, StatementEntry
+
+log = logging.getLogger("brmcp.server")
+
+INTERRUPTED_TEXT = "call interrupted by a server restart; the charge was refunded"
+
+
+class Accounts:
+    """See the module docstring. ``data_dir`` None means no journal: only
+    possible with an external billing store (callKey replay is then in
+    memory only)."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None,
+        billing: Billing | None,
+        clock: Callable[[], float],
+    ) -> None:
+        if billing is None and data_dir is None:
+            raise ValueError("brmcp: harness needs a data_dir for the built-in ledger or a Billing store")
+        self._billing = billing
+        self._clock = clock
+        self.local = billing is None
+        self.path: Path | None = None
+        self._db: GroupCommitExecutor | None = None
+        self._seen_tips: OrderedDict[tuple[int, str, int], None] = OrderedDict()
+        if data_dir is not None:
+            conn = store.open_database(data_dir)
+            self.path = Path(data_dir) / store.DB_FILENAME
+            self._db = GroupCommitExecutor(conn)
+
+    @property
+    def journaled(self) -> bool:
+        return self._db is not None
+
+    @property
+    def executor(self) -> GroupCommitExecutor | None:
+        return self._db
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+
+    # -- start-up ----------------------------------------------------------------
+
+    def reconcile(self, replay_window: float, outcome_json: Callable[[str], str]) -> list[JournalEntry]:
+        """Built-in ledger: refund every call interrupted between its debit
+        and completion (exactly once: refund and journal update are one
+        transaction), and return the completed keyed calls still inside
+        their replay window. Synchronous, for start-up. With an external
+        Billing store the refunds need its async API: see
+        :meth:`reconcile_external`, which the harness awaits when it starts."""
+        db = self._db
+        if db is None:
+            return []
+        now = self._clock()
+        if self.local:
+            for call_id, peer, call_key, _tool, atoms, _state in db.run_now(store.interrupted):
+                db.run_now(
+                    functools.partial(
+                        store.recover_call,
+                        call_id=call_id,
+                        peer=peer,
+                        call_key=call_key,
+                        atoms=atoms,
+                        ts=now,
+                        expires=now + replay_window,
+                        outcome_json=outcome_json(INTERRUPTED_TEXT),
+                        local=True,
+                        charged=True,
+                    )
+                )
+                log.warning("refunded %d atoms to %s for a call interrupted by a restart", atoms, peer)
+        return db.run_now(lambda c: store.completed_keyed(c, now))
+
+    async def reconcile_external(self, replay_window: float, outcome_json: Callable[[str], str]) -> None:
+        """External Billing: settle interrupted calls and pending tip credits
+        left by a crash, exactly once through movement refs."""
+        db = self._db
+        if db is None or self.local:
+            return
+        pending = await db.run(store.interrupted)
+        await self._reconcile_external(pending, self._clock(), replay_window, outcome_json)
+
+    async def _reconcile_external(
+        self,
+        pending: list[tuple[str, str, str | None, str, int, str]],
+        now: float,
+        replay_window: float,
+        outcome_json: Callable[[str], str],
+    ) -> None:
+        billing = self._billing
+        db = self._db
+        assert billing is not None
+        assert db is not None
+        for call_id, peer, call_key, _tool, atoms, state in pending:
+            charged = True
+            if state == "charging":
+                # Unknown whether the debit landed: repeat it under the same ref
+                # (a no-op if it did), so the refund below nets to zero.
+                try:
+                    await billing.debit(peer, atoms, ref=f"charge:{call_id}")
+                except InsufficientBalance:
+                    charged = False
+            if charged:
+                await billing.credit(peer, atoms, ref=f"refund:{call_id}")
+            await db.run(
+                functools.partial(
+                    store.recover_call,
+                    call_id=call_id,
+                    peer=peer,
+                    call_key=call_key,
+                    atoms=atoms,
+                    ts=now,
+                    expires=now + replay_window,
+                    outcome_json=outcome_json(INTERRUPTED_TEXT),
+                    local=False,
+                    charged=charged,
+                )
+            )
+        for seq, peer, matoms, credited in await db.run(store.pending_tips):
+            if credited > 0:
+                await billing.credit(peer, credited, ref=f"tip:{seq}:{peer}:{matoms}")
+            await db.run(
+                functools.partial(store.finish_tip, sequence_id=seq, peer=peer, amount_matoms=matoms, ts=now)
+            )
+
+    # -- balances ----------------------------------------------------------------
+
+    async def balance(self, peer: str) -> int:
+        if self._billing is not None:
+            return await self._billing.balance(peer)
+        assert self._db is not None
+        return await self._db.run(lambda c: store.balance(c, peer))
+
+    async def credit(self, peer: str, atoms: int, *, kind: str, ref: str) -> None:
+        if atoms <= 0:
+            return
+        now = self._clock()
+        if self._billing is not None:
+            await self._billing.credit(peer, atoms, ref=ref)
+            if self._db is not None:
+                await self._db.run(
+                    lambda c: store.record_movement(c, ts=now, peer=peer, kind=kind, atoms=atoms, ref=ref)
+                )
+            return
+        assert self._db is not None
+        await self._db.run(lambda c: store.credit(c, peer, atoms, ts=now, kind=kind, ref=ref))
+
+    # -- paid calls ----------------------------------------------------------------
+
+    async def charge(
+        self, *, call_id: str, peer: str, call_key: str | None, tool: str, atoms: int
+    ) -> tuple[bool, int]:
+        """Debit and journal. Returns (True, balance_after or -1) or
+        (False, balance). Callers shield this from cancellation."""
+        now = self._clock()
+        db = self._db
+        billing = self._billing
+        if billing is None:
+            assert db is not None
+            return await db.run(
+                lambda c: store.charge(
+                    c, call_id=call_id, peer=peer, call_key=call_key, tool=tool, atoms=atoms, ts=now
+                )
+            )
+        if db is not None:
+            await db.run(
+                lambda c: store.journal_charge(
+                    c,
+                    call_id=call_id,
+                    peer=peer,
+                    call_key=call_key,
+                    tool=tool,
+                    atoms=atoms,
+                    ts=now,
+                    state="charging",
+                )
+            )
+        try:
+            await billing.debit(peer, atoms, ref=f"charge:{call_id}")
+        except InsufficientBalance:
+            if db is not None:
+                await db.run(lambda c: store.drop_call(c, call_id))
+            return False, await billing.balance(peer)
+        except BaseException:
+            # Unknown outcome (store error, cancellation): leave the journal
+            # row 'charging' so start-up reconciliation settles it exactly once.
+            raise
+        if db is not None:
+            await db.run(
+                lambda c: store.journal_charge(
+                    c,
+                    call_id=call_id,
+                    peer=peer,
+                    call_key=call_key,
+                    tool=tool,
+                    atoms=atoms,
+                    ts=now,
+                    state="charged",
+                )
+            )
+        return True, -1
+
+    async def complete(
+        self,
+        *,
+        call_id: str,
+        peer: str,
+        atoms: int,
+        keyed: bool,
+        expires: float,
+        outcome_json: str | None,
+        refund: bool,
+    ) -> None:
+        """Finish a charged call; ``refund`` credits the price back (the
+        handler failed). Built-in ledger: one transaction."""
+        now = self._clock()
+        if self._billing is not None and refund:
+            await self._billing.credit(peer, atoms, ref=f"refund:{call_id}")
+        db = self._db
+        if db is None:
+            return
+        refund_spec = (peer, atoms, self.local) if refund else None
+        await db.run(
+            lambda c: store.complete(
+                c,
+                call_id=call_id,
+                keyed=keyed,
+                ts=now,
+                expires=expires,
+                outcome_json=outcome_json,
+                refund=refund_spec,
+            )
+        )
+
+    # -- tips ------------------------------------------------------------------------
+
+    async def credit_tip(
+        self, *, peer: str, amount_matoms: int, sequence_id: int, allowed: bool
+    ) -> tuple[bool, int]:
+        """Returns (new, atoms credited). Milliatoms are floored to atoms."""
+        atoms = amount_matoms // 1000 if amount_matoms > 0 else 0
+        now = self._clock()
+        db = self._db
+        key = (sequence_id, peer, amount_matoms)
+        if db is None:
+            if key in self._seen_tips:
+                return False, 0
+            self._seen_tips[key] = None
+            while len(self._seen_tips) > store.TIP_MEMORY:
+                self._seen_tips.popitem(last=False)
+            if allowed and atoms > 0:
+                assert self._billing is not None
+                await self._billing.credit(peer, atoms, ref=f"tip:{sequence_id}:{peer}:{amount_matoms}")
+                return True, atoms
+            return True, 0
+        new, credited = await db.run(
+            lambda c: store.record_tip(
+                c,
+                sequence_id=sequence_id,
+                peer=peer,
+                amount_matoms=amount_matoms,
+                atoms=atoms,
+                credit_it=allowed,
+                ts=now,
+                local=self.local,
+            )
+        )
+        if new and credited and self._billing is not None:
+            await self._billing.credit(peer, credited, ref=f"tip:{sequence_id}:{peer}:{amount_matoms}")
+            await db.run(
+                lambda c: store.finish_tip(
+                    c, sequence_id=sequence_id, peer=peer, amount_matoms=amount_matoms, ts=now
+                )
+            )
+        return new, credited
+
+    async def statement(self, peer: str) -> list[StatementEntry]:
+        if self._db is None:
+            return []
+        return await self._db.run(lambda c: store.statement(c, peer))
+
+    async def gc(self) -> int:
+        if self._db is None:
+            return 0
+        now = self._clock()
+        return await self._db.run(lambda c: store.gc_calls(c, now))
+
+
+def is_store_error(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.Error | store.StoreError)

@@ -1,0 +1,528 @@
+"""The serving harness: priced MCP tools for allowed BR peers, paid from a
+prepaid ledger funded by tips, each keyed call executed and charged at most
+once (go-brmcp.md §3; WIRE.md §Payments, §callKey).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio
+from mcp.server import Server, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp.types import (
+    INVALID_PARAMS,
+    CallToolRequestParams,
+    CallToolResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+    ToolAnnotations,
+)
+
+from .. import wire
+from ..conn import Conn
+from ..payment import CALL_KEY, payment_required_result
+from ..payment import valid_call_key as _is_valid_key
+from ..router import Router, RouterOptions
+from ..sender import PMSender
+from ._accounts import Accounts
+from .billing import Billing
+from .callkeys import REPLAY_WINDOW, CallKeyRegistry, Claim, error_result
+from .context import CallContext
+from .ratelimit import RateLimiter
+from .store import StatementEntry, StoreError
+from .tools import Handler, PriceFunc, ToolArgumentError, ToolSpec, spec_from_function, to_result
+
+__all__ = ["Harness", "HarnessConfig", "HarnessError"]
+
+log = logging.getLogger("brmcp.server")
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+#: Outcomes whose JSON is at most this many bytes are kept in the journal
+#: and replayed after a restart (go-brmcp.md §3.9).
+OUTCOME_CAP = 64 * 1024
+RATE_LIMITED_TEXT = "rate limited; retry later"
+
+
+class HarnessError(Exception):
+    """The harness cannot start: bad configuration or unusable storage
+    (the message names the file)."""
+
+
+@dataclass(slots=True)
+class HarnessConfig:
+    """Harness settings (go-brmcp.md §3.1).
+
+    * ``data_dir``: holds the SQLite database (balances, paid-call journal,
+      processed tips, audit rows). Required unless ``billing`` is set.
+    * ``allowed_peers``: default-deny allowlist of caller uids (exact
+      strings; use lowercase hex). ``allow`` replaces it entirely when set.
+    * ``calls_per_minute``: token bucket per caller (capacity = burst).
+    * ``tool_visible(peer, tool)``: hide tools per caller (hidden tools are
+      absent from tools/list and unknown to tools/call).
+    * ``billing``: an external balance store instead of the built-in ledger.
+    * ``router_options``: transport settings (ttl, chunk size, ...).
+    * ``name``/``version``: the MCP server implementation info.
+    * ``clock``: unix seconds, for journal expiry.
+    """
+
+    data_dir: str | os.PathLike[str] | None = None
+    allowed_peers: Iterable[str] = ()
+    allow: Callable[[str], bool] | None = None
+    calls_per_minute: int = 30
+    tool_visible: Callable[[str, str], bool] | None = None
+    billing: Billing | None = None
+    router_options: RouterOptions = field(default_factory=RouterOptions)
+    name: str = "brmcp"
+    version: str = "0.1.0"
+    clock: Callable[[], float] = time.time
+
+
+def valid_call_key(meta: Any) -> str | None:
+    """The ``brmcp/callKey`` of a request's ``_meta`` when it is a string of
+    8..128 UTF-8 bytes, else None: the call runs unkeyed (WIRE.md §callKey)."""
+    if not isinstance(meta, dict):
+        return None
+    key = meta.get(CALL_KEY)
+    return key if _is_valid_key(key) else None
+
+
+class _Refused(Exception):
+    """A refusal before execution; the claim is released."""
+
+    def __init__(self, result: CallToolResult, reason: str) -> None:
+        super().__init__(reason)
+        self.result = result
+        self.reason = reason
+
+
+class Harness:
+    """Serve MCP tools to allowed BR peers and charge per call.
+
+    Construction opens (or creates) the database and reconciles it: every
+    paid call interrupted by a crash is refunded exactly once, and completed
+    keyed calls inside their 30-minute window are loaded for replay. Raises
+    :class:`HarnessError` for a missing data_dir/billing or an unusable
+    database (nothing is repaired or reset).
+
+    Use ``async with harness:`` then ``router = await harness.start(sender)``
+    (or ``async with harness.serve(sender) as router``) and feed every PM to
+    ``router.handle_pm``.
+    """
+
+    def __init__(self, config: HarnessConfig) -> None:
+        self.config = config
+        self._clock = config.clock
+        try:
+            self._accounts = Accounts(config.data_dir, config.billing, config.clock)
+        except ValueError as exc:
+            raise HarnessError(str(exc)) from None
+        except StoreError as exc:
+            raise HarnessError(str(exc)) from None
+        try:
+            self._limiter = RateLimiter(config.calls_per_minute if config.calls_per_minute > 0 else 30)
+        except ValueError as exc:
+            raise HarnessError(str(exc)) from None
+        self._allowed = frozenset(config.allowed_peers)
+        self._allow_fn = config.allow
+        self._tools: dict[str, ToolSpec] = {}
+        self._calls = CallKeyRegistry(window=REPLAY_WINDOW, clock=config.clock)
+        self._server = Server(
+            config.name,
+            version=config.version,
+            on_list_tools=self._on_list_tools,
+            on_call_tool=self._on_call_tool,
+        )
+        self._stack: AsyncExitStack | None = None
+        self._router: Router | None = None
+        self.executions = 0  #: handler invocations (for tests and metrics)
+        try:
+            loaded = self._accounts.reconcile(REPLAY_WINDOW, _outcome_json_for_error)
+        except StoreError as exc:
+            self._accounts.close()
+            raise HarnessError(str(exc)) from None
+        except Exception as exc:
+            self._accounts.close()
+            raise HarnessError(f"cannot reconcile the ledger database: {exc}") from exc
+        for entry in loaded:
+            outcome = None
+            if entry.outcome is not None:
+                try:
+                    outcome = CallToolResult.model_validate(entry.outcome)
+                except ValueError:
+                    outcome = None
+            self._calls.load(entry.peer, entry.call_key, outcome, entry.expires, 0)
+
+    # -- configuration -----------------------------------------------------------
+
+    def allowed(self, peer: str) -> bool:
+        """Admission check: ``allow(peer)`` when configured, else membership
+        in the allowlist (default deny)."""
+        if self._allow_fn is not None:
+            return bool(self._allow_fn(peer))
+        return peer in self._allowed
+
+    def set_allowed_peers(self, peers: Iterable[str]) -> None:
+        """Replace the allowlist at run time (ignored while ``allow`` is set)."""
+        self._allowed = frozenset(peers)
+
+    def set_calls_per_minute(self, per_minute: int) -> None:
+        """Change the rate limit at run time; ``<= 0`` selects 30."""
+        self._limiter.per_minute = per_minute if per_minute > 0 else 30
+
+    @property
+    def calls_per_minute(self) -> int:
+        return self._limiter.per_minute
+
+    @property
+    def server(self) -> Server[Any]:
+        """The MCP SDK server that serves every session."""
+        return self._server
+
+    @property
+    def database_path(self) -> str | None:
+        return None if self._accounts.path is None else str(self._accounts.path)
+
+    # -- tools -----------------------------------------------------------------------
+
+    def tool(
+        self,
+        name: str | None = None,
+        *,
+        description: str | None = None,
+        price_atoms: int = 0,
+        price: PriceFunc | None = None,
+        output_schema: dict[str, Any] | None = None,
+        annotations: ToolAnnotations | None = None,
+        title: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx: CallContext, ...)``; the
+        input schema comes from the type hints (see
+        :func:`~.tools.spec_from_function`). ``price_atoms`` is a fixed price
+        in atoms; ``price(ctx, args) -> atoms`` makes it dynamic."""
+
+        def register(fn: F) -> F:
+            self._add(
+                spec_from_function(
+                    fn,
+                    name=name,
+                    description=description,
+                    price_atoms=price_atoms,
+                    price=price,
+                    output_schema=output_schema,
+                    annotations=annotations,
+                    title=title,
+                    meta=meta,
+                )
+            )
+            return fn
+
+        return register
+
+    def add_tool(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        description: str | None,
+        input_schema: dict[str, Any],
+        output_schema: dict[str, Any] | None = None,
+        price_atoms: int = 0,
+        price: PriceFunc | None = None,
+        annotations: ToolAnnotations | None = None,
+        title: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        """Register a tool with an explicit JSON Schema; ``handler(ctx,
+        args)`` returns a dict (structured result), a str, or a
+        CallToolResult. Raises ValueError for an invalid schema, a negative
+        price or a duplicate name."""
+        self._add(
+            ToolSpec(
+                name=name,
+                handler=handler,
+                description=description,
+                input_schema=input_schema,
+                output_schema=output_schema,
+                price_atoms=price_atoms,
+                price=price,
+                annotations=annotations,
+                title=title,
+                meta=dict(meta or {}),
+            )
+        )
+
+    def _add(self, spec: ToolSpec) -> None:
+        if spec.name in self._tools:
+            raise ValueError(f'tool "{spec.name}" is already registered')
+        self._tools[spec.name] = spec
+
+    def tools(self) -> list[ToolSpec]:
+        return list(self._tools.values())
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> Harness:
+        if self._stack is not None:
+            raise RuntimeError("Harness already entered")
+        self._stack = AsyncExitStack()
+        await self._stack.__aenter__()
+        await self._accounts.reconcile_external(REPLAY_WINDOW, _outcome_json_for_error)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool | None:
+        stack, self._stack = self._stack, None
+        self._router = None
+        try:
+            if stack is not None:
+                return await stack.__aexit__(exc_type, exc_val, exc_tb)
+            return None
+        finally:
+            self._accounts.close()
+
+    async def start(self, sender: PMSender) -> Router:
+        """Start serving: returns the server-role Router (owned by this
+        harness) whose ``handle_pm`` the host must feed with every PM.
+        Requires ``async with harness``."""
+        if self._stack is None:
+            raise RuntimeError("enter the harness first: 'async with harness: await harness.start(sender)'")
+        if self._router is not None:
+            raise RuntimeError("harness already started")
+        router = Router(sender, accept=self._accept, allow=self.allowed, options=self.config.router_options)
+        await self._stack.enter_async_context(router)
+        self._router = router
+        return router
+
+    @contextlib.asynccontextmanager
+    async def serve(self, sender: PMSender) -> AsyncIterator[Router]:
+        """``async with harness.serve(sender) as router:`` enters the harness,
+        starts it and closes everything on exit."""
+        async with self:
+            yield await self.start(sender)
+
+    @property
+    def router(self) -> Router | None:
+        return self._router
+
+    async def _accept(self, conn: Conn) -> None:
+        server = self._server
+        await server.run(conn.read_stream, conn.write_stream, server.create_initialization_options())
+
+    # -- money ---------------------------------------------------------------------------
+
+    async def balance(self, peer: str) -> int:
+        """Prepaid balance of ``peer`` in atoms."""
+        return await self._accounts.balance(peer)
+
+    async def credit(self, peer: str, atoms: int, *, memo: str | None = None) -> None:
+        """Credit ``atoms`` (> 0) to ``peer`` outside the tip path (operator
+        top-ups, tests). Audited as kind ``credit``. Raises ValueError for a
+        non-positive amount."""
+        if isinstance(atoms, bool) or not isinstance(atoms, int) or atoms <= 0:
+            raise ValueError(f"credit amount must be a positive number of atoms, got {atoms!r}")
+        ref = f"credit:{wire.new_id()}{wire.new_id()}"
+        with anyio.CancelScope(shield=True):
+            await self._accounts.credit(peer, atoms, kind="credit", ref=ref)
+
+    async def credit_tip(self, peer: str, amount_matoms: int, sequence_id: int) -> int:
+        """Credit a received tip: milliatoms floored to atoms, only for
+        allowed peers, once per tip (sequence id, sender and amount recorded
+        in the same transaction as the credit, so a redelivered tip never
+        credits twice, even across a crash). Returns the atoms credited (0
+        for replays, non-allowed senders and amounts under 1000 matoms)."""
+        _, atoms = await self.record_tip(peer, amount_matoms, sequence_id)
+        return atoms
+
+    async def record_tip(self, peer: str, amount_matoms: int, sequence_id: int) -> tuple[bool, int]:
+        """Like :meth:`credit_tip` but also says whether the tip was new
+        (False: a redelivery, nothing changed)."""
+        allowed = self.allowed(peer)
+        with anyio.CancelScope(shield=True):
+            outcome = await self._accounts.credit_tip(
+                peer=peer, amount_matoms=int(amount_matoms), sequence_id=int(sequence_id), allowed=allowed
+            )
+        return outcome
+
+    async def statement(self, peer: str) -> list[StatementEntry]:
+        """Every money movement of ``peer``, oldest first (tips, credits,
+        charges, refunds), from the append-only audit table."""
+        return await self._accounts.statement(peer)
+
+    # -- MCP handlers ----------------------------------------------------------------------
+
+    def _visible(self, peer: str, name: str) -> bool:
+        fn = self.config.tool_visible
+        return fn is None or bool(fn(peer, name))
+
+    async def _on_list_tools(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        peer = _peer_of(ctx)
+        return ListToolsResult(
+            tools=[spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
+        )
+
+    async def _on_call_tool(
+        self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
+    ) -> CallToolResult:
+        peer = _peer_of(ctx)
+        spec = self._tools.get(params.name)
+        if spec is None or not self._visible(peer, params.name):
+            raise MCPError(code=INVALID_PARAMS, message=f'unknown tool "{params.name}"')
+        arguments = params.arguments or {}
+        try:
+            prepared = spec.validate(arguments)
+        except ToolArgumentError as exc:
+            return error_result(str(exc))
+        key = valid_call_key(params.meta)
+        return await self.call(peer, spec, arguments, prepared, key, request=ctx)
+
+    async def call(
+        self,
+        peer: str,
+        spec: ToolSpec,
+        arguments: dict[str, Any],
+        prepared: dict[str, Any],
+        call_key: str | None,
+        *,
+        request: Any = None,
+    ) -> CallToolResult:
+        """The per-call pipeline (go-brmcp.md §3.6): callKey claim → rate
+        limit → price → debit or payment_required → handler."""
+        claim: Claim | None = None
+        if call_key is not None:
+            claim, duplicate = self._calls.claim(peer, call_key)
+            if duplicate:
+                return await self._calls.wait(claim)
+        try:
+            result = await self._execute(peer, spec, arguments, prepared, call_key, claim, request)
+        except _Refused as refusal:
+            if claim is not None:
+                self._calls.release(claim, refusal.reason)
+            return refusal.result
+        except BaseException:
+            if claim is not None and not claim.finished:
+                self._calls.release(claim, "the original call was abandoned")
+            raise
+        return result
+
+    async def _execute(
+        self,
+        peer: str,
+        spec: ToolSpec,
+        arguments: dict[str, Any],
+        prepared: dict[str, Any],
+        call_key: str | None,
+        claim: Claim | None,
+        request: Any,
+    ) -> CallToolResult:
+        if not self._limiter.take(peer):
+            raise _Refused(error_result(RATE_LIMITED_TEXT), "rate limited")
+        base = CallContext(peer=peer, tool=spec.name, call_key=call_key, request=request)
+        try:
+            price = await spec.price_for(base, arguments)
+        except Exception as exc:
+            reason = str(exc) or type(exc).__name__
+            raise _Refused(error_result(reason), "price function failed") from None
+        call_id = wire.new_id() + wire.new_id()
+        charged = 0
+        if price > 0:
+            try:
+                with anyio.CancelScope(shield=True):
+                    ok, balance = await self._accounts.charge(
+                        call_id=call_id, peer=peer, call_key=call_key, tool=spec.name, atoms=price
+                    )
+            except Exception as exc:
+                log.error("charge of %d atoms to %s failed: %s", price, peer, exc)
+                raise _Refused(
+                    error_result("payment could not be recorded; nothing was charged; retry later"),
+                    "ledger unavailable",
+                ) from None
+            if not ok:
+                raise _Refused(payment_required_result(spec.name, price, balance), "payment required")
+            charged = price
+        ctx = CallContext(
+            peer=peer, tool=spec.name, charged_atoms=charged, call_key=call_key, request=request
+        )
+        self.executions += 1
+        failed = False
+        try:
+            value = await spec.handler(ctx, prepared)
+            result = to_result(value)
+            problem = spec.check_output(result)
+            if problem is not None:
+                failed = True
+                result = error_result(problem)
+            elif result.is_error:
+                failed = True
+        except Exception as exc:
+            failed = True
+            log.info(
+                "tool %s failed for %s: %s", spec.name, peer, exc, exc_info=log.isEnabledFor(logging.DEBUG)
+            )
+            result = error_result(str(exc) or type(exc).__name__)
+        except BaseException:
+            # Cancelled (the caller gave up): refund and record like a failure.
+            with anyio.CancelScope(shield=True):
+                await self._settle(call_id, peer, claim, charged, error_result("call cancelled"), True)
+            raise
+        with anyio.CancelScope(shield=True):
+            await self._settle(call_id, peer, claim, charged, result, failed)
+        return result
+
+    async def _settle(
+        self,
+        call_id: str,
+        peer: str,
+        claim: Claim | None,
+        charged: int,
+        result: CallToolResult,
+        failed: bool,
+    ) -> None:
+        """Journal completion (refunding a failed paid call in the same
+        transaction) and record the outcome for duplicates."""
+        text = result.model_dump_json(by_alias=True, exclude_none=True)
+        size = len(text.encode())
+        if charged > 0:
+            try:
+                await self._accounts.complete(
+                    call_id=call_id,
+                    peer=peer,
+                    atoms=charged,
+                    keyed=claim is not None,
+                    expires=self._clock() + REPLAY_WINDOW,
+                    outcome_json=text if size <= OUTCOME_CAP else None,
+                    refund=failed,
+                )
+            except Exception as exc:
+                # The journal row stays 'charged': the next start refunds it
+                # exactly once. The caller still gets its result.
+                log.error("could not journal completion of call %s for %s: %s", call_id, peer, exc)
+        if claim is not None:
+            self._calls.finish(claim, result, size)
+
+
+def _peer_of(ctx: ServerRequestContext[Any]) -> str:
+    peer = ctx.request
+    if not isinstance(peer, str):
+        raise MCPError(code=INVALID_PARAMS, message="brmcp: request did not arrive over a BR session")
+    return peer
+
+
+def _outcome_json_for_error(text: str) -> str:
+    return error_result(text).model_dump_json(by_alias=True, exclude_none=True)

@@ -1,0 +1,532 @@
+"""The harness's durable state: one SQLite database in the data directory.
+
+Tables (schema version 1):
+
+* ``balances(peer, atoms)`` -- the built-in prepaid ledger, in atoms;
+* ``calls`` -- the paid-call journal: a row per charged execution, written in
+  the same transaction as the debit, completed (or refunded) in one more;
+* ``tips`` -- received tips already processed, bounded to the newest 10,000,
+  written in the same transaction as the credit;
+* ``movements`` -- an append-only audit row per money movement.
+
+WAL journal, ``synchronous=FULL``. Every operation is a plain function of a
+connection executed by :class:`~._executor.GroupCommitExecutor`, so money
+movements and their journal rows always commit together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DB_FILENAME",
+    "TIP_MEMORY",
+    "JournalEntry",
+    "StatementEntry",
+    "StoreError",
+    "open_database",
+]
+
+DB_FILENAME = "brmcp.sqlite3"
+SCHEMA_VERSION = 1
+#: How many processed tips are remembered for de-duplication.
+TIP_MEMORY = 10_000
+
+_SCHEMA = """
+CREATE TABLE balances (
+    peer  TEXT PRIMARY KEY,
+    atoms INTEGER NOT NULL CHECK (atoms >= 0)
+);
+CREATE TABLE calls (
+    call_id      TEXT PRIMARY KEY,
+    peer         TEXT NOT NULL,
+    call_key     TEXT,
+    tool         TEXT NOT NULL,
+    atoms        INTEGER NOT NULL CHECK (atoms > 0),
+    state        TEXT NOT NULL CHECK (state IN ('charging', 'charged', 'done')),
+    charged_at   REAL NOT NULL,
+    completed_at REAL,
+    expires      REAL,
+    kept         INTEGER NOT NULL DEFAULT 0,
+    outcome      TEXT
+);
+CREATE UNIQUE INDEX calls_by_key ON calls (peer, call_key) WHERE call_key IS NOT NULL;
+CREATE TABLE tips (
+    n            INTEGER PRIMARY KEY AUTOINCREMENT,
+    sequence_id  INTEGER NOT NULL,
+    peer         TEXT NOT NULL,
+    amount_matoms INTEGER NOT NULL,
+    atoms        INTEGER NOT NULL,
+    credited     INTEGER NOT NULL,
+    state        TEXT NOT NULL CHECK (state IN ('pending', 'done')),
+    ts           REAL NOT NULL,
+    UNIQUE (sequence_id, peer, amount_matoms)
+);
+CREATE TABLE movements (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts            REAL NOT NULL,
+    peer          TEXT NOT NULL,
+    kind          TEXT NOT NULL,
+    atoms         INTEGER NOT NULL,
+    call_key      TEXT,
+    tip_seq       INTEGER,
+    ref           TEXT NOT NULL UNIQUE,
+    balance_after INTEGER
+);
+CREATE INDEX movements_by_peer ON movements (peer, id);
+"""
+
+_EXPECTED_TABLES = {"balances", "calls", "tips", "movements"}
+
+
+class StoreError(Exception):
+    """The database cannot be opened or used (corrupt, unreadable, newer
+    schema). Start-up stops; nothing is reset silently."""
+
+
+@dataclass(frozen=True, slots=True)
+class StatementEntry:
+    """One money movement of a peer, oldest first.
+
+    ``kind`` is ``tip``, ``credit``, ``charge``, ``refund`` (handler failed)
+    or ``recovery_refund`` (refunded at start-up after a crash); ``atoms`` is
+    signed (credits positive, charges negative); ``ts`` is unix seconds;
+    ``balance_after`` is None when an external Billing store holds balances.
+    """
+
+    ts: float
+    kind: str
+    atoms: int
+    call_key: str | None
+    tip_seq: int | None
+    balance_after: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """A paid keyed call found completed in the journal at start-up.
+
+    ``outcome`` is the CallToolResult JSON object when it was kept (its JSON
+    is at most 64 KiB), else None.
+    """
+
+    peer: str
+    call_key: str
+    atoms: int
+    expires: float
+    outcome: dict[str, Any] | None
+
+
+def open_database(data_dir: str | os.PathLike[str]) -> sqlite3.Connection:
+    """Open (creating if needed) ``<data_dir>/brmcp.sqlite3``.
+
+    The directory is created with mode 0700 and the file with 0600. Raises
+    :class:`StoreError` naming the path when the file is not a usable brmcp
+    database.
+    """
+    directory = Path(data_dir)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create data directory {directory}: {exc.strerror or exc}") from exc
+    path = directory / DB_FILENAME
+    fresh = not path.exists()
+    if fresh:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            os.close(fd)
+        except FileExistsError:
+            fresh = False
+        except OSError as exc:
+            raise StoreError(f"cannot create ledger database {path}: {exc.strerror or exc}") from exc
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open ledger database {path}: {exc}") from exc
+    try:
+        _prepare(conn, path)
+    except StoreError:
+        conn.close()
+        raise
+    except sqlite3.Error as exc:
+        conn.close()
+        raise StoreError(f"ledger database {path} is corrupt or unreadable: {exc}") from exc
+    return conn
+
+
+def _prepare(conn: sqlite3.Connection, path: Path) -> None:
+    check = conn.execute("PRAGMA quick_check").fetchall()
+    if not check or check[0][0] != "ok":
+        detail = "; ".join(str(row[0]) for row in check[:3])
+        raise StoreError(f"ledger database {path} is corrupt: {detail}")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    tables.discard("sqlite_sequence")
+    if version == 0 and not tables:
+        conn.execute("BEGIN IMMEDIATE")
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+        return
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"ledger database {path} has schema version {version}, newer than this brmcp "
+            f"supports ({SCHEMA_VERSION}); upgrade brmcp"
+        )
+    if version != SCHEMA_VERSION or not tables >= _EXPECTED_TABLES:
+        raise StoreError(
+            f"ledger database {path} is not a brmcp database "
+            f"(schema version {version}, tables {sorted(tables)})"
+        )
+
+
+# -- operations: plain functions of a connection, run inside a transaction ----
+
+
+def balance(conn: sqlite3.Connection, peer: str) -> int:
+    row = conn.execute("SELECT atoms FROM balances WHERE peer = ?", (peer,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _add_balance(conn: sqlite3.Connection, peer: str, delta: int) -> int:
+    if delta >= 0:
+        conn.execute(
+            "INSERT INTO balances (peer, atoms) VALUES (?, ?) "
+            "ON CONFLICT (peer) DO UPDATE SET atoms = atoms + excluded.atoms",
+            (peer, delta),
+        )
+    else:
+        # The CHECK (atoms >= 0) constraint makes an overdraft fail loudly.
+        conn.execute("UPDATE balances SET atoms = atoms + ? WHERE peer = ?", (delta, peer))
+    return balance(conn, peer)
+
+
+def record_movement(
+    conn: sqlite3.Connection,
+    *,
+    ts: float,
+    peer: str,
+    kind: str,
+    atoms: int,
+    ref: str,
+    call_key: str | None = None,
+    tip_seq: int | None = None,
+    balance_after: int | None = None,
+) -> None:
+    conn.execute(
+        "INSERT INTO movements (ts, peer, kind, atoms, call_key, tip_seq, ref, balance_after) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (ts, peer, kind, atoms, call_key, tip_seq, ref, balance_after),
+    )
+
+
+def credit(conn: sqlite3.Connection, peer: str, atoms: int, *, ts: float, kind: str, ref: str) -> int:
+    """Add ``atoms`` (> 0) to ``peer`` and audit it; returns the new balance."""
+    after = _add_balance(conn, peer, atoms)
+    record_movement(conn, ts=ts, peer=peer, kind=kind, atoms=atoms, ref=ref, balance_after=after)
+    return after
+
+
+def charge(
+    conn: sqlite3.Connection,
+    *,
+    call_id: str,
+    peer: str,
+    call_key: str | None,
+    tool: str,
+    atoms: int,
+    ts: float,
+) -> tuple[bool, int]:
+    """Debit ``atoms`` and journal the call as charged, atomically.
+
+    Returns ``(True, balance_after)`` or ``(False, balance)`` when the
+    balance cannot cover the price (nothing written).
+    """
+    current = balance(conn, peer)
+    if current < atoms:
+        return False, current
+    if call_key is not None:
+        # A completed record past its replay window may still hold the key.
+        conn.execute("DELETE FROM calls WHERE peer = ? AND call_key = ? AND state = 'done'", (peer, call_key))
+    after = _add_balance(conn, peer, -atoms)
+    record_movement(
+        conn,
+        ts=ts,
+        peer=peer,
+        kind="charge",
+        atoms=-atoms,
+        ref=f"charge:{call_id}",
+        call_key=call_key,
+        balance_after=after,
+    )
+    conn.execute(
+        "INSERT INTO calls (call_id, peer, call_key, tool, atoms, state, charged_at) "
+        "VALUES (?, ?, ?, ?, ?, 'charged', ?)",
+        (call_id, peer, call_key, tool, atoms, ts),
+    )
+    return True, after
+
+
+def journal_charge(
+    conn: sqlite3.Connection,
+    *,
+    call_id: str,
+    peer: str,
+    call_key: str | None,
+    tool: str,
+    atoms: int,
+    ts: float,
+    state: str,
+) -> None:
+    """External-billing variant: journal a call as ``charging`` (before the
+    debit) or move it to ``charged`` (after)."""
+    if state == "charging":
+        if call_key is not None:
+            conn.execute(
+                "DELETE FROM calls WHERE peer = ? AND call_key = ? AND state = 'done'", (peer, call_key)
+            )
+        conn.execute(
+            "INSERT INTO calls (call_id, peer, call_key, tool, atoms, state, charged_at) "
+            "VALUES (?, ?, ?, ?, ?, 'charging', ?)",
+            (call_id, peer, call_key, tool, atoms, ts),
+        )
+    else:
+        conn.execute("UPDATE calls SET state = 'charged' WHERE call_id = ?", (call_id,))
+        record_movement(
+            conn,
+            ts=ts,
+            peer=peer,
+            kind="charge",
+            atoms=-atoms,
+            ref=f"charge:{call_id}",
+            call_key=call_key,
+        )
+
+
+def drop_call(conn: sqlite3.Connection, call_id: str) -> None:
+    conn.execute("DELETE FROM calls WHERE call_id = ?", (call_id,))
+
+
+def complete(
+    conn: sqlite3.Connection,
+    *,
+    call_id: str,
+    keyed: bool,
+    ts: float,
+    expires: float,
+    outcome_json: str | None,
+    refund: tuple[str, int, bool] | None = None,
+) -> None:
+    """Mark a charged call done (keyed: keep it for replay until
+    ``expires``; unkeyed: forget it). ``refund=(peer, atoms, local)`` also
+    credits the price back in the same transaction (``local``: the built-in
+    ledger holds the balance; otherwise the caller already refunded through
+    its Billing store and only the audit row is written)."""
+    if refund is not None:
+        peer, atoms, local = refund
+        row = conn.execute("SELECT call_key FROM calls WHERE call_id = ?", (call_id,)).fetchone()
+        call_key = row[0] if row else None
+        after = _add_balance(conn, peer, atoms) if local else None
+        record_movement(
+            conn,
+            ts=ts,
+            peer=peer,
+            kind="refund",
+            atoms=atoms,
+            ref=f"refund:{call_id}",
+            call_key=call_key,
+            balance_after=after,
+        )
+    if keyed:
+        conn.execute(
+            "UPDATE calls SET state = 'done', completed_at = ?, expires = ?, kept = ?, outcome = ? "
+            "WHERE call_id = ?",
+            (ts, expires, 1 if outcome_json is not None else 0, outcome_json, call_id),
+        )
+    else:
+        conn.execute("DELETE FROM calls WHERE call_id = ?", (call_id,))
+
+
+def interrupted(conn: sqlite3.Connection) -> list[tuple[str, str, str | None, str, int, str]]:
+    """Calls charged (or being charged) but never completed: a crash came
+    between the debit and completion. Rows: (call_id, peer, call_key, tool,
+    atoms, state)."""
+    rows = conn.execute(
+        "SELECT call_id, peer, call_key, tool, atoms, state FROM calls "
+        "WHERE state IN ('charging', 'charged') ORDER BY charged_at"
+    ).fetchall()
+    return [(str(r[0]), str(r[1]), r[2], str(r[3]), int(r[4]), str(r[5])) for r in rows]
+
+
+def recover_call(
+    conn: sqlite3.Connection,
+    *,
+    call_id: str,
+    peer: str,
+    call_key: str | None,
+    atoms: int,
+    ts: float,
+    expires: float,
+    outcome_json: str,
+    local: bool,
+    charged: bool,
+) -> None:
+    """Refund one interrupted call exactly once and settle its journal row.
+
+    A keyed call keeps its key bound to an error outcome until ``expires`` so
+    a retry of the same key is answered rather than executed a second time.
+    ``charged`` False (external billing, debit not confirmed) refunds nothing.
+    """
+    if charged:
+        after = _add_balance(conn, peer, atoms) if local else None
+        record_movement(
+            conn,
+            ts=ts,
+            peer=peer,
+            kind="recovery_refund",
+            atoms=atoms,
+            ref=f"refund:{call_id}",
+            call_key=call_key,
+            balance_after=after,
+        )
+    if call_key is None:
+        conn.execute("DELETE FROM calls WHERE call_id = ?", (call_id,))
+    else:
+        conn.execute(
+            "UPDATE calls SET state = 'done', completed_at = ?, expires = ?, kept = 1, outcome = ? "
+            "WHERE call_id = ?",
+            (ts, expires, outcome_json, call_id),
+        )
+
+
+def completed_keyed(conn: sqlite3.Connection, now: float) -> list[JournalEntry]:
+    """Delete expired completed rows and return the live ones."""
+    conn.execute("DELETE FROM calls WHERE state = 'done' AND (expires IS NULL OR expires <= ?)", (now,))
+    out: list[JournalEntry] = []
+    for peer, call_key, atoms, expires, kept, outcome in conn.execute(
+        "SELECT peer, call_key, atoms, expires, kept, outcome FROM calls "
+        "WHERE state = 'done' AND call_key IS NOT NULL ORDER BY completed_at"
+    ):
+        parsed: dict[str, Any] | None = None
+        if kept and outcome is not None:
+            try:
+                value = json.loads(outcome)
+            except ValueError:
+                value = None
+            parsed = value if isinstance(value, dict) else None
+        out.append(JournalEntry(str(peer), str(call_key), int(atoms), float(expires), parsed))
+    return out
+
+
+def gc_calls(conn: sqlite3.Connection, now: float) -> int:
+    cursor = conn.execute("DELETE FROM calls WHERE state = 'done' AND expires <= ?", (now,))
+    return cursor.rowcount
+
+
+def tip_seen(conn: sqlite3.Connection, sequence_id: int, peer: str, amount_matoms: int) -> str | None:
+    row = conn.execute(
+        "SELECT state FROM tips WHERE sequence_id = ? AND peer = ? AND amount_matoms = ?",
+        (sequence_id, peer, amount_matoms),
+    ).fetchone()
+    return str(row[0]) if row else None
+
+
+def record_tip(
+    conn: sqlite3.Connection,
+    *,
+    sequence_id: int,
+    peer: str,
+    amount_matoms: int,
+    atoms: int,
+    credit_it: bool,
+    ts: float,
+    local: bool,
+) -> tuple[bool, int]:
+    """Process a received tip once. Returns ``(new, atoms_credited)``.
+
+    ``new`` False means the tip was already processed (a redelivery): nothing
+    changes. Otherwise the tip is remembered and, when ``credit_it``, its
+    atoms are credited in the same transaction (``local``: built-in ledger;
+    otherwise the row stays ``pending`` until the external credit is done).
+    """
+    if tip_seen(conn, sequence_id, peer, amount_matoms) is not None:
+        return False, 0
+    credited = atoms if credit_it and atoms > 0 else 0
+    state = "done" if local or credited == 0 else "pending"
+    conn.execute(
+        "INSERT INTO tips (sequence_id, peer, amount_matoms, atoms, credited, state, ts) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (sequence_id, peer, amount_matoms, atoms, credited, state, ts),
+    )
+    if credited and local:
+        after = _add_balance(conn, peer, credited)
+        record_movement(
+            conn,
+            ts=ts,
+            peer=peer,
+            kind="tip",
+            atoms=credited,
+            ref=f"tip:{sequence_id}:{peer}:{amount_matoms}",
+            tip_seq=sequence_id,
+            balance_after=after,
+        )
+    conn.execute(
+        "DELETE FROM tips WHERE n <= (SELECT MAX(n) FROM tips) - ? AND state = 'done'", (TIP_MEMORY,)
+    )
+    return True, credited
+
+
+def finish_tip(
+    conn: sqlite3.Connection, *, sequence_id: int, peer: str, amount_matoms: int, ts: float
+) -> None:
+    """External billing: the credit of a pending tip is done; audit it."""
+    row = conn.execute(
+        "SELECT credited FROM tips "
+        "WHERE sequence_id = ? AND peer = ? AND amount_matoms = ? AND state = 'pending'",
+        (sequence_id, peer, amount_matoms),
+    ).fetchone()
+    if row is None:
+        return
+    conn.execute(
+        "UPDATE tips SET state = 'done' WHERE sequence_id = ? AND peer = ? AND amount_matoms = ?",
+        (sequence_id, peer, amount_matoms),
+    )
+    record_movement(
+        conn,
+        ts=ts,
+        peer=peer,
+        kind="tip",
+        atoms=int(row[0]),
+        ref=f"tip:{sequence_id}:{peer}:{amount_matoms}",
+        tip_seq=sequence_id,
+    )
+
+
+def pending_tips(conn: sqlite3.Connection) -> list[tuple[int, str, int, int]]:
+    """External billing: tips whose credit may not have happened before a
+    crash. Rows: (sequence_id, peer, amount_matoms, credited atoms)."""
+    rows = conn.execute(
+        "SELECT sequence_id, peer, amount_matoms, credited FROM tips WHERE state = 'pending' ORDER BY n"
+    ).fetchall()
+    return [(int(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows]
+
+
+def statement(conn: sqlite3.Connection, peer: str) -> list[StatementEntry]:
+    rows = conn.execute(
+        "SELECT ts, kind, atoms, call_key, tip_seq, balance_after FROM movements WHERE peer = ? ORDER BY id",
+        (peer,),
+    ).fetchall()
+    return [
+        StatementEntry(float(r[0]), str(r[1]), int(r[2]), r[3], None if r[4] is None else int(r[4]), r[5])
+        for r in rows
+    ]
