@@ -5,25 +5,41 @@ The public surface is small and re-exported here:
 * :func:`is_envelope` tells MCP traffic from human chat (WIRE.md §Parsing);
 * :class:`Router` demultiplexes PMs into MCP sessions (:class:`Conn`), sending
   through the host's :class:`PMSender`;
+* :func:`parse_payment_required` and the ``_meta`` key constants describe
+  paid tools (go-brmcp.md §2.7);
 * the wire codec lives in :mod:`brmcp.wire`, test helpers in
   :mod:`brmcp.testing`.
 """
 
 from .conn import Conn
+from .payment import (
+    CALL_KEY,
+    PRICE_ATOMS_KEY,
+    PRICING_KEY,
+    PaymentRequired,
+    parse_payment_required,
+    payment_required_text,
+)
 from .router import AcceptFunc, AllowFunc, Router, RouterOptions, RouterStats
 from .sender import PMSender, SenderFunc, SendError
 from .wire import is_envelope
 
 __all__ = [
+    "CALL_KEY",
+    "PRICE_ATOMS_KEY",
+    "PRICING_KEY",
     "AcceptFunc",
     "AllowFunc",
     "Conn",
     "PMSender",
+    "PaymentRequired",
     "Router",
     "RouterOptions",
     "RouterStats",
     "SendError",
     "SenderFunc",
     "is_envelope",
+    "parse_payment_required",
+    "payment_required_text",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,50 @@
+"""The client bridge: stock MCP agents reach paid bots over Bison Relay.
+
+An agent connects to ``http://127.0.0.1:PORT/mcp/<bot uid>`` with a bearer
+token; the bridge relays over BR PMs and pays for tools under the user's
+policy (caps, approval or autopay). Behaviour and file formats follow the Go
+reference (go-brmcp.md §4); see BRIDGE.md.
+
+* :class:`Bridge` / :class:`BridgeConfig`: the bridge and what the host
+  supplies; :class:`Payer` is the host's way to move money;
+* :class:`Settings`: the policy in ``mcpclient.json``;
+* :class:`SpendEntry` / :class:`SpendSummary`: the spend log ``mcpspend.json``;
+* :class:`PendingPayment`: a payment waiting for approval;
+* :class:`TipMatcher`: correlate tips with terminal tip-progress events;
+* :class:`Clock`, :class:`SystemClock`, :class:`ManualClock`, :func:`go_duration`.
+"""
+
+from .admin import ConfigSnippet
+from .approvals import PendingPayment
+from .bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN, Bridge, BridgeConfig
+from .clock import Clock, ManualClock, SystemClock, go_duration
+from .errors import BridgeError, SettingsError
+from .settings import MODE_APPROVAL, MODE_AUTOPAY, SETTINGS_FILE, Settings
+from .settle import Payer
+from .spend import SPEND_FILE, SpendEntry, SpendSummary
+from .tipmatcher import TipMatcher, TipWaiter
+
+__all__ = [
+    "ADMIN_TOKEN_FILE",
+    "DEFAULT_LISTEN",
+    "MODE_APPROVAL",
+    "MODE_AUTOPAY",
+    "SETTINGS_FILE",
+    "SPEND_FILE",
+    "Bridge",
+    "BridgeConfig",
+    "BridgeError",
+    "Clock",
+    "ConfigSnippet",
+    "ManualClock",
+    "Payer",
+    "PendingPayment",
+    "Settings",
+    "SettingsError",
+    "SpendEntry",
+    "SpendSummary",
+    "SystemClock",
+    "TipMatcher",
+    "TipWaiter",
+    "go_duration",
+]

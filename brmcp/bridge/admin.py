@@ -1,0 +1,184 @@
+"""The local admin surface of the bridge (the daemon's CLI talks to it).
+
+Served by the bridge's HTTP app under ``/admin/`` and gated by the *admin*
+token (``<data_dir>/mcpadmin.token``), not by the agents' token: agents hold
+the bearer token, and must not be able to raise their own caps or approve
+their own payments. All bodies are JSON.
+
+| Method and path | Does |
+|---|---|
+| ``GET /admin/settings`` | the settings object (``mcpclient.json`` keys) |
+| ``PUT`` or ``POST /admin/settings`` | apply a JSON object of changed keys; answers the new settings |
+| ``GET /admin/approvals`` | ``{"pending": [PendingPayment…]}`` |
+| ``POST /admin/approvals/<id>/approve`` or ``…/deny`` | decide; 404 for an unknown id |
+| ``GET /admin/spend`` | ``{"entries": [SpendEntry…], "day_total_atoms": n}`` |
+| ``GET /admin/config-snippet/<uid>`` | the agent configuration for one bot |
+
+Errors are ``{"error": "<reason>"}`` with status 400 (bad input), 404
+(unknown path or id), 405 (wrong method), 413 (body too large) or 500
+(state could not be written).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import Receive, Scope, Send
+
+from .errors import BridgeError, SettingsError
+from .http import MAX_ADMIN_BODY_BYTES, AdminHandler, read_body, send_json
+from .settings import is_uid, setting_names, settings_from_json
+
+if TYPE_CHECKING:
+    from .bridge import Bridge
+
+__all__ = ["ConfigSnippet", "admin_handler", "config_snippet"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSnippet:
+    """How an agent reaches one bot through the bridge: the MCP server
+    ``name`` (``brmcp-<first 8 hex>``), the endpoint ``url`` and the bearer
+    ``token``."""
+
+    name: str
+    url: str
+    token: str
+
+    @property
+    def mcp_json(self) -> dict[str, Any]:
+        """An ``.mcp.json`` document (Claude Code, Cursor and others)."""
+        return {
+            "mcpServers": {
+                self.name: {
+                    "type": "http",
+                    "url": self.url,
+                    "headers": {"Authorization": f"Bearer {self.token}"},
+                }
+            }
+        }
+
+    @property
+    def claude_command(self) -> str:
+        """The equivalent ``claude mcp add`` command line."""
+        return (
+            f"claude mcp add --transport http {self.name} {self.url} "
+            f'--header "Authorization: Bearer {self.token}"'
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "url": self.url,
+            "mcp_json": self.mcp_json,
+            "claude_command": self.claude_command,
+        }
+
+
+def config_snippet(uid: str, base_url: str, token: str) -> ConfigSnippet:
+    """The snippet for bot ``uid`` (64 hex, lowercased) on a bridge reached
+    at ``base_url`` (e.g. ``http://127.0.0.1:8891``). Raises ValueError for
+    a malformed uid."""
+    if not is_uid(uid):
+        raise ValueError(f"bot uid {uid!r} is not 64 hex characters")
+    uid = uid.lower()
+    return ConfigSnippet(name=f"brmcp-{uid[:8]}", url=f"{base_url.rstrip('/')}/mcp/{uid}", token=token)
+
+
+def _base_url(scope: Scope) -> str:
+    host = "127.0.0.1"
+    for key, value in scope.get("headers", ()):
+        if key.lower() == b"host":
+            host = value.decode("latin-1")
+            break
+    scheme = scope.get("scheme", "http")
+    root = scope.get("root_path", "")
+    return f"{scheme}://{host}{root}"
+
+
+def admin_handler(bridge: Bridge) -> AdminHandler:
+    """The ASGI handler for ``/admin/…`` bound to ``bridge`` (the gate has
+    already checked the admin token)."""
+
+    async def handle(scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        method = scope.get("method", "")
+        parts = [p for p in path.split("/") if p][1:]  # drop "admin"
+        route = parts[0] if parts else ""
+        if route == "settings" and len(parts) == 1:
+            if method == "GET":
+                await send_json(send, 200, bridge.settings.to_dict())
+                return
+            if method in ("PUT", "POST"):
+                await _set_settings(bridge, receive, send)
+                return
+            await send_json(send, 405, {"error": "use GET, PUT or POST"})
+            return
+        if route == "approvals":
+            if len(parts) == 1 and method == "GET":
+                await send_json(send, 200, {"pending": [p.to_dict() for p in bridge.pending_payments()]})
+                return
+            if len(parts) == 3 and parts[2] in ("approve", "deny"):
+                if method != "POST":
+                    await send_json(send, 405, {"error": "use POST"})
+                    return
+                approve = parts[2] == "approve"
+                if not bridge.resolve_payment(parts[1], approve):
+                    await send_json(send, 404, {"error": "unknown payment"})
+                    return
+                await send_json(send, 200, {"id": parts[1], "approved": approve})
+                return
+        if route == "spend" and len(parts) == 1:
+            if method != "GET":
+                await send_json(send, 405, {"error": "use GET"})
+                return
+            await send_json(send, 200, bridge.spend_log().to_dict())
+            return
+        if route == "config-snippet" and len(parts) == 2:
+            if method != "GET":
+                await send_json(send, 405, {"error": "use GET"})
+                return
+            try:
+                snippet = bridge.config_snippet(parts[1], _base_url(scope))
+            except ValueError as exc:
+                await send_json(send, 400, {"error": str(exc)})
+                return
+            await send_json(send, 200, {**snippet.to_dict(), "allowed": bridge.settings.allows(parts[1])})
+            return
+        await send_json(send, 404, {"error": "not found"})
+
+    return handle
+
+
+async def _set_settings(bridge: Bridge, receive: Receive, send: Send) -> None:
+    body, extra = await read_body(receive, MAX_ADMIN_BODY_BYTES)
+    if body is None:
+        if not extra:
+            await send_json(send, 413, {"error": "request body too large"})
+        return
+    try:
+        changes = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        await send_json(send, 400, {"error": "body is not JSON"})
+        return
+    if not isinstance(changes, dict):
+        await send_json(send, 400, {"error": "body must be a JSON object of settings"})
+        return
+    unknown = sorted(set(changes) - set(setting_names()))
+    if unknown:
+        await send_json(send, 400, {"error": f"unknown setting {unknown[0]!r}"})
+        return
+    try:
+        candidate = settings_from_json(body, base=bridge.settings)
+        applied = await bridge._commit_settings(candidate)
+    except SettingsError as exc:
+        await send_json(send, 400, {"error": str(exc)})
+        return
+    except BridgeError as exc:
+        await send_json(send, 500, {"error": str(exc)})
+        return
+    await send_json(send, 200, applied.to_dict())
+    # The listener may have to restart (token rotated) or stop (disabled);
+    # that must not cut this very response, so it happens afterwards.
+    bridge._schedule_reconcile()

@@ -1,0 +1,396 @@
+"""The client bridge: a local MCP endpoint per bot, under the user's spending
+policy (go-brmcp.md §4; BRIDGE.md).
+
+Stock MCP agents connect to ``http://127.0.0.1:PORT/mcp/<bot uid>`` with a
+bearer token and see an ordinary MCP server; behind it the bridge relays over
+Bison Relay PMs and pays for tools within the caps the user set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+from mcp.types import Implementation
+
+from ..router import Router, RouterOptions
+from ..sender import PMSender
+from ._files import read_text, write_atomic
+from .admin import ConfigSnippet, admin_handler, config_snippet
+from .approvals import PendingPayment
+from .clock import Clock, SystemClock
+from .errors import BridgeError
+from .http import MAX_BODY_BYTES, BridgeApp
+from .link import CONNECT_TIMEOUT, BotLink
+from .listener import OwnedListener, parse_listen_address
+from .proxy import BotProxy
+from .settings import SETTINGS_FILE, Settings, load_settings, mint_token, save_settings
+from .settle import Payer, Settler
+from .spend import SPEND_FILE, SpendLog, SpendSummary
+
+__all__ = ["ADMIN_TOKEN_FILE", "DEFAULT_LISTEN", "Bridge", "BridgeConfig"]
+
+log = logging.getLogger("brmcp.bridge")
+
+#: The daemon's default endpoint address.
+DEFAULT_LISTEN = "127.0.0.1:8891"
+#: File (in the data directory) holding the admin surface's bearer token.
+ADMIN_TOKEN_FILE = "mcpadmin.token"
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeConfig:
+    """What the host supplies (go-brmcp.md §4.1).
+
+    * ``data_dir``: directory for ``mcpclient.json`` (settings),
+      ``mcpspend.json`` (spend log) and ``mcpadmin.token``. Required.
+    * ``sender``: the host's :class:`~brmcp.PMSender`. Required.
+    * ``payer``: :class:`~brmcp.bridge.Payer`; ``pay(uid, atoms)`` returns
+      only once the payment is confirmed. Required.
+    * ``listen``: ``"host:port"`` on loopback for a listener the bridge owns
+      and binds only while enabled; None when the host serves
+      :attr:`Bridge.asgi_app` itself. Port 0 picks a free port.
+    * ``name``: the MCP client name (version ``"1"``) and the prefix of
+      refusal notes.
+    * ``router_options``: transport settings for the bridge's router.
+    * ``clock``: time source for timestamps, the spending window, approval
+      timeouts and credit polls.
+    * ``max_body_bytes``: largest MCP request body accepted (413 above).
+    * ``connect_timeout``: seconds allowed for initialize and for the
+      ``tools/list`` snapshot.
+    """
+
+    data_dir: str | os.PathLike[str]
+    sender: PMSender
+    payer: Payer
+    listen: str | None = None
+    name: str = "brmcp-bridge"
+    router_options: RouterOptions = field(default_factory=RouterOptions)
+    clock: Clock = field(default_factory=SystemClock)
+    max_body_bytes: int = MAX_BODY_BYTES
+    connect_timeout: float = CONNECT_TIMEOUT
+
+
+class Bridge:
+    """The client bridge. Construction loads the state files and opens no
+    socket and sends nothing; raises ValueError for a bad config and
+    :class:`BridgeError` naming the file for an unreadable or malformed
+    ``mcpclient.json`` / ``mcpspend.json``.
+
+    Use ``async with Bridge(config) as bridge:`` (or :meth:`start` and
+    :meth:`close` from the same task) and feed every PM to
+    :meth:`handle_pm`.
+    """
+
+    def __init__(self, config: BridgeConfig) -> None:
+        if not config.data_dir:
+            raise ValueError("brmcp bridge: BridgeConfig.data_dir is required")
+        if config.sender is None:
+            raise ValueError("brmcp bridge: BridgeConfig.sender is required")
+        if config.payer is None:
+            raise ValueError("brmcp bridge: BridgeConfig.payer is required")
+        if not config.name:
+            raise ValueError("brmcp bridge: BridgeConfig.name must not be empty")
+        if config.max_body_bytes <= 0:
+            raise ValueError("brmcp bridge: BridgeConfig.max_body_bytes must be > 0")
+        if config.listen is not None:
+            parse_listen_address(config.listen)
+        self.config = config
+        self._clock = config.clock
+        self._data_dir = Path(config.data_dir)
+        self._settings_path = self._data_dir / SETTINGS_FILE
+        self._settings = load_settings(self._settings_path)
+        spend = SpendLog.load(self._data_dir / SPEND_FILE)
+        self._settler = Settler(spend=spend, payer=config.payer, clock=config.clock, settings=self._current)
+        self._router = Router(config.sender, allow=self._allow_peer, options=config.router_options)
+        self._client_info = Implementation(name=config.name, version="1")
+        self._links: dict[str, BotLink] = {}
+        self._proxies: dict[str, BotProxy] = {}
+        self._app = BridgeApp(self, admin_handler(self), max_body_bytes=config.max_body_bytes)
+        self._listener: OwnedListener | None = None
+        self._listener_token = ""
+        self._reconcile_lock = anyio.Lock()
+        self._commit_lock = anyio.Lock()
+        self._admin_token = ""
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._started = False
+        self._router_entered = False
+        self._closed = False
+
+    # -- lifecycle --------------------------------------------------------------
+
+    async def __aenter__(self) -> Bridge:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Start the bridge's tasks and, when enabled with ``listen`` set,
+        bind the listener. Raises :class:`BridgeError` when the admin token
+        file cannot be written or the address cannot be bound; after a bind
+        error the bridge stays usable (settings can be changed to retry) and
+        must still be closed."""
+        if self._started or self._closed:
+            raise RuntimeError("Bridge.start: already started or closed")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        await self._router.__aenter__()
+        self._router_entered = True
+        self._started = True
+        self._admin_token = await anyio.to_thread.run_sync(self._load_admin_token)
+        await self._reconcile()
+
+    async def close(self) -> None:
+        """Stop the listener, end every HTTP session, close every BR session
+        and the router, and cancel the bridge's tasks. Idempotent; call from
+        the task that called :meth:`start`."""
+        if self._closed:
+            return
+        self._closed = True
+        self._app.drop_all()
+        for link in self._links.values():
+            link.close()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.stop()
+        self._router.close()
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            tg.cancel_scope.cancel()
+            try:
+                if self._router_entered:
+                    await self._router.__aexit__(None, None, None)
+            finally:
+                await tg.__aexit__(None, None, None)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def handle_pm(self, peer: str, text: str) -> None:
+        """Feed one inbound PM (every PM; chat is ignored). Never blocks."""
+        self._router.handle_pm(peer, text)
+
+    @property
+    def router(self) -> Router:
+        """The bridge's client-role router (read its stats; do not close it)."""
+        return self._router
+
+    @property
+    def asgi_app(self) -> BridgeApp:
+        """The ASGI app serving ``/mcp/<uid>`` and ``/admin/…``. Mount it at
+        the root of a loopback-only server when ``listen`` is None."""
+        return self._app
+
+    @property
+    def listen_address(self) -> tuple[str, int] | None:
+        """The owned listener's bound (host, port), or None when not listening."""
+        listener = self._listener
+        return listener.address if listener is not None else None
+
+    @property
+    def admin_token(self) -> str:
+        """The admin surface's bearer token (empty before :meth:`start`)."""
+        return self._admin_token
+
+    # -- settings -----------------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        """The settings in force."""
+        return self._settings
+
+    def _current(self) -> Settings:
+        return self._settings
+
+    def _allow_peer(self, peer: str) -> bool:
+        return self._settings.allows(peer)
+
+    async def apply_settings(self, settings: Settings) -> Settings:
+        """Apply and persist ``settings`` hot (go-brmcp.md §4.2): defaults
+        are applied, allowed bots validated, a 32-hex token minted when
+        enabled without one; the file is written atomically (mode 0600);
+        links of de-listed bots are closed; the owned listener is started,
+        stopped, or restarted when the token changed (which cuts every
+        stream opened under the old token). Returns the applied settings.
+
+        Raises :class:`SettingsError` (invalid) or :class:`BridgeError`
+        (write failed) with the prior settings still in force; a
+        :class:`BridgeError` from binding the listener leaves the new
+        settings applied and persisted."""
+        applied = await self._commit_settings(settings)
+        await self._reconcile()
+        return applied
+
+    async def reload_settings(self) -> Settings:
+        """Re-read ``mcpclient.json`` (edited by hand or by another process)
+        and apply it without rewriting it: no token is minted. Raises
+        :class:`BridgeError` for a malformed file (nothing changes)."""
+        loaded = await anyio.to_thread.run_sync(load_settings, self._settings_path)
+        async with self._commit_lock:
+            self._install(loaded)
+        await self._reconcile()
+        return loaded
+
+    async def _commit_settings(self, candidate: Settings) -> Settings:
+        settings = candidate.normalized()
+        settings.validate()
+        if settings.enabled and not settings.token:
+            settings = settings.replace(token=mint_token())
+        async with self._commit_lock:
+            # Shielded: once the file is written, memory must follow it.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(save_settings, self._settings_path, settings)
+                self._install(settings)
+        return settings
+
+    def _install(self, settings: Settings) -> None:
+        previous = self._settings
+        self._settings = settings
+        for uid in list(self._links):
+            if not settings.allows(uid):
+                self._app.drop(uid)
+                self._links.pop(uid).close()
+                self._proxies.pop(uid, None)
+        if not settings.enabled or settings.token != previous.token:
+            self._app.drop_all()
+
+    def _schedule_reconcile(self) -> None:
+        tg = self._tg
+        if tg is not None:
+            tg.start_soon(self._reconcile_logged)
+
+    async def _reconcile_logged(self) -> None:
+        try:
+            await self._reconcile()
+        except BridgeError as exc:
+            log.error("%s", exc)
+
+    async def _reconcile(self) -> None:
+        """Bring the owned listener in line with the settings."""
+        async with self._reconcile_lock:
+            address = self.config.listen
+            tg = self._tg
+            if address is None or tg is None or self._closed:
+                return
+            settings = self._settings
+            listener = self._listener
+            if listener is not None and (not settings.enabled or settings.token != self._listener_token):
+                self._listener = None
+                await listener.stop()
+            if settings.enabled and self._listener is None:
+                listener = OwnedListener(self._app, address)
+                try:
+                    await listener.start(tg)
+                except OSError as exc:
+                    raise BridgeError(f"listen {address}: {exc}") from None
+                self._listener = listener
+                self._listener_token = settings.token
+
+    def _load_admin_token(self) -> str:
+        path = self._data_dir / ADMIN_TOKEN_FILE
+        try:
+            text = read_text(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BridgeError(f"read {path}: {exc}") from None
+        if text is not None:
+            token = text.strip()
+            if len(token) < 16 or any(ch.isspace() for ch in token):
+                raise BridgeError(f"parse {path}: expected one token of at least 16 characters")
+            return token
+        token = mint_token()
+        try:
+            write_atomic(path, token + "\n")
+        except OSError as exc:
+            raise BridgeError(f"write {path}: {exc}") from None
+        return token
+
+    # -- bots ---------------------------------------------------------------------
+
+    def _task_group(self) -> anyio.abc.TaskGroup:
+        tg = self._tg
+        if tg is None or self._closed:
+            raise RuntimeError("bridge is not running")
+        return tg
+
+    def _proxy(self, uid: str) -> BotProxy:
+        """The mirror server of bot ``uid`` (lowercase), built on first use."""
+        proxy = self._proxies.get(uid)
+        if proxy is not None and not proxy.link.closed:
+            return proxy
+        link = BotLink(
+            uid,
+            self._router,
+            self._task_group(),
+            self._client_info,
+            connect_timeout=self.config.connect_timeout,
+        )
+        proxy = BotProxy(link, self._settler, self._clock, self.config.name)
+        self._links[uid] = link
+        self._proxies[uid] = proxy
+        return proxy
+
+    def link(self, uid: str) -> BotLink | None:
+        """The link to bot ``uid`` if one was built (observability)."""
+        return self._links.get(uid.lower())
+
+    # -- payments -------------------------------------------------------------------
+
+    def pending_payments(self) -> list[PendingPayment]:
+        """Payments waiting for approval, sorted by ``created`` then ``id``."""
+        return self._settler.approvals.pending()
+
+    def resolve_payment(self, payment_id: str, approve: bool) -> bool:
+        """Approve or deny a parked payment; False for an unknown id. The
+        first decision wins."""
+        return self._settler.approvals.resolve(payment_id, approve)
+
+    def spend_log(self) -> SpendSummary:
+        """A copy of the spend log and its rolling 24-hour total (atoms,
+        failed entries excluded)."""
+        return self._settler.summary()
+
+    async def resolve_spend(self, payee: str, atoms: int, err: str | BaseException | None) -> bool:
+        """Record a late outcome for a pending payment (e.g. a tip confirmed
+        after the wait budget, or after a restart): claims the oldest pending
+        entry of exactly ``atoms`` atoms to ``payee`` (case-insensitive);
+        ``err`` None marks it paid, otherwise failed with the error text.
+        Returns False when nothing matches. Raises :class:`BridgeError` when
+        the log cannot be written."""
+        text = None if err is None else (str(err) or type(err).__name__)
+        return await self._settler.resolve(payee, atoms, text)
+
+    def config_snippet(self, uid: str, base_url: str | None = None) -> ConfigSnippet:
+        """Agent configuration for bot ``uid``: ``.mcp.json`` and the
+        ``claude mcp add`` line with URL and token. ``base_url`` defaults to
+        the owned listener's address. Raises ValueError for a malformed uid
+        or when no base URL is known."""
+        if base_url is None:
+            address = self.listen_address
+            if address is None:
+                raise ValueError("the bridge is not listening; pass base_url")
+            host, port = address
+            base_url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        return config_snippet(uid, base_url, self._settings.token)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "running" if self._started else "new"
+        return f"<Bridge {self.config.name} {state} bots={len(self._links)}>"

@@ -1,0 +1,372 @@
+"""The bridge's HTTP surface: a pure ASGI app (go-brmcp.md §4.3, plus the
+hardening listed in BRIDGE.md §Security).
+
+Every request passes the gate in this order:
+
+1. bridge disabled → 404 ``not found`` (any path, any method);
+2. ``Host`` not a loopback name (``localhost``, ``127.0.0.1``, ``[::1]``,
+   any port) → 421; an ``Origin`` that is present and not loopback → 403
+   (DNS-rebinding defence);
+3. ``/mcp/…``: bearer token (constant time; an empty configured token never
+   authorizes) → 401 ``unauthorized``; ``/admin/…``: the admin token → 401;
+4. path ``/mcp/<64-hex uid on allowed_bots>`` (case-insensitive) else 404
+   ``unknown bot``;
+5. method not GET/POST/DELETE → 405; a POST body that is not
+   ``application/json`` → 415, larger than the limit → 413, not JSON → 400
+   with JSON-RPC -32700, a JSON array (batch) or non-object → 400 with
+   -32600 — before anything reaches the bot session;
+6. pre-flight: the bot link and its tool snapshot, else 503 ``bot
+   unavailable``;
+7. the SDK's streamable-HTTP session manager of that bot's proxy server.
+
+Plain-text errors are written like Go's ``http.Error`` (``text/plain;
+charset=utf-8``, ``X-Content-Type-Options: nosniff``, trailing newline).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.abc
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.types import INVALID_REQUEST, PARSE_ERROR
+from starlette.types import Message, Receive, Scope, Send
+
+from .link import LinkError
+from .proxy import BotProxy
+
+if TYPE_CHECKING:
+    from .bridge import Bridge
+
+__all__ = ["MAX_ADMIN_BODY_BYTES", "MAX_BODY_BYTES", "AdminHandler", "BridgeApp"]
+
+log = logging.getLogger("brmcp.bridge")
+
+#: Largest accepted MCP request body (bytes).
+MAX_BODY_BYTES = 4 * 1024 * 1024
+#: Largest accepted admin request body (bytes).
+MAX_ADMIN_BODY_BYTES = 64 * 1024
+
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+_LOOPBACK_ORIGIN_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+_MCP_METHODS = frozenset({"GET", "POST", "DELETE"})
+_HEX = frozenset("0123456789abcdef")
+
+
+def host_is_loopback(host: str | None) -> bool:
+    """True for a ``Host`` header naming this machine: ``localhost``,
+    ``127.0.0.1`` or ``[::1]``, optionally with a port."""
+    if not host:
+        return False
+    host = host.lower()
+    if host.startswith("["):
+        end = host.find("]")
+        if end < 0:
+            return False
+        name, rest = host[: end + 1], host[end + 1 :]
+    else:
+        name, sep, port = host.partition(":")
+        rest = sep + port
+    if rest and not (rest.startswith(":") and rest[1:].isdigit() and rest[1:].isascii()):
+        return False
+    return name in _LOOPBACK_NAMES
+
+
+def origin_is_loopback(origin: str) -> bool:
+    """True for an ``Origin`` whose scheme is http(s) and whose host is a
+    loopback name (any port). ``null`` and anything unparsable are not."""
+    try:
+        parts = urlsplit(origin)
+        hostname = parts.hostname
+        parts.port  # noqa: B018  (raises ValueError for a bad port)
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or hostname is None or "@" in parts.netloc:
+        return False
+    return hostname in _LOOPBACK_ORIGIN_HOSTS
+
+
+def bearer_matches(header: bytes | None, token: str) -> bool:
+    """Go's gate: strip a leading ``Bearer `` (case-sensitive) when present,
+    then compare in constant time; an empty token never matches."""
+    if not token or header is None:
+        return False
+    given = header[7:] if header.startswith(b"Bearer ") else header
+    return hmac.compare_digest(given, token.encode("utf-8"))
+
+
+def _headers(scope: Scope, name: bytes) -> list[bytes]:
+    return [value for key, value in scope.get("headers", ()) if key.lower() == name]
+
+
+def _route_path(scope: Scope) -> str:
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path
+
+
+async def send_text(
+    send: Send, status: int, message: str, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    """A plain-text error like Go's ``http.Error`` (trailing newline)."""
+    body = (message + "\n").encode("utf-8")
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"x-content-type-options", b"nosniff"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_json(send: Send, status: int, value: Any) -> None:
+    body = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"cache-control", b"no-store"),
+                (b"x-content-type-options", b"nosniff"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_jsonrpc_error(send: Send, status: int, code: int, message: str) -> None:
+    await send_json(send, status, {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
+
+
+async def read_body(receive: Receive, limit: int) -> tuple[bytes | None, list[Message]]:
+    """Read a request body of at most ``limit`` bytes. Returns (body or None
+    when too large or the client left, extra messages received after it)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None, [message]
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None, []
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks), []
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+class _Endpoint:
+    __slots__ = ("manager", "proxy", "stop")
+
+    def __init__(self, proxy: BotProxy, manager: StreamableHTTPSessionManager) -> None:
+        self.proxy = proxy
+        self.manager = manager
+        self.stop = anyio.Event()
+
+
+#: Serves one authorized ``/admin/…`` request; the last argument is the path.
+AdminHandler = Callable[[Scope, Receive, Send, str], Awaitable[None]]
+
+
+class BridgeApp:
+    """The ASGI application (``bridge.asgi_app``). Mount it at the root of a
+    loopback-only server, or let the bridge serve it on its own listener."""
+
+    def __init__(self, bridge: Bridge, admin: AdminHandler, *, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self._bridge = bridge
+        self._admin = admin
+        self._max_body = max_body_bytes
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._lock = anyio.Lock()
+
+    # -- endpoints ------------------------------------------------------------
+
+    async def _endpoint(self, uid: str) -> _Endpoint:
+        endpoint = self._endpoints.get(uid)
+        if endpoint is not None and not endpoint.proxy.link.closed:
+            return endpoint
+        async with self._lock:
+            endpoint = self._endpoints.get(uid)
+            if endpoint is not None:
+                if not endpoint.proxy.link.closed:
+                    return endpoint
+                self.drop(uid)
+            proxy = self._bridge._proxy(uid)
+            manager = StreamableHTTPSessionManager(
+                app=proxy.server,
+                json_response=False,
+                stateless=False,
+                security_settings=None,
+                session_idle_timeout=None,
+                max_request_body_size=self._max_body,
+            )
+            endpoint = _Endpoint(proxy, manager)
+            await self._bridge._task_group().start(self._run_manager, endpoint)
+            self._endpoints[uid] = endpoint
+            return endpoint
+
+    @staticmethod
+    async def _run_manager(endpoint: _Endpoint, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        started = False
+        try:
+            async with endpoint.manager.run():
+                task_status.started()
+                started = True
+                await endpoint.stop.wait()
+        except Exception:
+            if not started:
+                raise
+            log.exception("bridge: HTTP session manager of bot %s failed", endpoint.proxy.link.uid[:8])
+
+    def drop(self, uid: str) -> None:
+        """End every HTTP session of one bot (its path answers afresh)."""
+        endpoint = self._endpoints.pop(uid, None)
+        if endpoint is not None:
+            endpoint.stop.set()
+
+    def drop_all(self) -> None:
+        """End every HTTP session (token rotated, bridge disabled or closing)."""
+        for uid in list(self._endpoints):
+            self.drop(uid)
+
+    # -- ASGI -----------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if kind != "http":
+            if kind == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+            return
+        try:
+            await self._http(scope, receive, send)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception:
+            log.exception("bridge: request failed")
+            raise
+
+    @staticmethod
+    async def _lifespan(receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        bridge = self._bridge
+        settings = bridge.settings
+        if not settings.enabled:
+            await send_text(send, 404, "not found")
+            return
+        hosts = _headers(scope, b"host")
+        if len(hosts) != 1 or not host_is_loopback(hosts[0].decode("latin-1")):
+            await send_text(send, 421, "invalid Host header")
+            return
+        origins = _headers(scope, b"origin")
+        if len(origins) > 1 or (origins and not origin_is_loopback(origins[0].decode("latin-1"))):
+            await send_text(send, 403, "invalid Origin header")
+            return
+        path = _route_path(scope)
+        auth = _headers(scope, b"authorization")
+        if path.startswith("/admin/") or path == "/admin":
+            if not bearer_matches(auth[0] if auth else None, bridge.admin_token):
+                await send_text(send, 401, "unauthorized")
+                return
+            await self._admin(scope, receive, send, path)
+            return
+        if not bearer_matches(auth[0] if auth else None, settings.token):
+            await send_text(send, 401, "unauthorized")
+            return
+        uid = path[len("/mcp/") :].lower() if path.startswith("/mcp/") else ""
+        if len(uid) != 64 or not set(uid) <= _HEX or not settings.allows(uid):
+            await send_text(send, 404, "unknown bot")
+            return
+        method = scope.get("method", "")
+        if method not in _MCP_METHODS:
+            await send_text(send, 405, "method not allowed", [(b"allow", b"GET, POST, DELETE")])
+            return
+        if method == "POST":
+            replay = await self._check_post(scope, receive, send)
+            if replay is None:
+                return
+            receive = replay
+        try:
+            endpoint = await self._endpoint(uid)
+            await endpoint.proxy.link.refresh()
+        except (LinkError, RuntimeError) as exc:
+            log.info("bot %s unavailable: %s", uid[:8], exc)
+            await send_text(send, 503, "bot unavailable")
+            return
+        await endpoint.manager.handle_request(scope, receive, send)
+
+    async def _check_post(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """Validate a POST body before it can reach a session; returns a
+        receive callable that replays it, or None after answering."""
+        ctype = _headers(scope, b"content-type")
+        if not ctype or not ctype[0].decode("latin-1").lower().startswith("application/json"):
+            await send_text(send, 415, "unsupported media type: Content-Type must be application/json")
+            return None
+        length = _headers(scope, b"content-length")
+        if length:
+            try:
+                declared = int(length[0])
+            except ValueError:
+                await send_text(send, 400, "bad Content-Length")
+                return None
+            if declared > self._max_body:
+                await send_text(send, 413, "request body too large")
+                return None
+        body, extra = await read_body(receive, self._max_body)
+        if body is None and extra:
+            return None  # the client went away
+        if body is None:
+            await send_text(send, 413, "request body too large")
+            return None
+        try:
+            message = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            await _send_jsonrpc_error(send, 400, PARSE_ERROR, "Parse error")
+            return None
+        if isinstance(message, list):
+            await _send_jsonrpc_error(send, 400, INVALID_REQUEST, "batch requests are not supported")
+            return None
+        if not isinstance(message, dict):
+            await _send_jsonrpc_error(send, 400, INVALID_REQUEST, "Invalid Request")
+            return None
+        return _replay(body, receive)

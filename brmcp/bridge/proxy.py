@@ -1,0 +1,158 @@
+"""The local MCP server that mirrors one bot, and the per-call payment loop
+(go-brmcp.md §4.4, §4.5).
+
+Every local HTTP session for a bot talks to the same low-level
+:class:`mcp.server.Server` named ``brmcp-<first 8 hex of the uid>``:
+
+* ``tools/list`` is answered from the link's snapshot (no relay traffic);
+  tools are mirrored verbatim: name, title, description, input and output
+  schemas, annotations and ``_meta`` with the price keys;
+* ``tools/call`` runs the payment loop below and returns the bot's result
+  (content, structuredContent, isError) unchanged, except for the refusal
+  note appended when the bridge declines to pay.
+
+The payment loop, for one logical call:
+
+1. the bridge mints one callKey (16 random bytes as 32 hex) and sends it on
+   every reissue; the agent's own ``_meta`` is not forwarded;
+2. a transport error resets the link; the first attempt is retried once on a
+   fresh session, later ones surface as JSON-RPC errors;
+3. ``payment_required`` before paying runs :meth:`Settler.settle`; a refusal
+   appends ``<name>: payment not made: <reason>``; success reissues;
+4. ``payment_required`` after paying is polled: up to 6 reissues after the
+   payment with 3 s waits between them (5 waits), then the bot's refusal is
+   returned unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any, cast
+
+from mcp.server import Server, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp.types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    CallToolRequest,
+    CallToolRequestParams,
+    CallToolResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+    RequestParamsMeta,
+    TextContent,
+)
+
+from ..payment import CALL_KEY, parse_payment_required
+from .clock import Clock
+from .link import BotLink, LinkError
+from .settle import Settler
+
+__all__ = ["POLL_ATTEMPTS", "POLL_INTERVAL", "BotProxy", "strip_reserved_meta"]
+
+log = logging.getLogger("brmcp.bridge")
+
+#: Seconds between reissues while a payment's credit lands at the bot.
+POLL_INTERVAL = 3.0
+#: The loop stops reissuing after a payment once ``attempt`` reaches this.
+POLL_ATTEMPTS = 6
+
+_RESERVED_PREFIX = "io.modelcontextprotocol/"
+
+
+def strip_reserved_meta(meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``meta`` without SDK-managed ``io.modelcontextprotocol/*`` keys and
+    ``progress_token`` (mcp-python-sdk-2.md §5); None when nothing is left."""
+    if not meta:
+        return None
+    kept = {k: v for k, v in meta.items() if not k.startswith(_RESERVED_PREFIX) and k != "progress_token"}
+    return kept or None
+
+
+class BotProxy:
+    """The mirror server of one bot. ``name`` is the bridge name (the
+    refusal-note prefix); payments go through ``settler``; ``clock`` paces
+    the credit polls."""
+
+    def __init__(self, link: BotLink, settler: Settler, clock: Clock, name: str) -> None:
+        self.link = link
+        self._settler = settler
+        self._clock = clock
+        self._name = name
+        self.server: Server[Any] = Server(
+            f"brmcp-{link.uid[:8]}",
+            version="1",
+            on_list_tools=self._on_list_tools,
+            on_call_tool=self._on_call_tool,
+        )
+
+    async def _on_list_tools(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        tools = self.link.tools
+        if tools is None:
+            try:
+                tools = await self.link.refresh()
+            except LinkError as exc:
+                raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
+        return ListToolsResult(tools=list(tools))
+
+    async def _on_call_tool(
+        self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
+    ) -> CallToolResult:
+        return await self.call(params.name, params.arguments)
+
+    async def call(self, tool: str, arguments: dict[str, Any] | None) -> CallToolResult:
+        """Run one logical call through the payment loop. Raises
+        :class:`MCPError` for an unknown tool (-32602 ``unknown tool
+        "<name>"``), an unreachable bot, or a second transport failure."""
+        if self.link.tools is not None and self.link.tool(tool) is None:
+            raise MCPError(INVALID_PARAMS, f'unknown tool "{tool}"')
+        key = secrets.token_hex(16)
+        request = CallToolRequest(
+            params=CallToolRequestParams(
+                name=tool, arguments=arguments, _meta=cast(RequestParamsMeta, {CALL_KEY: key})
+            )
+        )
+        bot = self.link.uid
+        paid = False
+        attempt = 0
+        while True:
+            try:
+                async with self.link.lease() as (session, gen):
+                    try:
+                        result = await session.send_request(request, CallToolResult)
+                    except Exception as exc:
+                        self.link.reset(gen)
+                        if attempt == 0:
+                            log.info("call %s on bot %s failed (%s); retrying once", tool, bot[:8], exc)
+                            attempt += 1
+                            continue
+                        if isinstance(exc, MCPError):
+                            raise
+                        raise MCPError(INTERNAL_ERROR, f"call to bot failed: {exc}") from None
+            except LinkError as exc:
+                raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
+            result = _clean_result(result)
+            refusal = parse_payment_required(result)
+            if refusal is None:
+                return result
+            if paid:
+                if attempt < POLL_ATTEMPTS:
+                    await self._clock.sleep(POLL_INTERVAL)
+                    attempt += 1
+                    continue
+                return result
+            reason = await self._settler.settle(bot, tool, refusal)
+            if reason is not None:
+                note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
+                return result.model_copy(update={"content": [*result.content, note]})
+            paid = True
+            attempt += 1
+
+
+def _clean_result(result: CallToolResult) -> CallToolResult:
+    if not result.meta:
+        return result
+    return result.model_copy(update={"meta": strip_reserved_meta(result.meta)})

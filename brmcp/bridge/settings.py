@@ -1,0 +1,236 @@
+"""The user's bridge policy, stored as ``mcpclient.json`` (go-brmcp.md §4.2).
+
+The file has exactly the Go reference's keys, order and layout, so either
+implementation reads what the other wrote::
+
+    {
+      "enabled": false,
+      "token": "",
+      "mode": "approval",
+      "per_call_cap_atoms": 0,
+      "per_day_cap_atoms": 0,
+      "allowed_bots": null,
+      "approval_timeout_secs": 120,
+      "tip_wait_secs": 180
+    }
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import _gojson
+from ._files import read_text, write_atomic
+from .errors import BridgeError, SettingsError
+
+__all__ = [
+    "DEFAULT_APPROVAL_TIMEOUT_SECS",
+    "DEFAULT_TIP_WAIT_SECS",
+    "MODE_APPROVAL",
+    "MODE_AUTOPAY",
+    "SETTINGS_FILE",
+    "Settings",
+    "is_uid",
+    "load_settings",
+    "mint_token",
+    "save_settings",
+    "setting_names",
+    "settings_from_json",
+]
+
+#: File name inside the bridge's data directory.
+SETTINGS_FILE = "mcpclient.json"
+#: Every payment waits for the user's decision.
+MODE_APPROVAL = "approval"
+#: Payments within the caps are made without asking.
+MODE_AUTOPAY = "autopay"
+#: Seconds a parked payment waits for a decision (used when the field is ≤ 0).
+DEFAULT_APPROVAL_TIMEOUT_SECS = 120
+#: Seconds a payment may take to be confirmed (used when the field is ≤ 0).
+DEFAULT_TIP_WAIT_SECS = 180
+
+_UID_RE = re.compile(r"[0-9a-f]{64}")
+
+_FIELDS: dict[str, _gojson.Kind] = {
+    "enabled": "bool",
+    "token": "string",
+    "mode": "string",
+    "per_call_cap_atoms": "int64",
+    "per_day_cap_atoms": "int64",
+    "allowed_bots": "strings",
+    "approval_timeout_secs": "int64",
+    "tip_wait_secs": "int64",
+}
+
+
+def is_uid(value: str) -> bool:
+    """True when ``value`` lowercased is a 64-hex Bison Relay uid."""
+    return _UID_RE.fullmatch(value.lower()) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The bridge policy (go-brmcp.md §4.2). Immutable; derive changed
+    copies with :meth:`replace`.
+
+    * ``enabled``: serve the local endpoint at all.
+    * ``token``: the bearer token agents present; empty never authorizes.
+    * ``mode``: ``"approval"`` or ``"autopay"`` (anything else means approval).
+    * ``per_call_cap_atoms`` / ``per_day_cap_atoms``: atoms; ≤ 0 means never
+      pay. The day is a rolling 24 hours. Caps bind in both modes.
+    * ``allowed_bots``: bot uids (64 hex, matched case-insensitively, stored
+      as given); None is written as ``null``. Empty denies every bot.
+    * ``approval_timeout_secs``: how long a parked payment waits (≤ 0: 120).
+    * ``tip_wait_secs``: how long a payment may take (≤ 0: 180).
+    """
+
+    enabled: bool = False
+    token: str = ""
+    mode: str = MODE_APPROVAL
+    per_call_cap_atoms: int = 0
+    per_day_cap_atoms: int = 0
+    allowed_bots: tuple[str, ...] | None = None
+    approval_timeout_secs: int = DEFAULT_APPROVAL_TIMEOUT_SECS
+    tip_wait_secs: int = DEFAULT_TIP_WAIT_SECS
+
+    def __post_init__(self) -> None:
+        bots: Any = self.allowed_bots
+        if bots is not None and not isinstance(bots, tuple):
+            if isinstance(bots, str) or not isinstance(bots, Iterable):
+                raise SettingsError("allowed_bots must be a list of uids")
+            object.__setattr__(self, "allowed_bots", tuple(bots))
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied (field names as keyword arguments)."""
+        return dataclasses.replace(self, **changes)
+
+    def normalized(self) -> Settings:
+        """Defaults applied: the mode is ``"autopay"`` only when exactly that,
+        otherwise ``"approval"``; timeouts ≤ 0 become 120 and 180 seconds."""
+        return self.replace(
+            mode=MODE_AUTOPAY if self.mode == MODE_AUTOPAY else MODE_APPROVAL,
+            approval_timeout_secs=(
+                self.approval_timeout_secs
+                if self.approval_timeout_secs > 0
+                else DEFAULT_APPROVAL_TIMEOUT_SECS
+            ),
+            tip_wait_secs=self.tip_wait_secs if self.tip_wait_secs > 0 else DEFAULT_TIP_WAIT_SECS,
+        )
+
+    def validate(self) -> None:
+        """Raise :class:`SettingsError` for a wrongly typed field or an
+        allowed bot that is not a 64-hex uid (the Go message:
+        ``allowed bot "<x>" is not a 64-hex uid``)."""
+        for name in ("enabled",):
+            if not isinstance(getattr(self, name), bool):
+                raise SettingsError(f"{name} must be true or false")
+        for name in ("token", "mode"):
+            if not isinstance(getattr(self, name), str):
+                raise SettingsError(f"{name} must be a string")
+        for name in ("per_call_cap_atoms", "per_day_cap_atoms", "approval_timeout_secs", "tip_wait_secs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not -(1 << 63) <= value < (1 << 63):
+                raise SettingsError(f"{name} must be a 64-bit integer")
+        for bot in self.allowed_bots or ():
+            if not isinstance(bot, str) or not is_uid(bot):
+                raise SettingsError(f"allowed bot {_go_quote(bot)} is not a 64-hex uid")
+
+    def allows(self, uid: str) -> bool:
+        """True when ``uid`` is on ``allowed_bots`` (case-insensitive)."""
+        wanted = uid.lower()
+        return any(bot.lower() == wanted for bot in self.allowed_bots or ())
+
+    @property
+    def autopay(self) -> bool:
+        return self.mode == MODE_AUTOPAY
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object in the Go key order."""
+        return {
+            "enabled": self.enabled,
+            "token": self.token,
+            "mode": self.mode,
+            "per_call_cap_atoms": self.per_call_cap_atoms,
+            "per_day_cap_atoms": self.per_day_cap_atoms,
+            "allowed_bots": list(self.allowed_bots) if self.allowed_bots is not None else None,
+            "approval_timeout_secs": self.approval_timeout_secs,
+            "tip_wait_secs": self.tip_wait_secs,
+        }
+
+    def to_json(self) -> str:
+        """The file content: Go's ``MarshalIndent`` with two spaces."""
+        return _gojson.dumps(self.to_dict(), indent=True)
+
+
+def _go_quote(value: Any) -> str:
+    """Go's ``%q`` for the common cases (printable text in double quotes)."""
+    if not isinstance(value, str):
+        value = str(value)
+    return _gojson.dumps(value).replace("\\u003c", "<").replace("\\u003e", ">").replace("\\u0026", "&")
+
+
+def setting_names() -> tuple[str, ...]:
+    """The JSON keys of the settings file, in file order."""
+    return tuple(_FIELDS)
+
+
+def mint_token() -> str:
+    """A fresh bearer token: 16 random bytes as 32 lowercase hex."""
+    return secrets.token_hex(16)
+
+
+def settings_from_json(text: str | bytes, *, base: Settings | None = None) -> Settings:
+    """Decode a settings object with Go's rules (keys case-insensitive,
+    unknown keys ignored, ``null`` keeps the base value, wrong types are
+    errors) on top of ``base`` (default: :class:`Settings` defaults).
+    ``allowed_bots: null`` resets the list to None. Raises
+    :class:`SettingsError` with the decoder's reason; the result is not yet
+    normalized or validated."""
+    try:
+        parsed = _gojson.loads(text)
+        fields = _gojson.decode_struct(parsed, _FIELDS, struct="bridge.Settings")
+    except _gojson.GoJSONError as exc:
+        raise SettingsError(str(exc)) from None
+    result = base or Settings()
+    # Go: explicit null for a slice sets it to nil.
+    if isinstance(parsed, list):
+        for key, value in parsed:
+            if value is None and key.lower() == "allowed_bots":
+                result = result.replace(allowed_bots=None)
+    if "allowed_bots" in fields:
+        fields["allowed_bots"] = tuple(fields["allowed_bots"])
+    return result.replace(**fields)
+
+
+def load_settings(path: Path) -> Settings:
+    """Read ``mcpclient.json``: a missing file gives the defaults; the result
+    is normalized and validated. No token is minted on load. Raises
+    :class:`BridgeError` naming ``path`` (``parse <path>: …``) for unreadable
+    or malformed content."""
+    try:
+        text = read_text(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BridgeError(f"read {path}: {exc}") from None
+    if text is None:
+        return Settings()
+    try:
+        settings = settings_from_json(text).normalized()
+        settings.validate()
+    except SettingsError as exc:
+        raise BridgeError(f"parse {path}: {exc}") from None
+    return settings
+
+
+def save_settings(path: Path, settings: Settings) -> None:
+    """Write ``settings`` to ``path`` atomically with mode 0600. Raises
+    :class:`BridgeError` naming the path."""
+    try:
+        write_atomic(path, settings.to_json())
+    except OSError as exc:
+        raise BridgeError(f"write {path}: {exc}") from None

@@ -1,0 +1,168 @@
+"""Deciding and making one payment: caps, approval, spend recording
+(go-brmcp.md §4.6).
+
+Order of a settlement:
+
+1. amount = the bot's shortfall when > 0, else its price; ≤ 0 is refused;
+2. the per-call cap and the rolling 24-hour cap are checked (≤ 0 means
+   never pay; an exact fill is allowed; both modes);
+3. approval mode parks the payment until the user decides or the timeout;
+4. under the spend lock the caps are checked again and the entry is recorded
+   ``pending`` and written to disk *before* any money moves, so concurrent
+   calls can never reserve past the daily cap;
+5. the payer runs with a ``tip_wait_secs`` deadline: success → ``paid``; an
+   error → ``failed`` (no longer counted); deadline or cancellation → stays
+   ``pending`` and counted, because the tip may still land.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+import anyio
+import anyio.to_thread
+
+from ..payment import PaymentRequired
+from .approvals import ApprovalQueue
+from .clock import Clock, go_duration
+from .errors import BridgeError
+from .settings import Settings
+from .spend import STATUS_FAILED, STATUS_PAID, STATUS_PENDING, SpendLog, SpendSummary, SpendTicket
+
+__all__ = ["Payer", "Settler", "cap_refusal"]
+
+log = logging.getLogger("brmcp.bridge")
+
+
+@runtime_checkable
+class Payer(Protocol):
+    """Moves money to a bot. ``pay`` returns only once settlement of
+    ``atoms`` atoms to ``payee_uid`` is confirmed and raises otherwise; the
+    exception's text is shown to the agent verbatim, so make it a
+    human-readable reason. It may be cancelled (the tip wait expired or the
+    call was abandoned); the payment's outcome is then unknown."""
+
+    async def pay(self, payee_uid: str, atoms: int) -> None:
+        """Pay ``atoms`` atoms to ``payee_uid``; raise with a reason on failure."""
+        ...
+
+
+def cap_refusal(settings: Settings, amount: int, spent: int) -> str | None:
+    """The refusal text when paying ``amount`` atoms with ``spent`` atoms
+    already counted in the rolling day breaks a cap, else None
+    (go-brmcp.md §4.6 steps 3-4)."""
+    cap = settings.per_call_cap_atoms
+    if cap <= 0 or amount > cap:
+        return f"{amount} atoms exceeds the per-call cap ({cap})"
+    day = settings.per_day_cap_atoms
+    if day <= 0 or spent + amount > day:
+        return f"{amount} atoms would exceed the daily cap ({spent} spent of {day})"
+    return None
+
+
+def _error_text(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+class Settler:
+    """Owns the spend log, the approval queue and the payer."""
+
+    def __init__(
+        self,
+        *,
+        spend: SpendLog,
+        payer: Payer,
+        clock: Clock,
+        settings: Callable[[], Settings],
+    ) -> None:
+        self._spend = spend
+        self._payer = payer
+        self._clock = clock
+        self._settings = settings
+        self._lock = anyio.Lock()
+        self.approvals = ApprovalQueue(clock)
+
+    def _now(self) -> int:
+        return math.floor(self._clock.now())
+
+    async def _persist(self) -> None:
+        """Write the log (pruned) in a worker thread; call with the lock
+        held so writes land in mutation order. Raises BridgeError."""
+        content = self._spend.prepare(self._now())
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._spend.write, content)
+
+    def summary(self) -> SpendSummary:
+        """Entries and the rolling 24-hour total (failed excluded)."""
+        return self._spend.summary(self._now())
+
+    async def resolve(self, payee: str, atoms: int, err: str | None) -> bool:
+        """Late outcome for a pending payment (see :meth:`SpendLog.resolve`);
+        persisted. Raises BridgeError when the write fails (the change stays
+        in memory and is written with the next change)."""
+        async with self._lock:
+            if not self._spend.resolve(payee, atoms, err):
+                return False
+            await self._persist()
+            return True
+
+    async def settle(self, bot: str, tool: str, refusal: PaymentRequired) -> str | None:
+        """Pay what ``bot`` asked for ``tool``. Returns None once the payment
+        is confirmed, else the reason nothing (certain) was paid, as shown
+        to the agent after ``<name>: payment not made: ``."""
+        amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
+        if amount <= 0:
+            return "bot requested a nonpositive amount"
+        settings = self._settings()
+        async with self._lock:
+            reason = cap_refusal(settings, amount, self._spend.day_total(self._now()))
+        if reason is not None:
+            return reason
+        if not settings.autopay:
+            timeout = settings.approval_timeout_secs
+            decision = await self.approvals.wait(bot=bot, tool=tool, atoms=amount, timeout_secs=timeout)
+            if decision == "denied":
+                return "payment denied by the user"
+            if decision == "timeout":
+                return f"approval timed out after {go_duration(timeout)}"
+            settings = self._settings()
+        async with self._lock:
+            now = self._now()
+            reason = cap_refusal(settings, amount, self._spend.day_total(now))
+            if reason is not None:
+                return reason
+            ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount)
+            try:
+                await self._persist()
+            except BridgeError as exc:
+                self._spend.withdraw(ticket)
+                log.error("spend log not written, payment to %s not made: %s", bot, exc)
+                return f"could not record the spend, so nothing was paid: {exc}"
+        return await self._pay(ticket, bot, amount, settings.tip_wait_secs)
+
+    async def _pay(self, ticket: SpendTicket, bot: str, amount: int, wait_secs: int) -> str | None:
+        status, err, reason = STATUS_PENDING, "", None
+        try:
+            with anyio.move_on_after(wait_secs) as scope:
+                try:
+                    await self._payer.pay(bot, amount)
+                except Exception as exc:
+                    reason = _error_text(exc)
+                    if not scope.cancel_called:
+                        status, err = STATUS_FAILED, reason
+                else:
+                    status = STATUS_PAID
+            if scope.cancelled_caught:
+                reason = f"tip not confirmed within {go_duration(wait_secs)}; the attempt keeps running"
+        finally:
+            with anyio.CancelScope(shield=True):
+                async with self._lock:
+                    self._spend.finish(ticket, status, err)
+                    try:
+                        await self._persist()
+                    except BridgeError as exc:
+                        log.error("spend log not written after paying %s: %s", bot, exc)
+        return None if status == STATUS_PAID else reason

@@ -1,0 +1,259 @@
+"""The spend log ``mcpspend.json`` (go-brmcp.md §4.8).
+
+A JSON array of entries, oldest first, each with the keys (in this order)
+``ts`` (unix seconds), ``bot`` (payee uid), ``tool``, ``rail`` (``"tip"``),
+``atoms``, ``status`` (``pending`` | ``paid`` | ``failed``; omitted when
+empty) and ``err`` (omitted when empty). Entries without a status were
+written by older versions and count as paid.
+
+The rolling day total is the sum of entries with ``ts ≥ now - 86400`` whose
+status is not ``failed``: pending payments count, so a payment whose outcome
+is unknown still uses up budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import _gojson
+from ._files import read_text, write_atomic
+from .errors import BridgeError
+
+__all__ = [
+    "DAY_SECONDS",
+    "PRUNE_THRESHOLD",
+    "SPEND_FILE",
+    "STATUS_FAILED",
+    "STATUS_PAID",
+    "STATUS_PENDING",
+    "SpendEntry",
+    "SpendLog",
+    "SpendSummary",
+]
+
+#: File name inside the bridge's data directory.
+SPEND_FILE = "mcpspend.json"
+STATUS_PENDING = "pending"
+STATUS_PAID = "paid"
+STATUS_FAILED = "failed"
+#: Length of the rolling spending window in seconds.
+DAY_SECONDS = 24 * 60 * 60
+#: The log is pruned only while it holds more entries than this.
+PRUNE_THRESHOLD = 1000
+
+_FIELDS: dict[str, _gojson.Kind] = {
+    "ts": "int64",
+    "bot": "string",
+    "tool": "string",
+    "rail": "string",
+    "atoms": "int64",
+    "status": "string",
+    "err": "string",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SpendEntry:
+    """One payment attempt: ``ts`` unix seconds when it was launched,
+    ``bot`` the payee uid, ``tool`` the tool that asked, ``rail`` ``"tip"``,
+    ``atoms`` the amount, ``status`` and ``err`` as in the module docs."""
+
+    ts: int
+    bot: str
+    tool: str
+    rail: str = "tip"
+    atoms: int = 0
+    status: str = ""
+    err: str = ""
+
+    @property
+    def counts(self) -> bool:
+        """True unless the payment definitely failed (pending, paid and
+        legacy entries use up budget)."""
+        return self.status != STATUS_FAILED
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object in the Go key order, empty status/err omitted."""
+        out: dict[str, Any] = {
+            "ts": self.ts,
+            "bot": self.bot,
+            "tool": self.tool,
+            "rail": self.rail,
+            "atoms": self.atoms,
+        }
+        if self.status:
+            out["status"] = self.status
+        if self.err:
+            out["err"] = self.err
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class SpendSummary:
+    """A copy of the log (oldest first) and its rolling 24-hour total in
+    atoms (failed entries excluded)."""
+
+    entries: tuple[SpendEntry, ...]
+    day_total_atoms: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"entries": [e.to_dict() for e in self.entries], "day_total_atoms": self.day_total_atoms}
+
+
+class _Row:
+    """A log slot; ``live`` while this process is still paying it."""
+
+    __slots__ = ("entry", "live")
+
+    def __init__(self, entry: SpendEntry, live: bool) -> None:
+        self.entry = entry
+        self.live = live
+
+
+class SpendTicket:
+    """Handle to an entry added by :meth:`SpendLog.launch`."""
+
+    __slots__ = ("_row",)
+
+    def __init__(self, row: _Row) -> None:
+        self._row = row
+
+    @property
+    def entry(self) -> SpendEntry:
+        return self._row.entry
+
+
+class SpendLog:
+    """The in-memory spend log and its file. Not safe for concurrent
+    mutation: the caller serializes access (the bridge holds a lock across
+    the cap check, the reservation and the write)."""
+
+    def __init__(self, path: Path, entries: list[SpendEntry] | None = None) -> None:
+        self.path = path
+        self._rows = [_Row(e, False) for e in entries or ()]
+
+    @classmethod
+    def load(cls, path: Path) -> SpendLog:
+        """Read the log (missing file or ``null``: empty). Raises
+        :class:`BridgeError` ``parse <path>: …`` for malformed content."""
+        try:
+            text = read_text(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BridgeError(f"read {path}: {exc}") from None
+        if text is None:
+            return cls(path)
+        try:
+            raw = _gojson.decode_struct_list(_gojson.loads(text), _FIELDS, struct="bridge.SpendEntry")
+        except _gojson.GoJSONError as exc:
+            raise BridgeError(f"parse {path}: {exc}") from None
+        entries = [
+            SpendEntry(
+                ts=item.get("ts", 0),
+                bot=item.get("bot", ""),
+                tool=item.get("tool", ""),
+                rail=item.get("rail", ""),
+                atoms=item.get("atoms", 0),
+                status=item.get("status", ""),
+                err=item.get("err", ""),
+            )
+            for item in raw
+        ]
+        return cls(path, entries)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @property
+    def entries(self) -> tuple[SpendEntry, ...]:
+        return tuple(row.entry for row in self._rows)
+
+    def day_total(self, now: int) -> int:
+        """Atoms spent in the rolling 24 hours ending at ``now`` (unix
+        seconds): entries with ``ts ≥ now - 86400`` that are not failed."""
+        since = now - DAY_SECONDS
+        return sum(r.entry.atoms for r in self._rows if r.entry.ts >= since and r.entry.counts)
+
+    def summary(self, now: int) -> SpendSummary:
+        return SpendSummary(self.entries, self.day_total(now))
+
+    def launch(self, *, ts: int, bot: str, tool: str, atoms: int) -> SpendTicket:
+        """Append a ``pending`` tip entry for a payment this process is about
+        to make; it stays invisible to :meth:`resolve` until :meth:`finish`."""
+        row = _Row(
+            SpendEntry(ts=ts, bot=bot, tool=tool, rail="tip", atoms=atoms, status=STATUS_PENDING), True
+        )
+        self._rows.append(row)
+        return SpendTicket(row)
+
+    def withdraw(self, ticket: SpendTicket) -> None:
+        """Remove an entry whose payment was never started."""
+        row = ticket._row
+        self._rows = [r for r in self._rows if r is not row]
+
+    def finish(self, ticket: SpendTicket, status: str, err: str = "") -> None:
+        """Record the outcome of a live payment: ``paid`` (err cleared),
+        ``failed`` with ``err``, or ``pending`` (outcome unknown: it stays
+        counted and becomes claimable by :meth:`resolve`)."""
+        row = ticket._row
+        row.live = False
+        if status == STATUS_PAID:
+            err = ""
+        row.entry = dataclasses.replace(row.entry, status=status, err=err)
+
+    def resolve(self, payee: str, atoms: int, err: str | None) -> bool:
+        """Settle the oldest pending entry (not being paid right now) for
+        exactly ``atoms`` to ``payee`` (case-insensitive): ``paid`` when
+        ``err`` is None, else ``failed`` with ``err``. Legacy entries are
+        never claimed. Returns False when nothing matches."""
+        wanted = payee.lower()
+        for row in self._rows:
+            entry = row.entry
+            if (
+                not row.live
+                and entry.status == STATUS_PENDING
+                and entry.atoms == atoms
+                and entry.bot.lower() == wanted
+            ):
+                if err is None:
+                    row.entry = dataclasses.replace(entry, status=STATUS_PAID, err="")
+                else:
+                    row.entry = dataclasses.replace(entry, status=STATUS_FAILED, err=err)
+                return True
+        return False
+
+    def prune(self, now: int) -> int:
+        """Drop old entries while the log holds more than 1000: at most
+        ``len - 1000`` of the oldest, stopping at the first entry that is in
+        the rolling window or pending. Returns how many were dropped."""
+        excess = len(self._rows) - PRUNE_THRESHOLD
+        if excess <= 0:
+            return 0
+        since = now - DAY_SECONDS
+        dropped = 0
+        for row in self._rows[:excess]:
+            if row.entry.ts >= since or row.entry.status == STATUS_PENDING:
+                break
+            dropped += 1
+        if dropped:
+            del self._rows[:dropped]
+        return dropped
+
+    def to_json(self) -> str:
+        """The file content: Go's ``MarshalIndent`` with two spaces."""
+        return _gojson.dumps([r.entry.to_dict() for r in self._rows], indent=True)
+
+    def prepare(self, now: int) -> str:
+        """Prune (see :meth:`prune`) and return the file content to write."""
+        self.prune(now)
+        return self.to_json()
+
+    def write(self, content: str) -> None:
+        """Write ``content`` (from :meth:`prepare`) atomically with mode 0600.
+        Raises :class:`BridgeError` naming the path."""
+        try:
+            write_atomic(self.path, content)
+        except OSError as exc:
+            raise BridgeError(f"write {self.path}: {exc}") from None

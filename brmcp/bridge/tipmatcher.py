@@ -1,0 +1,99 @@
+"""Match outbound tips with their terminal progress events (go-brmcp.md §4.9).
+
+brclient reports tip progress without the id of the attempt that caused it,
+so a host that pays with tips registers what it is waiting for (payee uid and
+amount in milliatoms) and feeds every terminal event ("completed", or "will
+not retry") to :meth:`TipMatcher.resolve`. Waiters for the same payee and
+amount are served oldest first; two identical concurrent payments may swap
+outcomes, which is harmless since they are interchangeable.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import anyio
+
+__all__ = ["TipMatcher", "TipWaiter"]
+
+
+class TipWaiter:
+    """One expected tip. :meth:`wait` returns the terminal outcome exactly
+    once it is known: None for success, or the attempt's error text."""
+
+    __slots__ = ("_done", "_error", "_key", "_matcher", "matoms", "payee")
+
+    def __init__(self, matcher: TipMatcher, payee: str, matoms: int) -> None:
+        self._matcher = matcher
+        self.payee = payee
+        self.matoms = matoms
+        self._key = (payee.lower(), matoms)
+        self._done = anyio.Event()
+        self._error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def error(self) -> str | None:
+        """The error text once :attr:`done` (None: the tip completed)."""
+        return self._error
+
+    async def wait(self) -> str | None:
+        """Wait for the outcome; None when the tip completed, else the
+        error text from the terminal event."""
+        await self._done.wait()
+        return self._error
+
+    def cancel(self) -> None:
+        """Stop waiting: this waiter is never matched afterwards. Idempotent."""
+        self._matcher._remove(self)
+
+    def _complete(self, error: str | None) -> None:
+        self._error = error
+        self._done.set()
+
+
+class TipMatcher:
+    """FIFO waiters per (payee uid, milliatoms); uids compare
+    case-insensitively. Units: atoms x 1000 = milliatoms."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[tuple[str, int], deque[TipWaiter]] = {}
+
+    def expect(self, payee: str, matoms: int) -> TipWaiter:
+        """Register a waiter for a tip of ``matoms`` milliatoms to ``payee``.
+        Call before sending the tip so a fast outcome is not missed."""
+        waiter = TipWaiter(self, payee, matoms)
+        self._waiters.setdefault(waiter._key, deque()).append(waiter)
+        return waiter
+
+    def resolve(self, payee: str, matoms: int, error: str | None = None) -> bool:
+        """Complete the oldest waiter for ``(payee, matoms)`` with ``error``
+        (None: success). Returns False when nothing waits for it, e.g. a tip
+        sent from chat or a different amount. Feed terminal events only."""
+        key = (payee.lower(), matoms)
+        queue = self._waiters.get(key)
+        if not queue:
+            return False
+        waiter = queue.popleft()
+        if not queue:
+            del self._waiters[key]
+        waiter._complete(error)
+        return True
+
+    def waiting(self) -> int:
+        """Registered waiters not yet resolved or cancelled."""
+        return sum(len(q) for q in self._waiters.values())
+
+    def _remove(self, waiter: TipWaiter) -> None:
+        queue = self._waiters.get(waiter._key)
+        if queue is None:
+            return
+        try:
+            queue.remove(waiter)
+        except ValueError:
+            return
+        if not queue:
+            del self._waiters[waiter._key]

@@ -1,0 +1,226 @@
+"""Shared fixture for the bridge tests (go-brmcp.md §4.10 "Fixture").
+
+A harness bot on the in-memory fabric serves ``paid`` (500 atoms, returns
+``{"n": k}``), ``free`` and ``dyn`` (dynamic price 7 atoms); the bridge is
+named ``brclientd``, autopay, per-call cap 10 000, per-day cap 100 000,
+token ``test-token-0123456789abcdef``, clock at unix 1 800 000 000 in auto
+mode; its owned listener binds 127.0.0.1:0. The payer credits the bot's
+ledger the way an incoming tip would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolRequest, CallToolRequestParams, CallToolResult, TextContent
+
+from brmcp.bridge import Bridge, BridgeConfig, ManualClock, Settings
+from brmcp.server import CallContext, Harness, HarnessConfig
+from brmcp.testing import Fabric, uid
+
+BOT = uid(1)
+CLIENT = uid(2)
+OTHER_BOT = uid(3)
+TOKEN = "test-token-0123456789abcdef"
+START = 1_800_000_000
+NAME = "brclientd"
+PAID_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "text": {"type": "string", "description": "the text"},
+        "count": {"type": "integer"},
+    },
+}
+
+
+def fixture_settings(**changes: Any) -> Settings:
+    base = Settings(
+        enabled=True,
+        token=TOKEN,
+        mode="autopay",
+        per_call_cap_atoms=10_000,
+        per_day_cap_atoms=100_000,
+        allowed_bots=(BOT,),
+    )
+    return base.replace(**changes)
+
+
+class TestPayer:
+    """Records every ``pay`` and, by default, credits the bot's ledger with
+    the amount (as a confirmed tip would). ``behaviour`` may replace that:
+    an async ``(payee, atoms) -> None`` that raises to fail."""
+
+    __test__ = False
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.harness: Harness | None = None
+        self.behaviour: Callable[[str, int], Awaitable[None]] | None = None
+        self.entered = anyio.Event()
+
+    async def credit(self, payee: str, atoms: int) -> None:
+        assert self.harness is not None
+        assert payee == BOT
+        await self.harness.credit(CLIENT, atoms)
+
+    async def pay(self, payee_uid: str, atoms: int) -> None:
+        self.calls.append((payee_uid, atoms))
+        self.entered.set()
+        if self.behaviour is not None:
+            await self.behaviour(payee_uid, atoms)
+            return
+        await self.credit(payee_uid, atoms)
+
+
+@dataclass
+class Env:
+    fabric: Fabric
+    harness: Harness
+    bridge: Bridge
+    payer: TestPayer
+    clock: ManualClock
+    data_dir: Path
+    executions: dict[str, int] = field(default_factory=dict)
+    stack: AsyncExitStack | None = None
+
+    @property
+    def base_url(self) -> str:
+        address = self.bridge.listen_address
+        assert address is not None
+        return f"http://{address[0]}:{address[1]}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/mcp/{BOT}"
+
+    def new_bridge(self, **overrides: Any) -> Bridge:
+        """A second bridge on the same data directory (reload checks)."""
+        config = BridgeConfig(
+            data_dir=self.data_dir,
+            sender=self.fabric.sender(CLIENT),
+            payer=self.payer,
+            name=NAME,
+            clock=self.clock,
+            **overrides,
+        )
+        return Bridge(config)
+
+    @asynccontextmanager
+    async def session(self, token: str = TOKEN, url: str | None = None) -> AsyncIterator[ClientSession]:
+        """An initialized SDK client session through the bridge's listener."""
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http,
+            streamable_http_client(url or self.url, http_client=http) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            yield session
+
+    def http(self, **kwargs: Any) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(base_url=self.base_url, timeout=30, **kwargs)
+
+
+async def call(session: ClientSession, tool: str, arguments: dict[str, Any] | None = None) -> CallToolResult:
+    """A tools/call without the SDK's implicit tools/list."""
+    request = CallToolRequest(params=CallToolRequestParams(name=tool, arguments=arguments or {}))
+    return await session.send_request(request, CallToolResult)
+
+
+def texts(result: CallToolResult) -> list[str]:
+    return [c.text for c in result.content if isinstance(c, TextContent)]
+
+
+def joined(result: CallToolResult) -> str:
+    return "\n".join(texts(result))
+
+
+def build_harness(data_dir: Path, executions: dict[str, int]) -> Harness:
+    harness = Harness(
+        HarnessConfig(data_dir=data_dir, allowed_peers={CLIENT}, calls_per_minute=100_000, name="fixture-bot")
+    )
+
+    async def paid(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
+        executions["paid"] = executions.get("paid", 0) + 1
+        return {"n": executions["paid"]}
+
+    async def free(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
+        executions["free"] = executions.get("free", 0) + 1
+        return {"ok": True}
+
+    async def dyn(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
+        executions["dyn"] = executions.get("dyn", 0) + 1
+        return {"dyn": True}
+
+    harness.add_tool("paid", paid, description="A paid tool", input_schema=PAID_SCHEMA, price_atoms=500)
+    harness.add_tool("free", free, description="A free tool", input_schema={"type": "object"})
+    harness.add_tool(
+        "dyn", dyn, description="Priced per call", input_schema={"type": "object"}, price=_seven_atoms
+    )
+    return harness
+
+
+async def _seven_atoms(ctx: CallContext, args: dict[str, Any]) -> int:
+    return 7
+
+
+@asynccontextmanager
+async def bridge_env(
+    tmp_path: Path,
+    *,
+    settings: Settings | None = None,
+    auto_clock: bool = True,
+    listen: str | None = "127.0.0.1:0",
+    write_settings: bool = True,
+    spend_entries: list[dict[str, Any]] | None = None,
+    clock: ManualClock | None = None,
+) -> AsyncIterator[Env]:
+    """The fixture, entered: fabric, harness at BOT, bridge at CLIENT."""
+    data_dir = tmp_path / "bridge"
+    data_dir.mkdir(exist_ok=True)
+    if write_settings:
+        content = (settings or fixture_settings()).to_json()
+        (data_dir / "mcpclient.json").write_text(content)
+    if spend_entries is not None:
+        (data_dir / "mcpspend.json").write_text(json.dumps(spend_entries, indent=2))
+    if clock is None:
+        clock = ManualClock(START, auto=auto_clock)
+    payer = TestPayer()
+    executions: dict[str, int] = {}
+    async with AsyncExitStack() as stack:
+        fabric = await stack.enter_async_context(Fabric())
+        harness = build_harness(tmp_path / "bot", executions)
+        await stack.enter_async_context(harness)
+        bot_router = await harness.start(fabric.sender(BOT))
+        fabric.attach(BOT, bot_router.handle_pm)
+        payer.harness = harness
+        bridge = Bridge(
+            BridgeConfig(
+                data_dir=data_dir,
+                sender=fabric.sender(CLIENT),
+                payer=payer,
+                listen=listen,
+                name=NAME,
+                clock=clock,
+            )
+        )
+        fabric.attach(CLIENT, bridge.handle_pm)
+        await stack.enter_async_context(bridge)
+        yield Env(fabric, harness, bridge, payer, clock, data_dir, executions, stack)
+
+
+async def until(predicate: Callable[[], bool], limit: float = 10.0) -> None:
+    """Poll ``predicate`` every few ms until it holds; fail after ``limit`` seconds."""
+    with anyio.fail_after(limit):
+        while True:
+            if predicate():
+                return
+            await anyio.sleep(0.005)
