@@ -1,5 +1,6 @@
-"""Test support: an in-memory PM fabric (and, later, a fake brclient) so
-everything runs without a relay."""
+"""Test support: an in-memory PM fabric, and in :mod:`brmcp.testing.fakebr` a
+fake relay with fake brclients (clientrpc over TLS), so everything runs without
+a relay."""
 
 from .fabric import Fabric, FabricStats, Faults, LinkDownError, LinkStats, PMTooLargeError, uid
 

@@ -1,0 +1,252 @@
+"""A fake Bison Relay network for fake brclients, built on :class:`~brmcp.testing.Fabric`.
+
+Users are uids on the fabric. PMs travel over the fabric as their plain text,
+so the fabric's faults, size limit, statistics and offline store-and-forward
+apply to them unchanged; the relay stamps each PM with its send time (the BR
+server timestamp brclient reports as ``timestampMs``). Only KX'd contacts can
+exchange PMs and tips (anything else is ``user <x> not found`` at the
+sender). Tips are simulated: a tip from A to B emits tip-progress events at A
+and, once B is online, a received tip at B.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+
+from ..fabric import Fabric
+
+if TYPE_CHECKING:
+    from .server import FakeBRClient
+
+__all__ = ["FakeRelay", "TipFailure"]
+
+log = logging.getLogger("brmcp.testing.fakebr")
+
+
+@dataclass(frozen=True, slots=True)
+class TipFailure:
+    """Make the next tip's first ``attempts`` invoice attempts fail with
+    ``error``. Each failure emits a tip-progress event with ``willRetry`` while
+    attempts remain; when ``attempts >= maxAttempts`` the last one is terminal
+    (``willRetry`` false) and nothing is paid. ``delay`` seconds pass before
+    each attempt resolves."""
+
+    attempts: int = 1
+    error: str = "fake relay: invoice request timed out"
+    delay: float = 0.0
+
+
+class FakeRelay:
+    """The fake relay. Use as ``async with FakeRelay() as relay:`` (it owns the
+    tasks that carry tips; a fabric passed in must already be entered, one
+    created here is entered and closed with the relay)."""
+
+    def __init__(self, fabric: Fabric | None = None, *, seed: int | None = None) -> None:
+        self._own_fabric = fabric is None
+        self.fabric = fabric if fabric is not None else Fabric(seed=seed)
+        self.nicks: dict[str, str] = {}
+        self._contacts: dict[str, dict[str, None]] = {}
+        self._clients: dict[str, FakeBRClient] = {}
+        self._pm_times: dict[tuple[str, str], deque[tuple[str, int]]] = {}
+        self._online: anyio.Event | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> FakeRelay:
+        if self._own_fabric:
+            await self.fabric.__aenter__()
+        self._online = anyio.Event()
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool | None:
+        tg = self._tg
+        assert tg is not None
+        tg.cancel_scope.cancel()
+        try:
+            # The body's exception propagates as itself, not inside an ExceptionGroup.
+            await tg.__aexit__(None, None, None)
+        finally:
+            self._tg = None
+            if self._own_fabric:
+                await self.fabric.__aexit__(None, None, None)
+        return None
+
+    # -- users and contacts -----------------------------------------------------------
+
+    def add_user(self, nick: str, uid: str | None = None) -> str:
+        """Register a user (a uid on the fabric) and return its uid (random when
+        not given; 64 lowercase hex)."""
+        uid = (uid or os.urandom(32).hex()).lower()
+        if len(uid) != 64 or any(c not in "0123456789abcdef" for c in uid):
+            raise ValueError(f"uid {uid!r} is not 64 hex characters")
+        if uid in self.nicks:
+            raise ValueError(f"uid {uid} is already registered")
+        self.nicks[uid] = nick
+        self._contacts.setdefault(uid, {})
+        return uid
+
+    def kx(self, a: str | FakeBRClient, b: str | FakeBRClient) -> None:
+        """Make two users mutual contacts (a completed key exchange)."""
+        ua, ub = _uid_of(a), _uid_of(b)
+        for uid in (ua, ub):
+            if uid not in self.nicks:
+                raise KeyError(f"unknown user {uid}")
+        if ua == ub:
+            raise ValueError("a user cannot KX with itself")
+        self._contacts[ua][ub] = None
+        self._contacts[ub][ua] = None
+
+    def unkx(self, a: str | FakeBRClient, b: str | FakeBRClient) -> None:
+        """Remove a contact pair (both directions)."""
+        ua, ub = _uid_of(a), _uid_of(b)
+        self._contacts.get(ua, {}).pop(ub, None)
+        self._contacts.get(ub, {}).pop(ua, None)
+
+    def kx_all(self, *users: str | FakeBRClient) -> None:
+        """Make every pair of ``users`` contacts."""
+        uids = [_uid_of(u) for u in users]
+        for i, a in enumerate(uids):
+            for b in uids[i + 1 :]:
+                self.kx(a, b)
+
+    def contacts(self, uid: str) -> list[str]:
+        """``uid``'s contacts, in KX order."""
+        return list(self._contacts.get(uid, {}))
+
+    def are_contacts(self, a: str, b: str) -> bool:
+        return b in self._contacts.get(a, {})
+
+    def client(self, uid: str) -> FakeBRClient | None:
+        """The fake brclient of ``uid``, if any."""
+        return self._clients.get(uid)
+
+    # -- online state -----------------------------------------------------------------
+
+    def set_offline(self, uid: str) -> None:
+        """Take ``uid`` off the relay: PMs to it are stored, tips to it wait."""
+        self.fabric.set_offline(uid)
+
+    def set_online(self, uid: str) -> None:
+        """Bring ``uid`` back: stored PMs are delivered, waiting tips complete."""
+        self.fabric.set_online(uid)
+        if self._online is not None:
+            self._online.set()
+            self._online = anyio.Event()
+
+    def is_offline(self, uid: str) -> bool:
+        return self.fabric.is_offline(uid)
+
+    # -- traffic ------------------------------------------------------------------------
+
+    def _register(self, client: FakeBRClient, uid: str | None) -> str:
+        uid = self.add_user(client.nick, uid)
+        self._clients[uid] = client
+
+        def deliver(from_uid: str, text: str) -> None:
+            client._receive_pm(from_uid, text, self._pop_time(from_uid, uid, text))
+
+        self.fabric.attach(uid, deliver)
+        self.fabric.set_offline(uid)  # a brclient that is not running yet
+        return uid
+
+    def _pop_time(self, from_uid: str, to_uid: str, text: str) -> int:
+        queue = self._pm_times.get((from_uid, to_uid))
+        if queue:
+            for index, (sent, stamp) in enumerate(queue):
+                if sent == text:
+                    del queue[index]
+                    return stamp
+        return int(time.time() * 1000)
+
+    async def send_pm(self, from_uid: str, to_uid: str, text: str) -> None:
+        """Hand a PM to the relay (stamped now); raises the fabric's errors
+        (``PMTooLargeError``, ``LinkDownError``)."""
+        queue = self._pm_times.setdefault((from_uid, to_uid), deque())
+        entry = (text, int(time.time() * 1000))
+        queue.append(entry)
+        if len(queue) > 10_000:
+            queue.popleft()
+        try:
+            await self.fabric.sender(from_uid).send_pm(to_uid, text)
+        except BaseException:
+            if entry in queue:
+                queue.remove(entry)
+            raise
+
+    def start_tip(
+        self,
+        sender: FakeBRClient,
+        to_uid: str,
+        amount_matoms: int,
+        max_attempts: int,
+        failure: TipFailure | None,
+    ) -> None:
+        """Run a tip in the background (``TipUser`` returns before it completes)."""
+        if self._tg is None:
+            raise RuntimeError("FakeRelay must be entered ('async with relay')")
+        self._tg.start_soon(self._run_tip, sender, to_uid, amount_matoms, max_attempts, failure)
+
+    async def _run_tip(
+        self,
+        sender: FakeBRClient,
+        to_uid: str,
+        amount_matoms: int,
+        max_attempts: int,
+        failure: TipFailure | None,
+    ) -> None:
+        nick = self.nicks.get(to_uid, "")
+        failed = failure.attempts if failure is not None else 0
+        attempt = 0
+        while True:
+            attempt += 1
+            if failure is not None and failure.delay > 0:
+                await anyio.sleep(failure.delay)
+            if attempt > failed:
+                break
+            assert failure is not None
+            will_retry = attempt < max_attempts
+            sender.emit_tip_progress(
+                to_uid,
+                amount_matoms,
+                nick=nick,
+                attempt=attempt,
+                attempt_err=failure.error,
+                will_retry=will_retry,
+            )
+            if not will_retry:
+                return
+        while self.is_offline(to_uid):
+            assert self._online is not None
+            await self._online.wait()
+        recipient = self._clients.get(to_uid)
+        if recipient is None:
+            sender.emit_tip_progress(
+                to_uid,
+                amount_matoms,
+                nick=nick,
+                attempt=attempt,
+                attempt_err=f"fake relay: {to_uid} has no wallet to receive tips",
+            )
+            return
+        recipient.emit_received_tip(sender.uid, amount_matoms)
+        sender.emit_tip_progress(to_uid, amount_matoms, nick=nick, attempt=attempt, completed=True)
+
+
+def _uid_of(user: str | FakeBRClient) -> str:
+    return user if isinstance(user, str) else user.uid
