@@ -149,13 +149,15 @@ class Conn:
 
     def _deliver(self, message: SessionMessage | Exception) -> bool:
         """Queue an inbound message without blocking; False when the inbox
-        is full (the router then closes the session)."""
+        is full (the router then closes the session). A session whose reader
+        has gone (the read stream was closed) is closed here: nobody can ever
+        read it again, so it must not keep its slot under the per-peer cap."""
         try:
             self._inbox_send.send_nowait(message)
         except anyio.WouldBlock:
             return False
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            return True
+            self.close()
         return True
 
     async def _write(self, item: SessionMessage) -> None:
@@ -172,10 +174,11 @@ class Conn:
         try:
             parts = wire.encode(payload, sid=self.sid, exp=exp, chunk_size=chunk_size)
         except wire.TooLargeError:
-            if not isinstance(message, JSONRPCResponse):
+            if not isinstance(message, JSONRPCResponse | JSONRPCError) or message.id is None:
                 raise
-            # A result too large for 64 parts becomes an error response for
-            # the same request, so the caller learns why instead of waiting.
+            # A response too large for 64 parts becomes a short error
+            # response for the same request, so the caller learns why instead
+            # of waiting for a reply that can never be sent.
             limit = wire.MAX_PARTS * chunk_size
             refusal = JSONRPCError(
                 jsonrpc="2.0",

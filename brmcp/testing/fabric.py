@@ -21,7 +21,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..router import AcceptFunc, AllowFunc, Router, RouterOptions
 
@@ -95,7 +95,7 @@ class FabricStats:
     pms_duplicated: int = 0  #: extra copies made by the duplicate fault
     pms_refused: int = 0  #: over the size limit, or an injected send failure
     pms_undeliverable: int = 0  #: no endpoint and not marked offline
-    pms_stored: int = 0  #: held for an offline recipient
+    pms_stored: int = 0  #: sent while the recipient was offline, held until it is back
     links: dict[tuple[str, str], LinkStats] = field(default_factory=dict)
 
 
@@ -129,9 +129,10 @@ class Fabric:
         self.stats = FabricStats()
         self._rng = random.Random(seed)
         self._endpoints: dict[str, DeliverFunc] = {}
-        self._offline: dict[str, list[tuple[str, str]]] = {}
+        self._offline: dict[str, anyio.Event] = {}
         self._failing: dict[str, int | None] = {}
         self._links: dict[tuple[str, str], MemoryObjectSendStream[tuple[float, str]]] = {}
+        self._backlog: dict[tuple[str, str], int] = {}  # PMs queued on a link, not yet delivered
         self._routers: list[Router] = []
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
@@ -199,14 +200,18 @@ class Fabric:
     # -- faults --------------------------------------------------------------------
 
     def set_offline(self, uid: str) -> None:
-        """Store PMs for ``uid`` instead of delivering them."""
-        self._offline.setdefault(uid, [])
+        """Hold PMs for ``uid`` instead of delivering them (BR's store and
+        forward). Each link's PMs stay queued, in send order, until
+        :meth:`set_online`. Needs the fabric entered."""
+        if uid not in self._offline:
+            self._offline[uid] = anyio.Event()
 
     def set_online(self, uid: str) -> None:
-        """Deliver everything stored for ``uid``, in order, then resume."""
-        stored = self._offline.pop(uid, [])
-        for from_uid, text in stored:
-            self._route(from_uid, uid, text)
+        """Resume delivery to ``uid``: every held PM is delivered, per link in
+        send order, ahead of anything sent later."""
+        event = self._offline.pop(uid, None)
+        if event is not None:
+            event.set()
 
     def is_offline(self, uid: str) -> bool:
         return uid in self._offline
@@ -246,7 +251,8 @@ class Fabric:
             return
         self.stats.pms_sent += 1
         faults = self.faults
-        if faults.instant and to_uid not in self._offline:
+        if faults.instant and to_uid not in self._offline and not self._backlog.get((from_uid, to_uid)):
+            # Nothing queued on this link: hand the PM over in the sender's task.
             await self._deliver(from_uid, to_uid, text)
             return
         copies = 1
@@ -258,15 +264,9 @@ class Fabric:
             self.stats.pms_duplicated += 1
             copies = 2
         for _ in range(copies):
-            if to_uid in self._offline:
-                self.stats.pms_stored += 1
-                self._offline[to_uid].append((from_uid, text))
-            else:
-                self._route(from_uid, to_uid, text)
+            self._route(from_uid, to_uid, text)
 
     def _route(self, from_uid: str, to_uid: str, text: str) -> None:
-        if self._closed:
-            return
         faults = self.faults
         rng = self._rng
         delay = max(faults.latency, 0.0)
@@ -276,34 +276,50 @@ class Fabric:
         if tg is None:
             raise RuntimeError("Fabric with delays or offline peers must be entered ('async with fabric')")
         if faults.reorder_rate > 0 and rng.random() < faults.reorder_rate:
+            if to_uid in self._offline:
+                self.stats.pms_stored += 1
             tg.start_soon(self._deliver_later, from_uid, to_uid, text, delay + faults.reorder_delay)
             return
+        if to_uid in self._offline:
+            self.stats.pms_stored += 1
         key = (from_uid, to_uid)
         link = self._links.get(key)
         if link is None:
             send, recv = anyio.create_memory_object_stream[tuple[float, str]](math.inf)
             self._links[key] = link = send
             tg.start_soon(self._link_worker, from_uid, to_uid, recv)
+        self._backlog[key] = self._backlog.get(key, 0) + 1
         link.send_nowait((time.monotonic() + delay, text))
 
-    async def _link_worker(self, from_uid: str, to_uid: str, recv: Any) -> None:
+    async def _link_worker(
+        self, from_uid: str, to_uid: str, recv: MemoryObjectReceiveStream[tuple[float, str]]
+    ) -> None:
+        # One worker per (from, to) link delivers its PMs strictly in queue
+        # order; a PM for an offline recipient blocks the link (and so keeps
+        # its place ahead of later PMs) until the recipient is back.
+        key = (from_uid, to_uid)
         async with recv:
             async for due, text in recv:
                 wait = due - time.monotonic()
                 if wait > 0:
                     await anyio.sleep(wait)
+                await self._until_online(to_uid)
+                self._backlog[key] -= 1
                 await self._deliver(from_uid, to_uid, text)
 
     async def _deliver_later(self, from_uid: str, to_uid: str, text: str, delay: float) -> None:
         await anyio.sleep(delay)
+        await self._until_online(to_uid)
         await self._deliver(from_uid, to_uid, text)
+
+    async def _until_online(self, to_uid: str) -> None:
+        event = self._offline.get(to_uid)
+        while event is not None:
+            await event.wait()
+            event = self._offline.get(to_uid)
 
     async def _deliver(self, from_uid: str, to_uid: str, text: str) -> None:
         if self._closed:
-            return
-        if to_uid in self._offline:
-            self.stats.pms_stored += 1
-            self._offline[to_uid].append((from_uid, text))
             return
         deliver = self._endpoints.get(to_uid)
         if deliver is None:
@@ -320,7 +336,7 @@ class Fabric:
         link.bytes += size
         try:
             result = deliver(from_uid, text)
-            if inspect.isawaitable(result):
+            if result is not None and inspect.isawaitable(result):
                 await result
         except Exception:
             log.exception("fabric: endpoint %s failed to take a PM from %s", to_uid[:8], from_uid[:8])
