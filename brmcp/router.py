@@ -239,10 +239,16 @@ class Router:
             stats.pms_ignored += 1
             return
         allow = self._allow
-        if allow is not None and not allow(peer):
-            stats.dropped_denied += 1
-            log.debug("drop part from %s: peer not allowed", peer)
-            return
+        if allow is not None:
+            try:
+                admitted = bool(allow(peer))
+            except Exception:
+                log.exception("allow(%s) raised; treating the peer as not allowed", peer)
+                admitted = False
+            if not admitted:
+                stats.dropped_denied += 1
+                log.debug("drop part from %s: peer not allowed", peer)
+                return
         now = self._clock()
         try:
             payload = self._assembler.add(peer, part, now)

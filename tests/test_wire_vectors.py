@@ -56,6 +56,8 @@ def test_vectors_cover_both_kinds() -> None:
     assert len(VECTORS["encode"]) >= 3
 
 
-@pytest.mark.skipif(not SHARED_PATH.exists(), reason="../shared/vectors is not present (users clone only the project)")
+@pytest.mark.skipif(
+    not SHARED_PATH.exists(), reason="../shared/vectors is not present (users clone only the project)"
+)
 def test_vendored_copy_matches_shared() -> None:
     assert json.loads(SHARED_PATH.read_text()) == VECTORS

@@ -73,7 +73,8 @@ class Assembler:
         # Lazy GC index: (when, strict, tiebreak, key, state). An entry fires
         # when now >= when (strict=False) or now > when (strict=True); stale
         # entries of finished messages are skipped by identity.
-        self._deadlines: list[tuple[float, bool, int, str, _Pending]] = []
+        # The int exp + 1 is kept as an int so huge deadlines compare exactly.
+        self._deadlines: list[tuple[float | int, bool, int, str, _Pending]] = []
         self._counter = itertools.count()
 
     @property
@@ -110,7 +111,8 @@ class Assembler:
         dropped) and :class:`TooLargeError` (a byte bound would be exceeded;
         the message is dropped). WIRE.md §Reassembly lists the order.
         """
-        if part.exp > 0 and int(now // 1) > part.exp:
+        if part.exp > 0 and now >= part.exp + 1:
+            # floor(now) > exp, compared exactly (WIRE.md §Deadlines).
             raise ExpiredError()
         cfg = self._cfg
         if part.total == 1:
@@ -160,7 +162,7 @@ class Assembler:
         if msg.exp > 0:
             # Deadline of the first part seen: evicted when floor(now) > exp,
             # i.e. now >= exp + 1.
-            heapq.heappush(heap, (float(msg.exp + 1), False, next(self._counter), key, msg))
+            heapq.heappush(heap, (msg.exp + 1, False, next(self._counter), key, msg))
         if len(heap) > 4 * len(self._pending) + 64:
             self._deadlines = [e for e in heap if self._pending.get(e[3]) is e[4]]
             heapq.heapify(self._deadlines)
