@@ -23,6 +23,7 @@ from mcp.types import Implementation, ListToolsRequest, ListToolsResult, Paginat
 
 from ..conn import Conn
 from ..router import Router
+from .relay import Relay
 
 __all__ = ["BotLink", "LinkError"]
 
@@ -82,6 +83,8 @@ class BotLink:
         self._closed = False
         #: Sessions dialed so far (observability and tests).
         self.dials = 0
+        #: Routes the bot's in-call traffic to the agent calls in flight.
+        self.relay = Relay()
 
     # -- sessions -------------------------------------------------------------
 
@@ -130,7 +133,15 @@ class BotLink:
     async def _run(self, state: _Session) -> None:
         conn = state.conn
         try:
-            async with ClientSession(conn.read_stream, conn.write_stream, client_info=self._client_info) as s:
+            relay = self.relay
+            async with ClientSession(
+                conn.read_stream,
+                conn.write_stream,
+                client_info=self._client_info,
+                logging_callback=relay.on_log,
+                sampling_callback=relay.on_sampling,
+                elicitation_callback=relay.on_elicitation,
+            ) as s:
                 with anyio.fail_after(self._connect_timeout):
                     await s.initialize()
                 state.session = s

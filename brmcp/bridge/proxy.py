@@ -9,7 +9,11 @@ Every local HTTP session for a bot talks to the same low-level
   schemas, annotations and ``_meta`` with the price keys;
 * ``tools/call`` runs the payment loop below and returns the bot's result
   (content, structuredContent, isError) unchanged, except for the refusal
-  note appended when the bridge declines to pay.
+  note appended when the bridge declines to pay; while it runs, the bot's
+  progress, log messages, sampling and elicitation requests are relayed to
+  the calling agent (:mod:`.relay`);
+* ``ping`` and ``logging/setLevel`` are answered locally (the level filters
+  the relayed log messages of that agent session).
 
 The payment loop, for one logical call:
 
@@ -38,15 +42,18 @@ from mcp.types import (
     CallToolRequest,
     CallToolRequestParams,
     CallToolResult,
+    EmptyResult,
     ListToolsResult,
     PaginatedRequestParams,
     RequestParamsMeta,
+    SetLevelRequestParams,
     TextContent,
 )
 
 from ..payment import CALL_KEY, parse_payment_required
 from .clock import Clock
 from .link import BotLink, LinkError
+from .relay import AgentCall, strip_reserved_meta
 from .settle import Settler
 
 __all__ = ["POLL_ATTEMPTS", "POLL_INTERVAL", "BotProxy", "strip_reserved_meta"]
@@ -57,17 +64,6 @@ log = logging.getLogger("brmcp.bridge")
 POLL_INTERVAL = 3.0
 #: The loop stops reissuing after a payment once ``attempt`` reaches this.
 POLL_ATTEMPTS = 6
-
-_RESERVED_PREFIX = "io.modelcontextprotocol/"
-
-
-def strip_reserved_meta(meta: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``meta`` without SDK-managed ``io.modelcontextprotocol/*`` keys and
-    ``progress_token`` (mcp-python-sdk-2.md §5); None when nothing is left."""
-    if not meta:
-        return None
-    kept = {k: v for k, v in meta.items() if not k.startswith(_RESERVED_PREFIX) and k != "progress_token"}
-    return kept or None
 
 
 class BotProxy:
@@ -86,6 +82,9 @@ class BotProxy:
             on_list_tools=self._on_list_tools,
             on_call_tool=self._on_call_tool,
         )
+        # Registered directly: the constructor argument warns that logging is
+        # deprecated in 2026-07-28, but handshake-era agents still use it.
+        self.server.add_request_handler("logging/setLevel", SetLevelRequestParams, self._on_set_level)
 
     async def _on_list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
@@ -98,17 +97,42 @@ class BotProxy:
                 raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
         return ListToolsResult(tools=list(tools))
 
+    async def _on_set_level(
+        self, ctx: ServerRequestContext[Any], params: SetLevelRequestParams
+    ) -> EmptyResult:
+        self.link.relay.set_level(ctx, params.level)
+        return EmptyResult()
+
     async def _on_call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult:
-        return await self.call(params.name, params.arguments)
+        return await self.call(params.name, params.arguments, agent=ctx)
 
-    async def call(self, tool: str, arguments: dict[str, Any] | None) -> CallToolResult:
-        """Run one logical call through the payment loop. Raises
-        :class:`MCPError` for an unknown tool (-32602 ``unknown tool
-        "<name>"``), an unreachable bot, or a second transport failure."""
+    async def call(
+        self, tool: str, arguments: dict[str, Any] | None, *, agent: ServerRequestContext[Any] | None = None
+    ) -> CallToolResult:
+        """Run one logical call through the payment loop. ``agent`` is the
+        agent's request context: the bot's in-call traffic is relayed to it
+        and written before the result. Raises :class:`MCPError` for an
+        unknown tool (-32602 ``unknown tool "<name>"``), an unreachable bot,
+        or a second transport failure."""
         if self.link.tools is not None and self.link.tool(tool) is None:
             raise MCPError(INVALID_PARAMS, f'unknown tool "{tool}"')
+        with self.link.relay.track(agent) as tracked:
+            try:
+                result = await self._pay_loop(tool, arguments, tracked)
+            except MCPError:
+                if tracked is not None:
+                    await tracked.settle()
+                raise
+            if tracked is not None:
+                await tracked.settle()
+            return result
+
+    async def _pay_loop(
+        self, tool: str, arguments: dict[str, Any] | None, tracked: AgentCall | None
+    ) -> CallToolResult:
+        progress = tracked.progress if tracked is not None and tracked.wants_progress else None
         key = secrets.token_hex(16)
         request = CallToolRequest(
             params=CallToolRequestParams(
@@ -122,7 +146,9 @@ class BotProxy:
             try:
                 async with self.link.lease() as (session, gen):
                     try:
-                        result = await session.send_request(request, CallToolResult)
+                        result = await session.send_request(
+                            request, CallToolResult, progress_callback=progress
+                        )
                     except Exception as exc:
                         self.link.reset(gen)
                         if attempt == 0:

@@ -1,0 +1,284 @@
+"""Relaying what a bot sends *during* a tool call back to the agent that
+made the call: progress, log messages, sampling and elicitation requests
+(BRIDGE.md §Relayed traffic).
+
+All agents' calls to one bot share the link's single BR session, so the
+bot's traffic has to be routed:
+
+* **progress** is exact: the bridge asks the bot for progress only when the
+  agent's ``tools/call`` carried a progress token, under a token of its own
+  per bot request, and relays each update to that agent request. Values
+  that do not increase (a reissue starting over) are dropped, because the
+  agent's token must see increasing progress (MCP 2025-11-25, progress).
+* **log messages** (``notifications/message``) name no request: each one
+  goes to every agent HTTP session with a call in flight on the link (on the
+  stream of its oldest call), filtered by the level that session chose with
+  ``logging/setLevel`` and, for 2026-07-28 requests, the request's own
+  log-level opt-in. With no call in flight the message is dropped.
+* **sampling/createMessage** and **elicitation/create** name no request
+  either: they are forwarded only when all calls in flight come from one
+  agent session, which declared that capability; otherwise the bot gets a
+  JSON-RPC error (it asked nobody, nothing is guessed).
+
+The link declares the sampling and elicitation capabilities to every bot
+(it cannot know which agent will be asking), and answers for the agent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar, get_args
+
+import anyio
+import anyio.lowlevel
+from mcp.client.session import ClientRequestContext
+from mcp.server import ServerRequestContext
+from mcp.server.connection import allowed_log_levels
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
+from mcp.types import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    ClientCapabilities,
+    CreateMessageRequest,
+    CreateMessageRequestParams,
+    CreateMessageResult,
+    CreateMessageResultWithTools,
+    ElicitationCapability,
+    ElicitRequest,
+    ElicitRequestParams,
+    ElicitResult,
+    ErrorData,
+    LoggingLevel,
+    LoggingMessageNotification,
+    LoggingMessageNotificationParams,
+    SamplingCapability,
+    ServerRequest,
+)
+from pydantic import BaseModel
+
+__all__ = ["SETTLE_TIMEOUT", "AgentCall", "Relay", "strip_reserved_meta"]
+
+log = logging.getLogger("brmcp.bridge")
+
+#: Most seconds a finished call waits for its relayed notifications to be written.
+SETTLE_TIMEOUT = 2.0
+#: Agent sessions whose ``logging/setLevel`` choice is remembered (least recently set dropped first).
+MAX_LEVELS = 1024
+
+_LEVELS: tuple[LoggingLevel, ...] = get_args(LoggingLevel)  # severity ascending
+_RESERVED_PREFIX = "io.modelcontextprotocol/"
+_ResultT = TypeVar("_ResultT", bound=BaseModel)
+
+
+def _session_id(ctx: ServerRequestContext[Any]) -> str | None:
+    """The agent's ``Mcp-Session-Id`` (the HTTP request is ``ctx.request``)."""
+    headers = getattr(ctx.request, "headers", None)
+    if headers is None:
+        return None
+    value = headers.get("mcp-session-id")
+    return value if isinstance(value, str) and value else None
+
+
+class AgentCall:
+    """One agent ``tools/call`` in flight on a link. ``ctx`` is the agent
+    request's SDK context; relays to it are counted so the call can wait
+    for them (:meth:`settle`) before its result is written."""
+
+    __slots__ = ("_idle", "_last_progress", "_pending", "agent", "ctx", "seq")
+
+    def __init__(self, ctx: ServerRequestContext[Any], seq: int) -> None:
+        self.ctx = ctx
+        self.seq = seq
+        sid = _session_id(ctx)
+        #: The agent's HTTP session; a call without one is its own agent.
+        self.agent: object = sid if sid is not None else self
+        self._pending = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._last_progress: float | None = None
+
+    @property
+    def wants_progress(self) -> bool:
+        """True when the agent's request carried a progress token."""
+        meta = self.ctx.meta
+        return meta is not None and meta.get("progress_token") is not None
+
+    def begin_relay(self) -> None:
+        """Count one relay to this call as started (call before the first
+        await of the code that relays, so :meth:`settle` sees it)."""
+        if self._pending == 0:
+            self._idle = anyio.Event()
+        self._pending += 1
+
+    def end_relay(self) -> None:
+        """Count one relay as written (or failed)."""
+        self._pending -= 1
+        if self._pending == 0:
+            self._idle.set()
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """Progress callback for the bot request: relays increasing values
+        to the agent request."""
+        if self._last_progress is not None and progress <= self._last_progress:
+            return
+        self._last_progress = progress
+        self.begin_relay()
+        try:
+            await self.ctx.session.report_progress(progress, total, message)
+        except Exception as exc:
+            log.debug("progress relay failed: %s", exc)
+        finally:
+            self.end_relay()
+
+    async def send_log(self, notification: LoggingMessageNotification) -> None:
+        """Write a log message on this call's stream; pairs with a prior
+        :meth:`begin_relay`. Failures are logged and dropped."""
+        try:
+            await self.ctx.session.send_notification(notification, related_request_id=self.ctx.request_id)
+        except Exception as exc:
+            log.debug("log relay failed: %s", exc)
+        finally:
+            self.end_relay()
+
+    async def settle(self, limit: float = SETTLE_TIMEOUT) -> None:
+        """Wait (at most ``limit`` seconds) until every relay started for
+        this call has been written, so they precede the call's result."""
+        await anyio.lowlevel.checkpoint()
+        with anyio.move_on_after(limit):
+            await self._idle.wait()
+
+
+class Relay:
+    """The in-flight agent calls of one link, and the link session's
+    callbacks for the bot's log messages, sampling and elicitation
+    requests (see the module docstring for the routing rules)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, AgentCall] = {}
+        self._seq = itertools.count()
+        self._levels: OrderedDict[str, LoggingLevel] = OrderedDict()
+
+    @contextmanager
+    def track(self, ctx: ServerRequestContext[Any] | None) -> Iterator[AgentCall | None]:
+        """Register the agent call ``ctx`` for the duration of the block
+        (yields None when there is no agent request, e.g. a direct call)."""
+        if ctx is None:
+            yield None
+            return
+        call = AgentCall(ctx, next(self._seq))
+        self._calls[call.seq] = call
+        try:
+            yield call
+        finally:
+            del self._calls[call.seq]
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._calls)
+
+    def set_level(self, ctx: ServerRequestContext[Any], level: LoggingLevel) -> None:
+        """Remember the agent session's minimum log level (``logging/setLevel``)."""
+        sid = _session_id(ctx)
+        if sid is None:
+            return
+        self._levels[sid] = level
+        self._levels.move_to_end(sid)
+        while len(self._levels) > MAX_LEVELS:
+            self._levels.popitem(last=False)
+
+    def _per_agent(self) -> list[AgentCall]:
+        """The oldest in-flight call of each agent session, oldest first."""
+        chosen: dict[object, AgentCall] = {}
+        for call in sorted(self._calls.values(), key=lambda c: c.seq):
+            chosen.setdefault(call.agent, call)
+        return list(chosen.values())
+
+    def _wants_log(self, call: AgentCall, level: LoggingLevel) -> bool:
+        if level not in allowed_log_levels(call.ctx.protocol_version, call.ctx.meta):
+            return False
+        threshold = self._levels.get(call.agent) if isinstance(call.agent, str) else None
+        return threshold is None or _LEVELS.index(level) >= _LEVELS.index(threshold)
+
+    # -- link session callbacks -------------------------------------------------
+
+    async def on_log(self, params: LoggingMessageNotificationParams) -> None:
+        """``logging_callback`` of the link's ClientSession."""
+        targets = [call for call in self._per_agent() if self._wants_log(call, params.level)]
+        if not targets:
+            log.debug("bot log message dropped: no agent call wants it")
+            return
+        clean = params.model_copy(update={"meta": None})
+        notification = LoggingMessageNotification(params=clean)
+        for call in targets:  # counted before the first await: settle() sees them all
+            call.begin_relay()
+        for call in targets:
+            await call.send_log(notification)
+
+    async def on_sampling(
+        self, context: ClientRequestContext, params: CreateMessageRequestParams
+    ) -> CreateMessageResult | CreateMessageResultWithTools | ErrorData:
+        """``sampling_callback`` of the link's ClientSession."""
+        call = self._asker("sampling/createMessage", ClientCapabilities(sampling=SamplingCapability()))
+        if isinstance(call, ErrorData):
+            return call
+        request = CreateMessageRequest(
+            params=params.model_copy(update={"meta": strip_reserved_meta(params.meta)})
+        )
+        if params.tools or params.tool_choice is not None:
+            return await self._forward(call, request, CreateMessageResultWithTools)
+        return await self._forward(call, request, CreateMessageResult)
+
+    async def on_elicitation(
+        self, context: ClientRequestContext, params: ElicitRequestParams
+    ) -> ElicitResult | ErrorData:
+        """``elicitation_callback`` of the link's ClientSession."""
+        call = self._asker("elicitation/create", ClientCapabilities(elicitation=ElicitationCapability()))
+        if isinstance(call, ErrorData):
+            return call
+        request = ElicitRequest(params=params.model_copy(update={"meta": strip_reserved_meta(params.meta)}))
+        return await self._forward(call, request, ElicitResult)
+
+    def _asker(self, method: str, capability: ClientCapabilities) -> AgentCall | ErrorData:
+        agents = self._per_agent()
+        if not agents:
+            return ErrorData(code=INVALID_REQUEST, message=f"{method}: no agent call is in flight")
+        if len(agents) > 1:
+            return ErrorData(
+                code=INVALID_REQUEST,
+                message=f"{method}: calls from several agents are in flight; cannot tell which one to ask",
+            )
+        call = agents[0]
+        session = call.ctx.session
+        if not session.check_client_capability(capability) or not session.can_send_request:
+            return ErrorData(code=METHOD_NOT_FOUND, message=f"{method}: the agent does not support it")
+        return call
+
+    @staticmethod
+    async def _forward(
+        call: AgentCall, request: ServerRequest, result_type: type[_ResultT]
+    ) -> _ResultT | ErrorData:
+        try:
+            return await call.ctx.session.send_request(
+                request, result_type, metadata=ServerMessageMetadata(related_request_id=call.ctx.request_id)
+            )
+        except MCPError as exc:
+            return exc.error
+        except Exception as exc:
+            return ErrorData(code=INTERNAL_ERROR, message=f"the agent did not answer: {exc}")
+
+
+def strip_reserved_meta(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``meta`` without SDK-managed ``io.modelcontextprotocol/*`` keys and
+    ``progress_token`` (mcp-python-sdk-2.md §5); None when nothing is left."""
+    if not meta:
+        return None
+    kept = {
+        k: v for k, v in dict(meta).items() if not k.startswith(_RESERVED_PREFIX) and k != "progress_token"
+    }
+    return kept or None

@@ -1,0 +1,67 @@
+"""Run the MCP conformance suite against the bridge and print the results.
+
+    python -m tests.conformance.run [--scenario NAME] [--keep DIR] [--verbose]
+
+Starts the stack of ``stack.py`` (fabric, harness bot with the fixture
+tools, bridge, bearer proxy), runs the pinned suite in server mode, prints
+one line per scenario and the comparison with ``baseline.yml``. Exits 0 when
+the results match the baseline, 1 on a new failure or a stale baseline
+entry, 2 when the node tools are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+from .nodetools import find_node_tools
+from .stack import CLIENT, conformance_stack
+from .suite import SPEC_VERSION, SUITE, run_suite
+
+
+async def _main(args: argparse.Namespace) -> int:
+    tools = find_node_tools()
+    if isinstance(tools, str):
+        print(tools, file=sys.stderr)
+        return 2
+    reason = tools.missing("conformance")
+    if reason is not None:
+        print(reason, file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="brmcp-conformance-") as tmp:
+        workdir = Path(args.keep) if args.keep else Path(tmp)
+        async with conformance_stack(workdir) as stack:
+            print(f"node {tools.node_version}; suite {SUITE}, spec {SPEC_VERSION}; endpoint {stack.url}")
+            started = time.monotonic()
+            report = await run_suite(tools, stack.url, workdir / "results", scenario=args.scenario)
+            elapsed = time.monotonic() - started
+            spent = sum(atoms for _, atoms in stack.payer.payments)
+            balance = await stack.harness.balance(CLIENT)
+        if args.verbose:
+            print(report.output)
+        print(report.table())
+        print(
+            f"suite exit code {report.exit_code}; {elapsed:.1f} s; "
+            f"payments {len(stack.payer.payments)} ({spent} atoms); bot balance left {balance} atoms"
+        )
+    return 1 if report.new_failures or report.stale or report.missing else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.conformance.run", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--scenario", help="run one scenario instead of the whole server suite")
+    parser.add_argument("--keep", metavar="DIR", help="keep data and results under DIR")
+    parser.add_argument("--verbose", action="store_true", help="print the suite's own output too")
+    args = parser.parse_args(argv)
+    return anyio.run(_main, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
