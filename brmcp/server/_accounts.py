@@ -6,6 +6,7 @@ exactly-once through movement refs)."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import sqlite3
@@ -21,6 +22,9 @@ from .store import JournalEntry, StatementEntry
 log = logging.getLogger("brmcp.server")
 
 INTERRUPTED_TEXT = "call interrupted by a server restart; the charge was refunded"
+#: Seconds between sweeps of completed journal rows past their replay window
+#: (piggybacked on a charge's transaction; start-up sweeps too).
+GC_INTERVAL = 60.0
 
 
 class Accounts:
@@ -42,6 +46,7 @@ class Accounts:
         self.path: Path | None = None
         self._db: GroupCommitExecutor | None = None
         self._seen_tips: OrderedDict[tuple[int, str, int], None] = OrderedDict()
+        self._next_gc = 0.0
         if data_dir is not None:
             conn = store.open_database(data_dir)
             self.path = Path(data_dir) / store.DB_FILENAME
@@ -91,14 +96,25 @@ class Accounts:
                 log.warning("refunded %d atoms to %s for a call interrupted by a restart", atoms, peer)
         return db.run_now(lambda c: store.completed_keyed(c, now))
 
-    async def reconcile_external(self, replay_window: float, outcome_json: Callable[[str], str]) -> None:
+    async def reconcile_external(
+        self, replay_window: float, outcome_json: Callable[[str], str]
+    ) -> list[JournalEntry]:
         """External Billing: settle interrupted calls and pending tip credits
-        left by a crash, exactly once through movement refs."""
+        left by a crash, exactly once through movement refs. Returns the
+        interrupted keyed calls, now bound to the interrupted-call outcome, so
+        the harness answers their retries instead of executing them again."""
         db = self._db
         if db is None or self.local:
-            return
+            return []
         pending = await db.run(store.interrupted)
-        await self._reconcile_external(pending, self._clock(), replay_window, outcome_json)
+        now = self._clock()
+        await self._reconcile_external(pending, now, replay_window, outcome_json)
+        outcome = json.loads(outcome_json(INTERRUPTED_TEXT))
+        return [
+            JournalEntry(peer, call_key, atoms, now + replay_window, outcome)
+            for _call_id, peer, call_key, _tool, atoms, _state in pending
+            if call_key is not None
+        ]
 
     async def _reconcile_external(
         self,
@@ -175,16 +191,28 @@ class Accounts:
         now = self._clock()
         db = self._db
         billing = self._billing
+        # Completed rows are otherwise only swept at start-up: without this a
+        # long-running harness would keep every keyed outcome forever.
+        gc = now >= self._next_gc
+        if gc:
+            self._next_gc = now + GC_INTERVAL
         if billing is None:
             assert db is not None
-            return await db.run(
-                lambda c: store.charge(
+
+            def charge_op(c: sqlite3.Connection) -> tuple[bool, int]:
+                if gc:
+                    store.gc_calls(c, now)
+                return store.charge(
                     c, call_id=call_id, peer=peer, call_key=call_key, tool=tool, atoms=atoms, ts=now
                 )
-            )
+
+            return await db.run(charge_op)
         if db is not None:
-            await db.run(
-                lambda c: store.journal_charge(
+
+            def journal_op(c: sqlite3.Connection) -> None:
+                if gc:
+                    store.gc_calls(c, now)
+                store.journal_charge(
                     c,
                     call_id=call_id,
                     peer=peer,
@@ -194,7 +222,8 @@ class Accounts:
                     ts=now,
                     state="charging",
                 )
-            )
+
+            await db.run(journal_op)
         try:
             await billing.debit(peer, atoms, ref=f"charge:{call_id}")
         except InsufficientBalance:

@@ -52,6 +52,12 @@ class Claim:
 class CallKeyRegistry:
     """Claims per (peer, callKey). Not thread-safe; one event loop.
 
+    In-flight claims are :class:`Claim` objects; a completed outcome is
+    kept as ``(expires, JSON bytes, size)`` and parsed again for each
+    duplicate. Keeping tens of thousands of outcomes as pydantic objects for
+    the 30-minute window would make every full garbage collection (which
+    runs on the event loop) walk all of them; bytes cost it nothing.
+
     ``max_retained_bytes`` bounds the memory held by replayable outcomes;
     past it the oldest outcomes are dropped (their keys stay claimed until
     expiry, so they still never run twice; duplicates get a tool error).
@@ -68,35 +74,48 @@ class CallKeyRegistry:
         self._clock = clock
         self._max_bytes = max_retained_bytes
         self._claims: dict[tuple[str, str], Claim] = {}
-        self._done: OrderedDict[tuple[str, str], Claim] = OrderedDict()
+        #: completed: key -> (expires, outcome JSON or None when not retained, size)
+        self._done: OrderedDict[tuple[str, str], tuple[float, bytes | None, int]] = OrderedDict()
         self._bytes = 0
 
     def __len__(self) -> int:
-        return len(self._claims)
+        return len(self._claims) + len(self._done)
 
     def claim(self, peer: str, key: str) -> tuple[Claim, bool]:
         """Claim ``key`` for ``peer``. Returns ``(claim, duplicate)``;
-        ``duplicate`` True means another call holds it (wait with
-        :meth:`wait`). Expired outcomes are purged first."""
+        ``duplicate`` True means another call holds it or completed it
+        (wait with :meth:`wait`). Expired outcomes are purged first."""
         self._purge(self._clock())
         k = (peer, key)
         existing = self._claims.get(k)
         if existing is not None:
             return existing, True
+        done = self._done.get(k)
+        if done is not None:
+            replay = Claim(k)
+            replay.expires = done[0]
+            replay.outcome = _outcome(done[1])
+            replay.event.set()
+            return replay, True
         claim = Claim(k)
         self._claims[k] = claim
         return claim, False
 
-    def finish(self, claim: Claim, outcome: CallToolResult, size: int) -> None:
-        """Record the original's outcome (``size``: its JSON bytes) and wake
+    def finish(
+        self, claim: Claim, outcome: CallToolResult, size: int, outcome_json: str | None = None
+    ) -> None:
+        """Record the original's outcome (``size``: its JSON bytes;
+        ``outcome_json``: that JSON when the caller has it) and wake
         duplicates; replayable until now + window."""
         if self._claims.get(claim.key) is not claim or claim.finished:
             return
-        claim.outcome = outcome
+        claim.outcome = outcome  # for the duplicates waiting right now
         claim.size = size
         claim.expires = self._clock() + self.window
-        self._done[claim.key] = claim
-        self._bytes += size
+        del self._claims[claim.key]
+        if outcome_json is None:
+            outcome_json = outcome.model_dump_json(by_alias=True, exclude_none=True)
+        self._remember(claim.key, claim.expires, outcome_json.encode(), size)
         claim.event.set()
         self._enforce_memory()
 
@@ -111,18 +130,12 @@ class CallKeyRegistry:
         """Restore a completed call from the journal at start-up (``outcome``
         None: not retained)."""
         k = (peer, key)
-        claim = Claim(k)
-        claim.outcome = outcome if outcome is not None else error_result(NOT_RETAINED_TEXT)
-        claim.expires = expires
-        claim.size = size if outcome is not None else 0
-        claim.event.set()
-        old = self._claims.get(k)
-        if old is not None and old.key in self._done:
-            self._bytes -= old.size
-            del self._done[old.key]
-        self._claims[k] = claim
-        self._done[k] = claim
-        self._bytes += claim.size
+        self._claims.pop(k, None)
+        if outcome is None:
+            self._remember(k, expires, None, 0)
+            return
+        data = outcome.model_dump_json(by_alias=True, exclude_none=True).encode()
+        self._remember(k, expires, data, len(data))
 
     async def wait(self, claim: Claim) -> CallToolResult:
         """Wait for the original call and return what a duplicate answers."""
@@ -135,24 +148,40 @@ class CallKeyRegistry:
             "retry with the same callKey"
         )
 
+    def _remember(self, key: tuple[str, str], expires: float, data: bytes | None, size: int) -> None:
+        old = self._done.pop(key, None)
+        if old is not None:
+            self._bytes -= old[2]
+        self._done[key] = (expires, data, size)
+        self._bytes += size
+
     def _purge(self, now: float) -> None:
         done = self._done
         while done:
-            key, claim = next(iter(done.items()))
-            if claim.expires > now:
+            key, (expires, _, size) = next(iter(done.items()))
+            if expires > now:
                 break
             del done[key]
-            self._bytes -= claim.size
-            if self._claims.get(key) is claim:
-                del self._claims[key]
+            self._bytes -= size
 
     def _enforce_memory(self) -> None:
         if self._bytes <= self._max_bytes:
             return
-        for claim in self._done.values():
+        for key, (expires, data, size) in list(self._done.items()):
             if self._bytes <= self._max_bytes:
                 break
-            if claim.size:
-                self._bytes -= claim.size
-                claim.size = 0
-                claim.outcome = error_result(_EVICTED_TEXT)
+            if size and data is not None:
+                self._bytes -= size
+                self._done[key] = (expires, _EVICTED, 0)
+
+
+#: Marker for an outcome dropped to respect ``max_retained_bytes``.
+_EVICTED = b""
+
+
+def _outcome(data: bytes | None) -> CallToolResult:
+    if data is None:
+        return error_result(NOT_RETAINED_TEXT)
+    if data == _EVICTED:
+        return error_result(_EVICTED_TEXT)
+    return CallToolResult.model_validate_json(data)

@@ -38,7 +38,7 @@ from .billing import Billing
 from .callkeys import REPLAY_WINDOW, CallKeyRegistry, Claim, error_result
 from .context import CallContext
 from .ratelimit import RateLimiter
-from .store import StatementEntry, StoreError
+from .store import JournalEntry, StatementEntry, StoreError
 from .tools import Handler, PriceFunc, ToolArgumentError, ToolSpec, spec_from_function, to_result
 
 __all__ = ["Harness", "HarnessConfig", "HarnessError"]
@@ -153,7 +153,10 @@ class Harness:
         except Exception as exc:
             self._accounts.close()
             raise HarnessError(f"cannot reconcile the ledger database: {exc}") from exc
-        for entry in loaded:
+        self._load_journal(loaded)
+
+    def _load_journal(self, entries: Iterable[JournalEntry]) -> None:
+        for entry in entries:
             outcome = None
             if entry.outcome is not None:
                 try:
@@ -277,7 +280,13 @@ class Harness:
             raise RuntimeError("Harness already entered")
         self._stack = AsyncExitStack()
         await self._stack.__aenter__()
-        await self._accounts.reconcile_external(REPLAY_WINDOW, _outcome_json_for_error)
+        try:
+            recovered = await self._accounts.reconcile_external(REPLAY_WINDOW, _outcome_json_for_error)
+        except BaseException:
+            stack, self._stack = self._stack, None
+            await stack.aclose()
+            raise
+        self._load_journal(recovered)
         return self
 
     async def __aexit__(
@@ -496,6 +505,8 @@ class Harness:
     ) -> None:
         """Journal completion (refunding a failed paid call in the same
         transaction) and record the outcome for duplicates."""
+        if charged <= 0 and claim is None:
+            return  # a free unkeyed call: nothing to journal or replay
         text = result.model_dump_json(by_alias=True, exclude_none=True)
         size = len(text.encode())
         if charged > 0:
@@ -514,7 +525,7 @@ class Harness:
                 # exactly once. The caller still gets its result.
                 log.error("could not journal completion of call %s for %s: %s", call_id, peer, exc)
         if claim is not None:
-            self._calls.finish(claim, result, size)
+            self._calls.finish(claim, result, size, text)
 
 
 def _peer_of(ctx: ServerRequestContext[Any]) -> str:

@@ -16,9 +16,11 @@ movements and their journal rows always commit together.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,9 +127,12 @@ class JournalEntry:
 def open_database(data_dir: str | os.PathLike[str]) -> sqlite3.Connection:
     """Open (creating if needed) ``<data_dir>/brmcp.sqlite3``.
 
-    The directory is created with mode 0700 and the file with 0600. Raises
-    :class:`StoreError` naming the path when the file is not a usable brmcp
-    database.
+    The directory is created with mode 0700 and the file with 0600. A new
+    database is built under a temporary name and linked into place only once
+    its schema is committed, so an existing file is always either a brmcp
+    database or refused: an empty (truncated) file, garbage, or another
+    application's SQLite file raises :class:`StoreError` naming the path and
+    is left untouched (nothing is written before it is recognised).
     """
     directory = Path(data_dir)
     try:
@@ -135,15 +140,8 @@ def open_database(data_dir: str | os.PathLike[str]) -> sqlite3.Connection:
     except OSError as exc:
         raise StoreError(f"cannot create data directory {directory}: {exc.strerror or exc}") from exc
     path = directory / DB_FILENAME
-    fresh = not path.exists()
-    if fresh:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-            os.close(fd)
-        except FileExistsError:
-            fresh = False
-        except OSError as exc:
-            raise StoreError(f"cannot create ledger database {path}: {exc.strerror or exc}") from exc
+    if not path.exists():
+        _create(path)
     try:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
     except sqlite3.Error as exc:
@@ -159,35 +157,83 @@ def open_database(data_dir: str | os.PathLike[str]) -> sqlite3.Connection:
     return conn
 
 
+def _create(path: Path) -> None:
+    """Build an empty brmcp database next to ``path`` and link it into place
+    atomically (a concurrent creator wins; a crash leaves only a temporary
+    ``.brmcp.sqlite3.init-*`` file behind, never a half-made database)."""
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.init-", dir=path.parent)
+    except OSError as exc:
+        raise StoreError(f"cannot create ledger database {path}: {exc.strerror or exc}") from exc
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+            conn.execute("PRAGMA journal_mode=WAL")
+        finally:
+            conn.close()
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        _fsync_directory(path.parent)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(f"cannot create ledger database {path}: {exc}") from exc
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _prepare(conn: sqlite3.Connection, path: Path) -> None:
+    # Recognise the file before writing anything to it (switching the journal
+    # mode rewrites the header of a foreign database).
     check = conn.execute("PRAGMA quick_check").fetchall()
     if not check or check[0][0] != "ok":
         detail = "; ".join(str(row[0]) for row in check[:3])
         raise StoreError(f"ledger database {path} is corrupt: {detail}")
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA foreign_keys=ON")
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     tables.discard("sqlite_sequence")
-    if version == 0 and not tables:
-        conn.execute("BEGIN IMMEDIATE")
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
-        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        conn.execute("COMMIT")
-        return
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"ledger database {path} has schema version {version}, newer than this brmcp "
             f"supports ({SCHEMA_VERSION}); upgrade brmcp"
+        )
+    if version == 0 and not tables:
+        raise StoreError(
+            f"ledger database {path} is empty (truncated?); refusing to start a new ledger over it. "
+            "Restore it from a backup, or remove it to start with no balances"
         )
     if version != SCHEMA_VERSION or not tables >= _EXPECTED_TABLES:
         raise StoreError(
             f"ledger database {path} is not a brmcp database "
             f"(schema version {version}, tables {sorted(tables)})"
         )
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
 
 
 # -- operations: plain functions of a connection, run inside a transaction ----
@@ -455,11 +501,18 @@ def record_tip(
     """Process a received tip once. Returns ``(new, atoms_credited)``.
 
     ``new`` False means the tip was already processed (a redelivery): nothing
-    changes. Otherwise the tip is remembered and, when ``credit_it``, its
-    atoms are credited in the same transaction (``local``: built-in ledger;
-    otherwise the row stays ``pending`` until the external credit is done).
+    changes. The seen-set keeps the newest :data:`TIP_MEMORY` tips; a
+    credited tip older than that is still recognised by its audit row.
+    Otherwise the tip is remembered and, when ``credit_it``, its atoms are
+    credited in the same transaction (``local``: built-in ledger; otherwise
+    the row stays ``pending`` until the external credit is done).
     """
     if tip_seen(conn, sequence_id, peer, amount_matoms) is not None:
+        return False, 0
+    ref = f"tip:{sequence_id}:{peer}:{amount_matoms}"
+    if conn.execute("SELECT 1 FROM movements WHERE ref = ?", (ref,)).fetchone() is not None:
+        # Credited long ago and since dropped from the bounded seen-set: the
+        # append-only audit row still proves it (never credit a tip twice).
         return False, 0
     credited = atoms if credit_it and atoms > 0 else 0
     state = "done" if local or credited == 0 else "pending"
@@ -476,7 +529,7 @@ def record_tip(
             peer=peer,
             kind="tip",
             atoms=credited,
-            ref=f"tip:{sequence_id}:{peer}:{amount_matoms}",
+            ref=ref,
             tip_seq=sequence_id,
             balance_after=after,
         )

@@ -108,7 +108,8 @@ class ToolSpec:
             raise ToolArgumentError('validating "arguments": nested too deeply') from None
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path)
-            at = f" at /{where}" if where else ""
+            # Keys are caller-controlled: bound the path as well as the message.
+            at = f" at /{_shorten(where, 120)}" if where else ""
             raise ToolArgumentError(f'validating "arguments"{at}: {_shorten(error.message)}')
         if self.converter is not None:
             return self.converter(arguments)
@@ -243,7 +244,9 @@ def spec_from_function(
         except pydantic.ValidationError as exc:
             first = exc.errors()[0]
             where = "/".join(str(p) for p in first.get("loc", ()))
-            raise ToolArgumentError(f'validating "arguments" at /{where}: {first.get("msg")}') from None
+            raise ToolArgumentError(
+                f'validating "arguments" at /{_shorten(where, 120)}: {_shorten(str(first.get("msg")))}'
+            ) from None
         return {n: getattr(parsed, n) for n in names}
 
     async def handler(ctx: CallContext, kwargs: dict[str, Any]) -> Any:
