@@ -11,6 +11,8 @@ reference (go-brmcp.md §4); see BRIDGE.md.
 * :class:`SpendEntry` / :class:`SpendSummary`: the spend log ``mcpspend.json``;
 * :class:`PendingPayment`: a payment waiting for approval;
 * :class:`TipMatcher`: correlate tips with terminal tip-progress events;
+* :class:`BridgeDaemon` / :class:`TipPayer`: the ``brmcp-bridge`` daemon on a
+  brclient (clientrpc), as an async API;
 * :class:`Clock`, :class:`SystemClock`, :class:`ManualClock`, :func:`go_duration`.
 """
 
@@ -18,6 +20,7 @@ from .admin import ConfigSnippet
 from .approvals import PendingPayment
 from .bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN, Bridge, BridgeConfig
 from .clock import Clock, ManualClock, SystemClock, go_duration
+from .daemon import BridgeDaemon, TipPayer, TipPaymentError
 from .errors import BridgeError, SettingsError
 from .settings import MODE_APPROVAL, MODE_AUTOPAY, SETTINGS_FILE, Settings
 from .settle import Payer
@@ -33,6 +36,7 @@ __all__ = [
     "SPEND_FILE",
     "Bridge",
     "BridgeConfig",
+    "BridgeDaemon",
     "BridgeError",
     "Clock",
     "ConfigSnippet",
@@ -45,6 +49,8 @@ __all__ = [
     "SpendSummary",
     "SystemClock",
     "TipMatcher",
+    "TipPayer",
+    "TipPaymentError",
     "TipWaiter",
     "go_duration",
 ]

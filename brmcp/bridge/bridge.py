@@ -170,7 +170,10 @@ class Bridge:
             link.close()
         listener, self._listener = self._listener, None
         if listener is not None:
-            await listener.stop()
+            # Shielded: close usually runs under cancellation, and an
+            # interrupted stop would leave the task group below unexited.
+            with anyio.CancelScope(shield=True):
+                await listener.stop()
         self._router.close()
         tg, self._tg = self._tg, None
         if tg is not None:

@@ -1,0 +1,442 @@
+"""The standalone bridge daemon (``brmcp-bridge``): a :class:`Bridge` hosted on
+the user's running brclient through clientrpc (BRIDGE.md "Running the
+daemon"; go-brmcp.md §4, §4.9; clientrpc.md §4.4, §6).
+
+What the daemon supplies to the bridge:
+
+* sender: the clientrpc :class:`~brmcp.clientrpc.Client` (``ChatService.PM``;
+  fails at once with ``brclient not connected`` while disconnected);
+* inbound PMs: every PM from ``ChatService.PMStream`` goes to
+  :meth:`Bridge.handle_pm`, then ``AckReceivedPM``;
+* payer: :class:`TipPayer` pays with ``PaymentsService.TipUser`` (``dcr_amount``
+  = atoms / 1e8, 3 attempts) and returns once the matching terminal
+  ``TipProgress`` event says the tip completed; a terminal event no payment
+  waits for (it came after the tip wait, or after a restart) is a late
+  outcome for :meth:`Bridge.resolve_spend`; every progress event is acked
+  after it was handled;
+* the endpoint on ``listen`` (default ``127.0.0.1:8891``), bound while the
+  bridge is enabled, and a runtime file that tells the CLI where the admin
+  surface is (:data:`RUNTIME_FILE`).
+
+Files in the data directory: ``brmcp-bridge.conf`` (bisonbotkit format,
+created with defaults on first use), ``mcpclient.json``, ``mcpspend.json``,
+``mcpadmin.token`` (the bridge's) and ``brmcp-bridge.runtime.json`` (while
+running).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from ..clientrpc import (
+    BotConfig,
+    Client,
+    ClientrpcConnectionLost,
+    ClientrpcNotConnected,
+    ReceivedPM,
+    RPCError,
+    Subscription,
+    TipProgressEvent,
+    atoms_to_dcr,
+    load_or_create_bot_config,
+)
+from ..clientrpc._glue import Acker, connection_signals, flush_on_connect
+from ..router import RouterOptions
+from ._files import read_text, write_atomic
+from .bridge import DEFAULT_LISTEN, Bridge, BridgeConfig
+from .clock import Clock, SystemClock
+from .errors import BridgeError
+from .listener import parse_listen_address
+from .settings import Settings
+from .tipmatcher import TipMatcher
+
+__all__ = [
+    "BOT_CONFIG_NAME",
+    "RUNTIME_FILE",
+    "TIP_MAX_ATTEMPTS",
+    "BridgeDaemon",
+    "TipPayer",
+    "TipPaymentError",
+    "read_runtime",
+    "resolve_listen",
+]
+
+log = logging.getLogger("brmcp.bridge.daemon")
+
+#: bisonbotkit config name: the daemon reads ``<datadir>/brmcp-bridge.conf``.
+BOT_CONFIG_NAME = "brmcp-bridge"
+#: Written while the daemon runs: ``{"pid", "listen", "url", "sighup"}`` (JSON, mode 0600).
+RUNTIME_FILE = "brmcp-bridge.runtime.json"
+#: ``TipUser`` invoice attempts per payment (go-brmcp.md §5 "Pay steps").
+TIP_MAX_ATTEMPTS = 3
+
+
+class TipPaymentError(Exception):
+    """A tip was not paid; the message is shown to the agent after
+    ``<name>: payment not made:`` (``brclient not connected``, ``tip: <brclient's
+    error>``, ``tip failed: <attempt error>``)."""
+
+
+class TipPayer:
+    """The daemon's :class:`~brmcp.bridge.Payer`: a Bison Relay tip through
+    brclient, confirmed by the terminal tip-progress event that ``matcher``
+    pairs with it (payee uid lowercase, amount in milliatoms = atoms * 1000).
+
+    ``pay`` returns once the tip completed and raises
+    :class:`TipPaymentError` when brclient refused it or the tip failed for
+    good. If the connection drops after ``TipUser`` was sent, the tip may
+    have been scheduled: ``pay`` keeps waiting for its outcome (the progress
+    stream resumes after the reconnect) until the bridge's tip wait cancels
+    it, which leaves the spend pending and counted, never paid twice.
+    """
+
+    def __init__(self, client: Client, matcher: TipMatcher, *, max_attempts: int = TIP_MAX_ATTEMPTS) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        self._client = client
+        self._matcher = matcher
+        self._max_attempts = max_attempts
+
+    async def pay(self, payee_uid: str, atoms: int) -> None:
+        """Tip ``atoms`` atoms to ``payee_uid`` (64 hex) and wait for the outcome."""
+        if atoms <= 0:
+            raise TipPaymentError(f"cannot tip {atoms} atoms")
+        payee = payee_uid.lower()
+        if not self._client.connected:
+            raise TipPaymentError("brclient not connected")
+        waiter = self._matcher.expect(payee, atoms * 1000)
+        try:
+            try:
+                await self._client.tip_user(payee, atoms_to_dcr(atoms), self._max_attempts)
+            except ClientrpcNotConnected:
+                raise TipPaymentError("brclient not connected") from None
+            except RPCError as exc:
+                raise TipPaymentError(f"tip: {exc}") from None
+            except ClientrpcConnectionLost as exc:
+                log.warning(
+                    "tip of %d atoms to %s: outcome unknown (%s); waiting for its progress", atoms, payee, exc
+                )
+            error = await waiter.wait()
+        finally:
+            waiter.cancel()
+        if error is not None:
+            raise TipPaymentError(f"tip failed: {error}")
+
+
+def resolve_listen(address: str) -> str:
+    """Validate a loopback ``host:port`` (see
+    :func:`~brmcp.bridge.listener.parse_listen_address`) and replace port 0
+    with a free port, so the endpoint keeps one address across listener
+    restarts and the CLI can find it. Raises ValueError or OSError."""
+    host, port = parse_listen_address(address)
+    if port == 0:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, sockaddr = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind(sockaddr)
+            port = sock.getsockname()[1]
+    shown = host
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).version == 6:
+            shown = f"[{host}]"
+    return f"{shown}:{port}"
+
+
+def read_runtime(datadir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The running daemon's runtime record (``pid``, ``listen``, ``url``,
+    ``sighup``), or None when there is no (readable) file."""
+    path = Path(datadir) / RUNTIME_FILE
+    try:
+        text = read_text(path)
+    except (OSError, UnicodeDecodeError):
+        return None
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+class BridgeDaemon:
+    """A :class:`Bridge` on a brclient, as an async API (``brmcp-bridge`` and
+    ``brmcp demo`` run this code).
+
+    ``datadir`` holds the bridge's files; ``client`` is a not yet entered
+    :class:`~brmcp.clientrpc.Client` for the user's brclient; ``listen`` the
+    endpoint address (loopback; port 0 picks a free port once, see
+    :func:`resolve_listen`); ``clock``, ``name`` and ``router_options`` go
+    to :class:`BridgeConfig`. Construction loads the settings and spend log
+    (raises :class:`BridgeError` naming a malformed file, ValueError for a
+    bad address) and opens nothing.
+
+    ``daemon.bridge`` is the :class:`Bridge` (its settings, spend log,
+    approvals and admin token); ``daemon.matcher`` the :class:`TipMatcher`;
+    :attr:`base_url` the endpoint's ``http://host:port``.
+    """
+
+    def __init__(
+        self,
+        datadir: str | os.PathLike[str],
+        client: Client,
+        *,
+        listen: str = DEFAULT_LISTEN,
+        clock: Clock | None = None,
+        name: str = "brmcp-bridge",
+        router_options: RouterOptions | None = None,
+        max_attempts: int = TIP_MAX_ATTEMPTS,
+    ) -> None:
+        self.datadir = Path(datadir)
+        self.client = client
+        self.listen = resolve_listen(listen)
+        self.matcher = TipMatcher()
+        self.payer = TipPayer(client, self.matcher, max_attempts=max_attempts)
+        self.bridge = Bridge(
+            BridgeConfig(
+                data_dir=self.datadir,
+                sender=client,
+                payer=self.payer,
+                listen=self.listen,
+                name=name,
+                clock=clock or SystemClock(),
+                router_options=router_options or RouterOptions(),
+            )
+        )
+        #: True when :meth:`from_datadir` wrote ``brmcp-bridge.conf`` with defaults.
+        self.config_created = False
+        #: Terminal tip-progress events that matched no waiting payment.
+        self.late_outcomes = 0
+        self._ran = False
+        self._pm_ack = Acker("PM", client.ack_received_pm)
+        self._progress_ack = Acker("tip-progress", client.ack_tip_progress)
+
+    @classmethod
+    def from_datadir(
+        cls,
+        datadir: str | os.PathLike[str],
+        *,
+        listen: str = DEFAULT_LISTEN,
+        clock: Clock | None = None,
+        client_options: Mapping[str, Any] | None = None,
+        bot_config: BotConfig | None = None,
+    ) -> BridgeDaemon:
+        """Load ``<datadir>/brmcp-bridge.conf`` (writing bisonbotkit's defaults
+        when missing: brclient's files in ``~/.brclient``, clientrpc at
+        ``wss://127.0.0.1:7676/ws``), or use ``bot_config`` instead of the
+        file, and build the daemon. ``client_options`` go to
+        :class:`~brmcp.clientrpc.Client`. Raises
+        :class:`~brmcp.clientrpc.ClientrpcConfigError` (one line naming the
+        file or URL), :class:`BridgeError` or ValueError."""
+        root = Path(datadir).expanduser()
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if bot_config is not None:
+            cfg, created = bot_config, False
+        else:
+            cfg, created = load_or_create_bot_config(root, BOT_CONFIG_NAME)
+        if created:
+            log.warning(
+                "wrote %s with defaults (brclient files in %s, clientrpc at %s); edit it if yours differ",
+                root / f"{BOT_CONFIG_NAME}.conf",
+                Path(cfg.servercertpath).parent,
+                cfg.brrpcurl,
+            )
+        client = Client.from_config(cfg, **dict(client_options or {}))
+        daemon = cls(root, client, listen=listen, clock=clock)
+        daemon.config_created = created
+        return daemon
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` of the endpoint (served while enabled)."""
+        return f"http://{self.listen}"
+
+    @property
+    def runtime_path(self) -> Path:
+        return self.datadir / RUNTIME_FILE
+
+    async def reload(self) -> Settings:
+        """Re-read ``mcpclient.json`` and apply it (what SIGHUP does); raises
+        :class:`BridgeError` for a malformed file, keeping the settings in force."""
+        settings = await self.bridge.reload_settings()
+        log.info("reloaded settings: %s", _describe(settings))
+        return settings
+
+    async def run(
+        self,
+        *,
+        handle_signals: bool = False,
+        task_status: anyio.abc.TaskStatus[BridgeDaemon] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Connect to brclient, start the bridge and serve until cancelled
+        (or, with ``handle_signals``, until SIGINT/SIGTERM; SIGHUP then
+        reloads the settings). With ``tg.start(daemon.run)`` the started value
+        is the daemon, once the listener (if enabled) is bound and the
+        runtime file written; brclient may still be unreachable (the client
+        retries with backoff). Raises :class:`BridgeError` when the address
+        cannot be bound or another daemon runs on the same data directory.
+        Runs once."""
+        if self._ran:
+            raise RuntimeError("BridgeDaemon.run can be called only once")
+        self._ran = True
+        other = await anyio.to_thread.run_sync(read_runtime, self.datadir)
+        if other is not None:
+            pid = other.get("pid")
+            if isinstance(pid, int) and pid != os.getpid() and _pid_alive(pid):
+                raise BridgeError(f"another brmcp-bridge (pid {pid}) is running on {self.datadir}")
+        client = self.client
+        async with client:
+            with connection_signals(client) as connects:
+                pms = client.pm_stream()
+                progress = client.tip_progress()
+                try:
+                    await self.bridge.start()
+                    async with anyio.create_task_group() as tg:
+                        if handle_signals:
+                            await tg.start(self._signals, tg.cancel_scope)
+                        tg.start_soon(self._pm_loop, pms)
+                        tg.start_soon(self._progress_loop, progress)
+                        tg.start_soon(
+                            flush_on_connect,
+                            connects,
+                            [self._pm_ack, self._progress_ack],
+                            self._on_connected,
+                            "brclient connect",
+                        )
+                        await anyio.to_thread.run_sync(self._write_runtime, handle_signals)
+                        self._log_state()
+                        task_status.started(self)
+                finally:
+                    pms.close()
+                    progress.close()
+                    try:
+                        # Not shielded: Bridge.close exits task groups it
+                        # entered here, which must be the innermost scopes.
+                        await self.bridge.close()
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await anyio.to_thread.run_sync(self._remove_runtime)
+
+    def _log_state(self) -> None:
+        settings = self.bridge.settings
+        if settings.enabled:
+            log.info("bridge enabled at %s/mcp/<bot uid>: %s", self.base_url, _describe(settings))
+        else:
+            log.warning(
+                "bridge disabled, no endpoint; to enable: brmcp-bridge --datadir %s %s",
+                self.datadir,
+                "settings set enabled=true",
+            )
+
+    def _write_runtime(self, sighup: bool) -> None:
+        record = {"pid": os.getpid(), "listen": self.listen, "url": self.base_url, "sighup": sighup}
+        try:
+            write_atomic(self.runtime_path, json.dumps(record) + "\n")
+        except OSError as exc:
+            log.error("cannot write %s (the CLI will not find this daemon): %s", self.runtime_path, exc)
+
+    def _remove_runtime(self) -> None:
+        record = read_runtime(self.datadir)
+        if record is not None and record.get("pid") == os.getpid():
+            with contextlib.suppress(OSError):
+                self.runtime_path.unlink()
+
+    async def _on_connected(self) -> None:
+        try:
+            ident = await self.client.user_public_identity()
+        except Exception as exc:
+            log.warning("connected to brclient at %s; identity unknown: %s", self.client.url, exc)
+            return
+        log.info("connected to brclient at %s as %s (uid %s)", self.client.url, ident.nick, ident.uid)
+
+    async def _pm_loop(self, pms: Subscription[ReceivedPM]) -> None:
+        async for pm in pms:
+            try:
+                self.bridge.handle_pm(pm.uid, pm.message)
+            except Exception:
+                log.exception("PM %d from %s could not be handed to the bridge", pm.sequence_id, pm.uid)
+            await self._pm_ack.ack(pm.sequence_id)
+
+    async def _progress_loop(self, progress: Subscription[TipProgressEvent]) -> None:
+        async for event in progress:
+            if await self._on_progress(event):
+                await self._progress_ack.ack(event.sequence_id)
+
+    async def _on_progress(self, event: TipProgressEvent) -> bool:
+        """Handle one tip-progress event; False when it must not be acked yet."""
+        if not event.final:
+            log.info(
+                "tip of %d matoms to %s: attempt %d failed (%s); brclient retries",
+                event.amount_matoms,
+                event.uid,
+                event.attempt,
+                event.attempt_err,
+            )
+            return True
+        error = None if event.completed else (event.attempt_err or "tip attempt failed")
+        if self.matcher.resolve(event.uid, event.amount_matoms, error):
+            return True
+        self.late_outcomes += 1
+        try:
+            settled = await self.bridge.resolve_spend(event.uid, event.amount_matoms // 1000, error)
+        except BridgeError as exc:
+            log.error("late tip outcome for %s not recorded: %s", event.uid, exc)
+            return False
+        if settled:
+            log.info(
+                "late tip outcome recorded: %d matoms to %s %s",
+                event.amount_matoms,
+                event.uid,
+                "paid" if error is None else f"failed ({error})",
+            )
+        return True
+
+    async def _signals(
+        self, scope: anyio.CancelScope, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            task_status.started()
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    try:
+                        await self.reload()
+                    except BridgeError as exc:
+                        log.error("reload refused, keeping the previous settings: %s", exc)
+                    continue
+                log.info("%s: stopping", signal.Signals(signum).name)
+                scope.cancel()
+                return
+
+
+def _describe(settings: Settings) -> str:
+    bots = len(settings.allowed_bots or ())
+    return (
+        f"enabled={str(settings.enabled).lower()} mode={settings.mode} "
+        f"per_call_cap_atoms={settings.per_call_cap_atoms} per_day_cap_atoms={settings.per_day_cap_atoms} "
+        f"allowed_bots={bots}"
+    )

@@ -1,0 +1,50 @@
+"""brmcp-serve: the example bot. It connects to a running brclient over
+clientrpc and serves two MCP tools through the brmcp harness: ``echo`` (free)
+and ``fortune`` (10 000 atoms per call) (go-brmcp.md §5).
+
+* :class:`ServeApp`: the application as an async API (``from_datadir``,
+  ``run``, ``reload``, ``harness``), used by the console command and by
+  ``brmcp demo``;
+* :class:`ServeConfig` and the data-directory helpers;
+* :func:`main`: the ``brmcp-serve`` console entry point.
+"""
+
+from .app import IMPLEMENTATION_NAME, IMPLEMENTATION_VERSION, ServeApp
+from .cli import main
+from .config import (
+    BOT_CONFIG_NAME,
+    DEFAULT_CALLS_PER_MINUTE,
+    SERVE_CONFIG_FILE,
+    TEMPLATE,
+    ServeConfig,
+    ServeConfigError,
+    bot_config_path,
+    default_datadir,
+    init_datadir,
+    load_serve_config,
+    write_serve_config,
+)
+from .tools import ECHO_DESCRIPTION, FORTUNE_DESCRIPTION, FORTUNE_PRICE_ATOMS, FORTUNES, register_tools
+
+__all__ = [
+    "BOT_CONFIG_NAME",
+    "DEFAULT_CALLS_PER_MINUTE",
+    "ECHO_DESCRIPTION",
+    "FORTUNES",
+    "FORTUNE_DESCRIPTION",
+    "FORTUNE_PRICE_ATOMS",
+    "IMPLEMENTATION_NAME",
+    "IMPLEMENTATION_VERSION",
+    "SERVE_CONFIG_FILE",
+    "TEMPLATE",
+    "ServeApp",
+    "ServeConfig",
+    "ServeConfigError",
+    "bot_config_path",
+    "default_datadir",
+    "init_datadir",
+    "load_serve_config",
+    "main",
+    "register_tools",
+    "write_serve_config",
+]

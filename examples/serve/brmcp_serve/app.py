@@ -1,0 +1,203 @@
+"""The brmcp-serve application as an importable async API (the console
+command and ``brmcp demo`` run this same code).
+
+::
+
+    app = ServeApp.from_datadir("~/.brmcp-serve")
+    async with anyio.create_task_group() as tg:
+        await tg.start(app.run)          # connected streams subscribed, serving
+        ...                              # app.harness, app.router, app.reload()
+        tg.cancel_scope.cancel()
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from brmcp.clientrpc import BotConfig, Client, ClientrpcError, PublicIdentity, load_bot_config
+from brmcp.router import Router
+from brmcp.server import Harness, HarnessConfig, run_bot
+
+from .config import (
+    SERVE_CONFIG_FILE,
+    ServeConfig,
+    ServeConfigError,
+    bot_config_path,
+    load_serve_config,
+)
+from .tools import FORTUNE_PRICE_ATOMS, register_tools
+
+__all__ = ["IMPLEMENTATION_NAME", "IMPLEMENTATION_VERSION", "ServeApp"]
+
+log = logging.getLogger("brmcp_serve")
+
+#: The MCP implementation info the example serves (go-brmcp.md §5 "Harness").
+IMPLEMENTATION_NAME = "brmcp-example"
+IMPLEMENTATION_VERSION = "0.1.0"
+
+
+class ServeApp:
+    """The example bot: a :class:`~brmcp.server.Harness` serving ``echo``
+    and ``fortune`` through a running brclient (clientrpc).
+
+    ``datadir`` holds ``brmcp.json``, ``brmcp-serve.conf`` and the harness
+    database; ``bot_config`` says how to reach brclient; ``config`` is the
+    parsed ``brmcp.json``. ``client_options`` go to
+    :class:`~brmcp.clientrpc.Client` (timeouts, backoff, keepalive); ``rng``
+    picks fortunes. Construction opens the database and reads the
+    certificates; it raises :class:`~brmcp.clientrpc.ClientrpcConfigError`
+    (bad URL or certificate paths, naming the file) or
+    :class:`~brmcp.server.HarnessError` (unusable database).
+
+    Attributes: :attr:`harness`, :attr:`client`, :attr:`config` (in force),
+    :attr:`router` (once running), :attr:`identity` (brclient's own, once
+    connected).
+    """
+
+    def __init__(
+        self,
+        datadir: str | os.PathLike[str],
+        bot_config: BotConfig,
+        config: ServeConfig,
+        *,
+        client_options: Mapping[str, Any] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.datadir = Path(datadir)
+        self.bot_config = bot_config
+        self.client = Client.from_config(bot_config, **dict(client_options or {}))
+        self.harness = Harness(
+            HarnessConfig(
+                data_dir=self.datadir,
+                allowed_peers=config.allowed_uids,
+                calls_per_minute=config.rate,
+                name=IMPLEMENTATION_NAME,
+                version=IMPLEMENTATION_VERSION,
+            )
+        )
+        register_tools(self.harness, rng)
+        self.config = config
+        self.router: Router | None = None
+        self.identity: PublicIdentity | None = None
+        self._ran = False
+
+    @classmethod
+    def from_datadir(
+        cls,
+        datadir: str | os.PathLike[str],
+        *,
+        client_options: Mapping[str, Any] | None = None,
+        rng: random.Random | None = None,
+    ) -> ServeApp:
+        """Load ``<datadir>/brmcp-serve.conf`` and ``<datadir>/brmcp.json``.
+        Raises :class:`ServeConfigError` (a file missing or invalid, naming
+        it), :class:`~brmcp.clientrpc.ClientrpcConfigError` or
+        :class:`~brmcp.server.HarnessError` (see the class)."""
+        root = Path(datadir).expanduser()
+        conf = bot_config_path(root)
+        if not conf.exists():
+            raise ServeConfigError(f"{conf}: file not found (run brmcp-serve once to create it)")
+        bot_config = load_bot_config(conf)
+        config = load_serve_config(root / SERVE_CONFIG_FILE)
+        return cls(root, bot_config, config, client_options=client_options, rng=rng)
+
+    @property
+    def config_path(self) -> Path:
+        """``<datadir>/brmcp.json``."""
+        return self.datadir / SERVE_CONFIG_FILE
+
+    def reload(self) -> ServeConfig:
+        """Re-read ``brmcp.json`` and apply the allowlist and rate at once
+        (no restart; sessions already open keep running, but every new
+        message is checked against the new allowlist). Raises
+        :class:`ServeConfigError` and keeps the settings in force when the
+        file is invalid. This is what SIGHUP does."""
+        config = load_serve_config(self.config_path)
+        self.harness.set_allowed_peers(config.allowed_uids)
+        self.harness.set_calls_per_minute(config.rate)
+        self.config = config
+        log.info(
+            "reloaded %s: %d allowed caller(s), %d calls per minute",
+            self.config_path,
+            len(config.allowed_uids),
+            config.rate,
+        )
+        self._warn_if_closed()
+        return config
+
+    def _warn_if_closed(self) -> None:
+        if not self.config.allowed_uids:
+            log.warning(
+                "NO CALLER IS ALLOWED: allowed_uids in %s is empty, so every MCP request is refused. "
+                "Add the 64-hex Bison Relay uids of your users, then send SIGHUP (kill -HUP %d) to reload.",
+                self.config_path,
+                os.getpid(),
+            )
+
+    async def run(
+        self,
+        *,
+        handle_signals: bool = False,
+        task_status: anyio.abc.TaskStatus[ServeApp] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Connect to brclient and serve until cancelled (or, with
+        ``handle_signals``, until SIGINT/SIGTERM; SIGHUP then reloads
+        ``brmcp.json``). With ``tg.start(app.run)`` the started value is the
+        app, once the event streams are subscribed (brclient may still be
+        unreachable: the client keeps retrying with backoff). Runs once per
+        app; the harness and client are closed on return."""
+        if self._ran:
+            raise RuntimeError("ServeApp.run can be called only once")
+        self._ran = True
+        self._warn_if_closed()
+        async with self.client, anyio.create_task_group() as tg:
+            if handle_signals:
+                await tg.start(self._signals, tg.cancel_scope)
+            self.router = await tg.start(
+                partial(run_bot, self.harness, self.client, on_connected=self._on_connected)
+            )
+            log.info(
+                "brmcp-serve: echo (free) and fortune (%d atoms); brclient at %s",
+                FORTUNE_PRICE_ATOMS,
+                self.client.url,
+            )
+            task_status.started(self)
+
+    async def _on_connected(self) -> None:
+        try:
+            self.identity = await self.client.user_public_identity()
+        except (ClientrpcError, TimeoutError) as exc:
+            log.warning("connected to brclient at %s, but its identity is unknown: %s", self.client.url, exc)
+            return
+        log.info(
+            "serving as %s (uid %s) through brclient at %s",
+            self.identity.nick,
+            self.identity.uid,
+            self.client.url,
+        )
+
+    async def _signals(
+        self, scope: anyio.CancelScope, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            task_status.started()
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    try:
+                        self.reload()
+                    except ServeConfigError as exc:
+                        log.error("reload refused, keeping the previous settings: %s", exc)
+                    continue
+                log.info("%s: stopping", signal.Signals(signum).name)
+                scope.cancel()
+                return

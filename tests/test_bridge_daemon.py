@@ -1,0 +1,385 @@
+"""brmcp-bridge end to end: an SDK streamable-HTTP client calls a paid tool of
+a brmcp-serve bot through the daemon, across the fake relay (payment_required
+-> TipUser -> tip progress confirms -> the bot is credited from its TipStream
+-> the reissue with the same callKey succeeds); the CLI subcommands against
+the running daemon; the TipPayer's failures; late tip outcomes; and the
+console command (SIGHUP reload of a disabled bridge, SIGTERM)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from clientrpc_support import FAST, fake_network
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from serve_support import ServeEnv, serve_network, until
+
+from brmcp.bridge import BridgeDaemon, Settings, TipMatcher, TipPayer, TipPaymentError
+from brmcp.bridge.cli import main
+from brmcp.bridge.daemon import RUNTIME_FILE, read_runtime, resolve_listen
+from brmcp.clientrpc import write_bot_config
+from brmcp.testing.fakebr import KIND_PM, KIND_TIP_PROGRESS, FakeBRClient, TipFailure, ensure_brclient_certs
+
+TOKEN = "agent-token-0123456789abcdef"
+
+
+class FastPollClock:
+    """Wall time, with the bridge's 3 s credit polls shortened to 0.25 s."""
+
+    def now(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(min(max(seconds, 0.0), 0.25))
+
+
+def bridge_settings(bot: str, **changes: Any) -> Settings:
+    base = Settings(
+        enabled=True,
+        token=TOKEN,
+        mode="autopay",
+        per_call_cap_atoms=20_000,
+        per_day_cap_atoms=100_000,
+        allowed_bots=(bot,),
+    )
+    return base.replace(**changes)
+
+
+def prepare_bridge_dir(datadir: Path, user: FakeBRClient, settings: Settings | None) -> None:
+    datadir.mkdir(parents=True, exist_ok=True)
+    write_bot_config(datadir / "brmcp-bridge.conf", user.bot_config(datadir, "brmcp-bridge"))
+    if settings is not None:
+        (datadir / "mcpclient.json").write_text(settings.to_json())
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(
+    env: ServeEnv, datadir: Path, settings: Settings | None
+) -> AsyncIterator[BridgeDaemon]:
+    prepare_bridge_dir(datadir, env.alice, settings)
+    daemon = BridgeDaemon.from_datadir(
+        datadir, listen="127.0.0.1:0", clock=FastPollClock(), client_options=FAST
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        await daemon.client.wait_connected()
+        yield daemon
+        tg.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def agent(url: str, token: str = TOKEN) -> AsyncIterator[ClientSession]:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def cli(*argv: str) -> tuple[int, str, str]:
+    """Run the CLI's main() in a worker thread; returns (status, stdout, stderr)."""
+
+    def run() -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(list(argv))
+        return status, out.getvalue(), err.getvalue()
+
+    return await anyio.to_thread.run_sync(run)
+
+
+async def test_paid_call_through_the_daemon_and_the_cli(tmp_path: Path) -> None:
+    with anyio.fail_after(120):
+        async with serve_network(tmp_path) as env:
+            bot, alice, harness = env.bot, env.alice, env.app.harness
+            datadir = tmp_path / "bridge"
+            async with running_daemon(env, datadir, bridge_settings(bot.uid)) as daemon:
+                url = f"{daemon.base_url}/mcp/{bot.uid}"
+                async with agent(url) as s:
+                    tools = {t.name: t for t in (await s.list_tools()).tools}
+                    assert tools["fortune"].meta == {"brmcp/priceAtoms": 10_000}
+                    result = await s.call_tool("fortune", {})
+                    assert not result.is_error, result
+                    assert result.structured_content is not None
+                    assert "fortune" in result.structured_content
+
+                # The bridge tipped once, through brclient's TipUser (DCR float, 3 attempts).
+                tips = [p for m, p in alice.requests if m == "PaymentsService.TipUser"]
+                assert tips == [{"user": bot.uid, "dcrAmount": 0.0001, "maxAttempts": 3}]
+                spend = daemon.bridge.spend_log()
+                assert [(e.bot, e.tool, e.atoms, e.status) for e in spend.entries] == [
+                    (bot.uid, "fortune", 10_000, "paid")
+                ]
+                assert spend.day_total_atoms == 10_000
+                # The bot was credited from its TipStream and charged once.
+                statement = await harness.statement(alice.uid)
+                assert [(e.kind, e.atoms) for e in statement] == [("tip", 10_000), ("charge", -10_000)]
+                assert len({e.call_key for e in statement if e.kind == "charge"}) == 1
+                await alice.wait_for(lambda: alice.pending_events(KIND_TIP_PROGRESS) == [])
+                await alice.wait_for(lambda: alice.pending_events(KIND_PM) == [])
+
+                record = read_runtime(datadir)
+                assert record is not None
+                assert record["pid"] == os.getpid()
+                assert record["url"] == daemon.base_url
+                d = str(datadir)
+
+                status, out, _ = await cli("--datadir", d, "--json", "settings")
+                assert status == 0
+                assert json.loads(out) == bridge_settings(bot.uid).to_dict()
+                status, out, _ = await cli("--datadir", d, "settings")
+                assert status == 0
+                assert json.loads(out)["mode"] == "autopay"
+
+                status, out, _ = await cli("--datadir", d, "--json", "spend")
+                assert status == 0
+                assert json.loads(out) == spend.to_dict()
+                status, out, _ = await cli("--datadir", d, "spend")
+                assert status == 0
+                assert "fortune" in out
+                assert "paid" in out
+                assert "spent in the last 24 hours: 10000 atoms" in out
+
+                status, out, _ = await cli("--datadir", d, "config-snippet", bot.uid.upper())
+                assert status == 0
+                assert f'"url": "{url}"' in out
+                assert f'"Authorization": "Bearer {TOKEN}"' in out
+                assert f"claude mcp add --transport http brmcp-{bot.uid[:8]} {url}" in out
+                assert f'--header "Authorization: Bearer {TOKEN}"' in out
+                status, _, err = await cli("--datadir", d, "config-snippet", "zz")
+                assert status == 1
+                assert "not 64 hex" in err
+
+                status, out, _ = await cli("--datadir", d, "approvals")
+                assert (status, out.strip()) == (0, "no payments waiting for approval")
+
+                # Approval mode: the next paid call parks until approved from the CLI.
+                status, out, _ = await cli(
+                    "--datadir", d, "--json", "settings", "set", "mode=approval", "per_call_cap_atoms=15000"
+                )
+                assert status == 0, out
+                assert json.loads(out)["mode"] == "approval"
+                assert daemon.bridge.settings.per_call_cap_atoms == 15_000
+                outcome: dict[str, Any] = {}
+                async with agent(url) as s, anyio.create_task_group() as tg:
+
+                    async def paid_call() -> None:
+                        outcome["result"] = await s.call_tool("fortune", {})
+
+                    tg.start_soon(paid_call)
+                    await until(lambda: len(daemon.bridge.pending_payments()) == 1)
+                    status, out, _ = await cli("--datadir", d, "--json", "approvals")
+                    pending = json.loads(out)["pending"]
+                    assert status == 0
+                    assert len(pending) == 1
+                    assert (pending[0]["bot"], pending[0]["tool"], pending[0]["atoms"]) == (
+                        bot.uid,
+                        "fortune",
+                        10_000,
+                    )
+                    status, out, _ = await cli("--datadir", d, "approvals")
+                    assert pending[0]["id"] in out
+                    status, _, err = await cli("--datadir", d, "approvals", "approve", "no-such-id")
+                    assert status == 1
+                    assert "unknown payment" in err
+                    status, out, _ = await cli("--datadir", d, "approvals", "approve", pending[0]["id"])
+                    assert (status, out.strip()) == (0, f"approved {pending[0]['id']}")
+                assert not outcome["result"].is_error
+                assert daemon.bridge.spend_log().day_total_atoms == 20_000
+
+                status, _, err = await cli("--datadir", d, "settings", "set", "allowed_bots=nothex")
+                assert status == 1
+                assert 'allowed bot "nothex" is not a 64-hex uid' in err
+                status, _, err = await cli("--datadir", d, "settings", "set", "colour=blue")
+                assert status == 1
+                assert "unknown setting 'colour'" in err
+                status, _, err = await cli("--datadir", d, "settings", "set", "per_day_cap_atoms=lots")
+                assert status == 1
+                assert "not an integer number of atoms" in err
+
+                token_file = datadir / "mcpadmin.token"
+                token_file.rename(datadir / "moved.token")
+                status, _, err = await cli("--datadir", d, "spend")
+                assert status == 1
+                assert f"admin token file {token_file} is missing" in err
+                (datadir / "moved.token").write_text("f" * 32 + "\n")
+                token_file.unlink(missing_ok=True)
+                (datadir / "moved.token").rename(token_file)
+                status, _, err = await cli("--datadir", d, "spend")
+                assert status == 1
+                assert "refused the admin token" in err
+            assert not (datadir / RUNTIME_FILE).exists()
+            status, _, err = await cli("--datadir", str(datadir), "spend")
+            assert status == 1
+            assert err.strip() == (
+                f"brmcp-bridge: the daemon is not running (no {datadir / RUNTIME_FILE}); "
+                f"start it with: brmcp-bridge --datadir {datadir}"
+            )
+
+
+async def test_late_tip_outcome_settles_a_pending_spend(tmp_path: Path) -> None:
+    with anyio.fail_after(60):
+        async with serve_network(tmp_path) as env:
+            datadir = tmp_path / "bridge"
+            datadir.mkdir()
+            pending = [
+                {"ts": int(time.time()) - 60, "bot": env.bot.uid, "tool": "fortune", "rail": "tip"}
+                | {"atoms": 10_000, "status": "pending"}
+            ]
+            (datadir / "mcpspend.json").write_text(json.dumps(pending, indent=2))
+            async with running_daemon(env, datadir, bridge_settings(env.bot.uid)) as daemon:
+                # A terminal event nobody waits for (e.g. confirmed after a restart).
+                env.alice.emit_tip_progress(env.bot.uid, 10_000_000, completed=True, attempt=2)
+                await until(lambda: daemon.bridge.spend_log().entries[0].status == "paid")
+                await env.alice.wait_for(lambda: env.alice.pending_events(KIND_TIP_PROGRESS) == [])
+                assert daemon.late_outcomes == 1
+                # A retried attempt is not terminal: nothing is resolved, it is acked.
+                env.alice.emit_tip_progress(
+                    env.bot.uid, 5_000_000, attempt=1, attempt_err="x", will_retry=True
+                )
+                await env.alice.wait_for(lambda: env.alice.pending_events(KIND_TIP_PROGRESS) == [])
+                assert daemon.late_outcomes == 1
+
+
+async def test_tip_payer_reports_refusals_and_failures(tmp_path: Path) -> None:
+    with anyio.fail_after(60):
+        async with (
+            fake_network(tmp_path, "bot", "alice", "stranger", contacts=False) as (
+                relay,
+                (bot, alice, stranger),
+            ),
+            alice.client(**FAST) as client,
+            anyio.create_task_group() as tg,
+        ):
+            relay.kx(bot, alice)
+            matcher = TipMatcher()
+            payer = TipPayer(client, matcher)
+            with pytest.raises(TipPaymentError, match=r"^brclient not connected$"):
+                await payer.pay(bot.uid, 100)  # not connected yet
+            await client.wait_connected()
+            progress = client.tip_progress()
+
+            async def feed() -> None:
+                async for ev in progress:
+                    if ev.final:
+                        matcher.resolve(ev.uid, ev.amount_matoms, None if ev.completed else ev.attempt_err)
+
+            tg.start_soon(feed)
+            await payer.pay(bot.uid.upper(), 1_234)  # completes
+            with pytest.raises(TipPaymentError, match=f"^tip: user {stranger.uid} not found$"):
+                await payer.pay(stranger.uid, 100)
+            alice.fail_next_tip(TipFailure(attempts=3, error="no route to bot"))
+            with pytest.raises(TipPaymentError, match=r"^tip failed: no route to bot$"):
+                await payer.pay(bot.uid, 500)
+            with pytest.raises(TipPaymentError, match="cannot tip 0 atoms"):
+                await payer.pay(bot.uid, 0)
+            assert matcher.waiting() == 0
+            tg.cancel_scope.cancel()
+
+
+def test_resolve_listen_pins_a_free_port() -> None:
+    address = resolve_listen("127.0.0.1:0")
+    host, port = address.rsplit(":", 1)
+    assert host == "127.0.0.1"
+    assert int(port) > 0
+    assert resolve_listen("[::1]:8891") == "[::1]:8891"
+    for bad in ("0.0.0.0:8891", "example.com:1", "127.0.0.1"):
+        with pytest.raises(ValueError):
+            resolve_listen(bad)
+
+
+async def _read_until(proc: anyio.abc.Process, buffer: bytearray, needle: bytes) -> None:
+    assert proc.stderr is not None
+    while needle not in buffer:
+        buffer.extend(await proc.stderr.receive())
+
+
+async def test_console_daemon_enabled_by_the_cli_via_sighup(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with anyio.fail_after(120):
+        async with fake_network(tmp_path / "br", "bot", "alice") as (_, (bot, alice)):
+            datadir = tmp_path / "bridge"
+            prepare_bridge_dir(datadir, alice, None)  # no mcpclient.json: disabled
+            d = str(datadir)
+            status, _, err = await cli("--datadir", d, "settings")
+            assert status == 1
+            assert "not running" in err
+            listen = resolve_listen("127.0.0.1:0")
+            cmd = [sys.executable, "-m", "brmcp.bridge", "--datadir", d, "--listen", listen]
+            async with await anyio.open_process(cmd, env=env, stderr=subprocess.PIPE) as proc:
+                try:
+                    log = bytearray()
+                    await _read_until(proc, log, f"as alice (uid {alice.uid})".encode())
+                    await _read_until(proc, log, b"bridge disabled")
+                    await until(lambda: read_runtime(datadir) is not None)
+                    status, _, err = await cli("--datadir", d, "spend")
+                    assert status == 1
+                    assert "the bridge is disabled" in err
+
+                    argv: Sequence[str] = ("--datadir", d, "--json", "settings", "set", "enabled=true")
+                    status, out, err = await cli(*argv, f"allowed_bots={bot.uid}", "mode=autopay")
+                    assert status == 0, err
+                    assert "sent SIGHUP" in err
+                    applied = json.loads(out)
+                    assert applied["enabled"] is True
+                    assert applied["allowed_bots"] == [bot.uid]
+                    assert len(applied["token"]) == 32  # minted when enabling without one
+                    status, out, _ = await cli("--datadir", d, "--json", "settings")
+                    assert status == 0
+                    assert json.loads(out) == applied
+                    status, out, _ = await cli("--datadir", d, "config-snippet", bot.uid)
+                    assert status == 0
+                    assert f"http://{listen}/mcp/{bot.uid}" in out
+
+                    # Disabling through the admin surface closes it.
+                    status, out, _ = await cli("--datadir", d, "--json", "settings", "set", "enabled=false")
+                    assert status == 0
+                    assert json.loads(out)["enabled"] is False
+                    await _read_until(proc, log, b"reloaded settings")  # from the SIGHUP earlier
+                    proc.send_signal(signal.SIGTERM)
+                    assert await proc.wait() == 0
+                finally:
+                    if proc.returncode is None:
+                        proc.kill()
+            assert not (datadir / RUNTIME_FILE).exists()
+            saved = Settings(**json.loads((datadir / "mcpclient.json").read_text()))
+            assert saved.enabled is False
+            assert saved.mode == "autopay"
+
+
+def test_daemon_reports_bad_configuration_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    datadir = tmp_path / "bridge"
+    # First run: the default config is written, then the missing brclient files are named.
+    assert main(["--datadir", str(datadir)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert str(tmp_path / "home" / ".brclient" / "rpc.cert") in err
+    assert "brmcp-bridge.conf" in err
+    assert (datadir / "brmcp-bridge.conf").is_file()
+    # With brclient's files in place, a malformed mcpclient.json is named.
+    ensure_brclient_certs(tmp_path / "home" / ".brclient")
+    (datadir / "mcpclient.json").write_text('{"enabled": "yes"}')
+    assert main(["--datadir", str(datadir)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"brmcp-bridge: parse {datadir / 'mcpclient.json'}: " in err
+    assert main(["--datadir", str(datadir), "--listen", "0.0.0.0:1"]) == 1
+    assert "loopback" in capsys.readouterr().err
