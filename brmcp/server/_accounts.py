@@ -49,7 +49,7 @@ class Accounts:
         self._next_gc = 0.0
         if data_dir is not None:
             conn = store.open_database(data_dir)
-            self.path = Path(data_dir) / store.DB_FILENAME
+            self.path = Path(data_dir).expanduser() / store.DB_FILENAME
             self._db = GroupCommitExecutor(conn)
 
     @property

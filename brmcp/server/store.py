@@ -134,7 +134,7 @@ def open_database(data_dir: str | os.PathLike[str]) -> sqlite3.Connection:
     application's SQLite file raises :class:`StoreError` naming the path and
     is left untouched (nothing is written before it is recognised).
     """
-    directory = Path(data_dir)
+    directory = Path(data_dir).expanduser()
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:

@@ -134,6 +134,7 @@ class Fabric:
         self._links: dict[tuple[str, str], MemoryObjectSendStream[tuple[float, str]]] = {}
         self._backlog: dict[tuple[str, str], int] = {}  # PMs queued on a link, not yet delivered
         self._routers: list[Router] = []
+        self._taps: list[Callable[[str, str, str], None]] = []
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
 
@@ -223,6 +224,15 @@ class Fabric:
 
     def restore_sends(self, from_uid: str) -> None:
         self._failing.pop(from_uid, None)
+
+    def add_tap(self, tap: Callable[[str, str, str], None]) -> None:
+        """Call ``tap(from_uid, to_uid, text)`` for every PM just before it is
+        delivered (observation only: exceptions are logged and ignored)."""
+        self._taps.append(tap)
+
+    def remove_tap(self, tap: Callable[[str, str, str], None]) -> None:
+        if tap in self._taps:
+            self._taps.remove(tap)
 
     def link(self, from_uid: str, to_uid: str) -> LinkStats:
         """Delivered PMs and bytes from ``from_uid`` to ``to_uid``."""
@@ -334,6 +344,11 @@ class Fabric:
             link = stats.links[(from_uid, to_uid)] = LinkStats()
         link.pms += 1
         link.bytes += size
+        for tap in self._taps:
+            try:
+                tap(from_uid, to_uid, text)
+            except Exception:
+                log.exception("fabric: tap failed")
         try:
             result = deliver(from_uid, text)
             if result is not None and inspect.isawaitable(result):

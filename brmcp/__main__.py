@@ -1,0 +1,7 @@
+"""``python -m brmcp``: the ``brmcp`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
