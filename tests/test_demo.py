@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -31,7 +32,9 @@ async def test_demo_transcript_facts(tmp_path: Path) -> None:
     assert report.charges == [10_000]
     assert report.tips_credited == [10_000]
     assert report.bot_balance == 0
-    assert [(e["tool"], e["atoms"], e["status"]) for e in report.spend_entries] == [("fortune", 10_000, "paid")]
+    assert [(e["tool"], e["atoms"], e["status"]) for e in report.spend_entries] == [
+        ("fortune", 10_000, "paid")
+    ]
     assert report.spend_total == 10_000 <= DEMO_PER_CALL_CAP
     # Relay PM costs: tools/list is served locally, a free call is one round
     # trip, the first paid call is call + payment_required + reissue + result
@@ -83,13 +86,16 @@ async def test_demo_step_timeout_names_the_step(tmp_path: Path) -> None:
     assert "FAILED" in out.getvalue()
 
 
-async def test_demo_cleans_up_its_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_demo_cleans_up_its_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)
     await run_demo(DemoOptions(), io.StringIO(), tty=False)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith("brmcp-demo-")]
+    leftovers = [p for p in os.listdir(tmp_path) if p.startswith("brmcp-demo-")]
+    assert not leftovers
 
 
 def test_cli_version_and_usage(capsys: pytest.CaptureFixture[str]) -> None:
