@@ -20,6 +20,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="brmcp",
         description="MCP over Bison Relay private messages, with per-call tool payments in BR tips.",
     )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"brmcp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
@@ -45,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--datadir",
         type=Path,
-        help="keep the demo's certificates, configs and databases here (default: a temporary directory)",
+        help="keep the demo's certificates, configs and databases in this new or empty directory "
+        "(default: a temporary directory, removed afterwards)",
     )
     demo.add_argument(
         "--timeout",
@@ -56,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("-v", "--verbose", action="store_true", help="show library logs on stderr")
     sub.add_parser("version", help="print the brmcp version")
+    parser.set_defaults(demo_parser=demo)
     return parser
 
 
@@ -69,12 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__version__)
         return 0
     if args.command == "demo":
+        demo_parser: argparse.ArgumentParser = args.demo_parser
         if args.latency < 0:
-            parser.error("--latency must be >= 0")
+            demo_parser.error("--latency must be >= 0")
         if not 0 <= args.port <= 65535:
-            parser.error("--port must be between 0 and 65535")
+            demo_parser.error("--port must be between 0 and 65535")
         if args.timeout is not None and args.timeout <= 0:
-            parser.error("--timeout must be > 0")
+            demo_parser.error("--timeout must be > 0")
         from .demo import DemoOptions, demo_main
 
         options = DemoOptions(

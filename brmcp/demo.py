@@ -452,7 +452,7 @@ class _Demo:
             p.line(f"    {text}")
         p.line("  MCP Inspector CLI:")
         p.line(
-            f"    npx @modelcontextprotocol/inspector --cli {url} --transport http "
+            f"    npx @modelcontextprotocol/inspector@2.12.0 --cli {url} --transport http "
             f'--header "Authorization: Bearer {token}" --method tools/list'
         )
         p.line()
@@ -508,6 +508,10 @@ async def run_demo(
         root = Path(tempfile.mkdtemp(prefix="brmcp-demo-")) if owned else options.datadir
         assert root is not None
         root.mkdir(parents=True, exist_ok=True)
+        if not owned and any(root.iterdir()):
+            # A previous run's configs name other fake identities and ports,
+            # and its spend log would count against the demo's caps.
+            raise DemoError(f"the demo directory {root} is not empty; pass a new or empty directory")
     except OSError as exc:
         raise DemoError(f"cannot create the demo directory: {exc}") from None
     try:

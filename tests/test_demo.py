@@ -98,12 +98,25 @@ async def test_demo_cleans_up_its_temporary_directory(
     assert not leftovers
 
 
+async def test_demo_refuses_a_used_directory(tmp_path: Path) -> None:
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "mcpspend.json").write_text("[]")
+    with pytest.raises(DemoError, match="is not empty; pass a new or empty directory"):
+        await run_demo(DemoOptions(datadir=used), io.StringIO(), tty=False)
+    assert (used / "mcpspend.json").read_text() == "[]"
+
+
 def test_cli_version_and_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["version"]) == 0
     assert capsys.readouterr().out.strip()
     assert main([]) == 2
     with pytest.raises(SystemExit):
         main(["demo", "--latency", "-1"])
+    assert "brmcp demo: error: --latency must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith("brmcp ")
 
 
 def test_python_m_brmcp_demo_exits_zero(tmp_path: Path) -> None:

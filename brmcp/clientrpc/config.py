@@ -161,8 +161,8 @@ class BotConfig:
 
 def load_bot_config(path: str | os.PathLike[str]) -> BotConfig:
     """Read and parse a config file; raises :class:`ClientrpcConfigError` naming
-    the file when it is missing or unreadable."""
-    p = Path(path)
+    the file when it is missing or unreadable. A leading ``~`` is expanded."""
+    p = Path(path).expanduser()
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
