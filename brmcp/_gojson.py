@@ -79,6 +79,8 @@ def loads(text: str | bytes) -> Any:
         raise GoJSONError(f"invalid UTF-8: {exc.reason}") from None
     except json.JSONDecodeError as exc:
         raise GoJSONError(f"{exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise GoJSONError("exceeded max depth") from None
 
 
 class _Pairs(list[tuple[str, Any]]):

@@ -159,7 +159,7 @@ async def _set_settings(bridge: Bridge, receive: Receive, send: Send) -> None:
         return
     try:
         changes = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         await send_json(send, 400, {"error": "body is not JSON"})
         return
     if not isinstance(changes, dict):

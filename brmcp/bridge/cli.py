@@ -349,7 +349,8 @@ def _cmd_approvals(daemon: _Daemon, args: argparse.Namespace) -> None:
         print(f"{'ID':<34} {'BOT':<18} {'TOOL':<20} {'ATOMS':>12}  CREATED")
         for p in pending:
             print(
-                f"{p['id']:<34} {p['bot'][:16]:<18} {p['tool']:<20} {p['atoms']:>12}  {_when(p['created'])}"
+                f"{_shown(p['id']):<34} {_shown(p['bot'])[:16]:<18} {_shown(p['tool']):<20} "
+                f"{p['atoms']:>12}  {_when(p['created'])}"
             )
         return
     if not args.id:
@@ -372,10 +373,13 @@ def _cmd_spend(daemon: _Daemon, args: argparse.Namespace) -> None:
     else:
         print(f"{'WHEN (UTC)':<20} {'BOT':<18} {'TOOL':<20} {'ATOMS':>12}  STATUS")
         for e in entries:
-            status = e.get("status") or "paid"
+            status = _shown(e.get("status") or "paid")
             if e.get("err"):
-                status += f" ({e['err']})"
-            print(f"{_when(e['ts']):<20} {e['bot'][:16]:<18} {e['tool']:<20} {e['atoms']:>12}  {status}")
+                status += f" ({_shown(e['err'])})"
+            print(
+                f"{_when(e['ts']):<20} {_shown(e['bot'])[:16]:<18} {_shown(e['tool']):<20} "
+                f"{e['atoms']:>12}  {status}"
+            )
     print(f"spent in the last 24 hours: {result.get('day_total_atoms', 0)} atoms")
 
 
@@ -398,6 +402,16 @@ def _cmd_config_snippet(daemon: _Daemon, args: argparse.Namespace) -> None:
             f"{PROG} --datadir {daemon.datadir} settings set allowed_bots=<uid>,...",
             file=sys.stderr,
         )
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a terminal table: control and format characters (from a
+    bot's tool name or brclient's error text) escaped, so they cannot move
+    the cursor or rewrite what the user decides from."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def _when(ts: Any) -> str:

@@ -167,7 +167,7 @@ def read_runtime(datadir: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

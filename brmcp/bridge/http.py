@@ -360,7 +360,7 @@ class BridgeApp:
             return None
         try:
             message = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             await _send_jsonrpc_error(send, 400, PARSE_ERROR, "Parse error")
             return None
         if isinstance(message, list):

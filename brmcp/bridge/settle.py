@@ -7,9 +7,11 @@ Order of a settlement:
 2. the per-call cap and the rolling 24-hour cap are checked (≤ 0 means
    never pay; an exact fill is allowed; both modes);
 3. approval mode parks the payment until the user decides or the timeout;
-4. under the spend lock the caps are checked again and the entry is recorded
-   ``pending`` and written to disk *before* any money moves, so concurrent
-   calls can never reserve past the daily cap;
+4. under the spend lock the settings in force *now* are read again (caps,
+   mode, allowed bots, enabled), and the entry is recorded ``pending`` and
+   written to disk *before* any money moves, so concurrent calls can never
+   reserve past the daily cap and a policy change made while a call waited
+   binds it;
 5. the payer runs with a ``tip_wait_secs`` deadline: success → ``paid``; an
    error → ``failed`` (no longer counted); deadline or cancellation → stays
    ``pending`` and counted, because the tip may still land.
@@ -63,6 +65,17 @@ def cap_refusal(settings: Settings, amount: int, spent: int) -> str | None:
     return None
 
 
+def _policy_refusal(settings: Settings, bot: str, amount: int, spent: int) -> str | None:
+    """:func:`cap_refusal`, and a refusal when the bridge was disabled or the
+    bot de-listed after the call was admitted (the kill switches must stop
+    payments already in flight)."""
+    if not settings.enabled:
+        return "the bridge is disabled"
+    if not settings.allows(bot):
+        return "bot is not allowed"
+    return cap_refusal(settings, amount, spent)
+
+
 def _error_text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
@@ -112,36 +125,46 @@ class Settler:
     async def settle(self, bot: str, tool: str, refusal: PaymentRequired) -> str | None:
         """Pay what ``bot`` asked for ``tool``. Returns None once the payment
         is confirmed, else the reason nothing (certain) was paid, as shown
-        to the agent after ``<name>: payment not made: ``."""
+        to the agent after ``<name>: payment not made: ``.
+
+        The policy is decided on the settings in force when the spend is
+        reserved, not on those read when the call arrived: a cap lowered, a
+        switch to approval, a de-listed bot or a disabled bridge while this
+        call waited (for the spend lock or for the user) is honoured."""
         amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
         if amount <= 0:
             return "bot requested a nonpositive amount"
-        settings = self._settings()
-        async with self._lock:
-            reason = cap_refusal(settings, amount, self._spend.day_total(self._now()))
-        if reason is not None:
-            return reason
-        if not settings.autopay:
-            timeout = settings.approval_timeout_secs
-            decision = await self.approvals.wait(bot=bot, tool=tool, atoms=amount, timeout_secs=timeout)
-            if decision == "denied":
-                return "payment denied by the user"
-            if decision == "timeout":
-                return f"approval timed out after {go_duration(timeout)}"
+        approved = False
+        while True:
             settings = self._settings()
-        async with self._lock:
-            now = self._now()
-            reason = cap_refusal(settings, amount, self._spend.day_total(now))
+            async with self._lock:
+                reason = _policy_refusal(settings, bot, amount, self._spend.day_total(self._now()))
             if reason is not None:
                 return reason
-            ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount)
-            try:
-                await self._persist()
-            except BridgeError as exc:
-                self._spend.withdraw(ticket)
-                log.error("spend log not written, payment to %s not made: %s", bot, exc)
-                return f"could not record the spend, so nothing was paid: {exc}"
-        return await self._pay(ticket, bot, amount, settings.tip_wait_secs)
+            if not settings.autopay and not approved:
+                timeout = settings.approval_timeout_secs
+                decision = await self.approvals.wait(bot=bot, tool=tool, atoms=amount, timeout_secs=timeout)
+                if decision == "denied":
+                    return "payment denied by the user"
+                if decision == "timeout":
+                    return f"approval timed out after {go_duration(timeout)}"
+                approved = True
+            async with self._lock:
+                settings = self._settings()
+                if not settings.autopay and not approved:
+                    continue  # switched to approval meanwhile: the user decides first
+                now = self._now()
+                reason = _policy_refusal(settings, bot, amount, self._spend.day_total(now))
+                if reason is not None:
+                    return reason
+                ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount)
+                try:
+                    await self._persist()
+                except BridgeError as exc:
+                    self._spend.withdraw(ticket)
+                    log.error("spend log not written, payment to %s not made: %s", bot, exc)
+                    return f"could not record the spend, so nothing was paid: {exc}"
+            return await self._pay(ticket, bot, amount, settings.tip_wait_secs)
 
     async def _pay(self, ticket: SpendTicket, bot: str, amount: int, wait_secs: int) -> str | None:
         status, err, reason = STATUS_PENDING, "", None

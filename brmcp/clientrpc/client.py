@@ -62,6 +62,7 @@ import anyio
 import anyio.abc
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage, InvalidStatus
+from websockets.protocol import State
 
 from .config import BotConfig
 from .errors import (
@@ -395,11 +396,18 @@ class _Connection:
             raise ClientrpcNotConnected()
         rid = self.take_id()
         pending = self.pending[rid] = _Pending(method)
+        # websockets also raises ConnectionClosed when the frame was written and
+        # only the drain failed: then brclient may have the request.
+        writable = self.ws.state is State.OPEN
         try:
             await self.send({"jsonrpc": "2.0", "id": rid, "params": params, "method": method})
         except ConnectionClosed:
             if self.pending.pop(rid, None) is not None:
                 self.slots.release()
+            if writable:
+                raise ClientrpcConnectionLost(
+                    f"brclient connection lost while sending {method}; it may have been carried out"
+                ) from None
             raise ClientrpcNotConnected(f"brclient connection closed while sending {method}") from None
         # On timeout or cancellation the entry stays: brclient still counts the
         # request, so its slot is released only when the reply (or the end of
@@ -482,7 +490,7 @@ class _Connection:
         try:
             text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
             msg, _ = json.JSONDecoder().raw_decode(text.lstrip())
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deeply
             log.error("clientrpc: malformed JSON from brclient (%r); reconnecting", raw[:120])
             self.abort("malformed JSON from brclient", 1007)
             return

@@ -51,6 +51,9 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: and replayed after a restart (go-brmcp.md §3.9).
 OUTCOME_CAP = 64 * 1024
 RATE_LIMITED_TEXT = "rate limited; retry later"
+#: Bytes reserved for the JSON-RPC envelope around a result
+#: (``{"jsonrpc":"2.0","id":…,"result":…}``) when checking it fits the transport.
+_RESPONSE_OVERHEAD = 1024
 
 
 class HarnessError(Exception):
@@ -479,20 +482,38 @@ class Harness:
                 result = error_result(problem)
             elif result.is_error:
                 failed = True
+            # Serialized here, inside the failure handling: a result that
+            # cannot be written must become a refunded failure, not an error
+            # escaping after the charge (the key would be released with the
+            # debit still open).
+            text = _result_json(result) if charged > 0 or claim is not None else None
+            if text is not None:
+                self._check_deliverable(text)
         except Exception as exc:
             failed = True
             log.info(
                 "tool %s failed for %s: %s", spec.name, peer, exc, exc_info=log.isEnabledFor(logging.DEBUG)
             )
             result = error_result(str(exc) or type(exc).__name__)
+            text = None
         except BaseException:
             # Cancelled (the caller gave up): refund and record like a failure.
             with anyio.CancelScope(shield=True):
                 await self._settle(call_id, peer, claim, charged, error_result("call cancelled"), True)
             raise
         with anyio.CancelScope(shield=True):
-            await self._settle(call_id, peer, claim, charged, result, failed)
+            await self._settle(call_id, peer, claim, charged, result, failed, text)
         return result
+
+    def _check_deliverable(self, text: str) -> None:
+        """Raise ValueError when a result's JSON cannot fit in one transport
+        message (64 parts of ``chunk_size`` bytes, WIRE.md §Chunking): the
+        transport would replace it with an error, so the caller must not be
+        charged for it (the failure refunds the price)."""
+        limit = wire.MAX_PARTS * self.config.router_options.chunk_size
+        size = len(text.encode())
+        if size + _RESPONSE_OVERHEAD > limit:
+            raise ValueError(f"result of {size} bytes exceeds the transport limit of {limit} bytes")
 
     async def _settle(
         self,
@@ -502,12 +523,15 @@ class Harness:
         charged: int,
         result: CallToolResult,
         failed: bool,
+        text: str | None = None,
     ) -> None:
         """Journal completion (refunding a failed paid call in the same
-        transaction) and record the outcome for duplicates."""
+        transaction) and record the outcome for duplicates. ``text`` is the
+        result's JSON when the caller already has it."""
         if charged <= 0 and claim is None:
             return  # a free unkeyed call: nothing to journal or replay
-        text = result.model_dump_json(by_alias=True, exclude_none=True)
+        if text is None:
+            text = result.model_dump_json(by_alias=True, exclude_none=True)
         size = len(text.encode())
         if charged > 0:
             try:
@@ -533,6 +557,15 @@ def _peer_of(ctx: ServerRequestContext[Any]) -> str:
     if not isinstance(peer, str):
         raise MCPError(code=INVALID_PARAMS, message="brmcp: request did not arrive over a BR session")
     return peer
+
+
+def _result_json(result: CallToolResult) -> str:
+    """The JSON of a handler's result; TypeError when it cannot be written
+    (e.g. bytes that are not UTF-8 in structuredContent)."""
+    try:
+        return result.model_dump_json(by_alias=True, exclude_none=True)
+    except (ValueError, TypeError) as exc:
+        raise TypeError(f"tool returned a value that is not JSON: {exc}") from None
 
 
 def _outcome_json_for_error(text: str) -> str:

@@ -61,8 +61,9 @@ class ToolSpec:
             raise ValueError("tool name must be a non-empty string")
         if not isinstance(self.input_schema, dict) or self.input_schema.get("type") != "object":
             raise ValueError(f'tool "{self.name}": input_schema must be a JSON Schema with "type": "object"')
-        if self.price is None and (isinstance(self.price_atoms, bool) or self.price_atoms < 0):
-            raise ValueError(f'tool "{self.name}": price_atoms must be >= 0')
+        fixed = self.price_atoms
+        if self.price is None and (isinstance(fixed, bool) or not isinstance(fixed, int) or fixed < 0):
+            raise ValueError(f'tool "{self.name}": price_atoms must be a whole number of atoms >= 0')
         validator_cls = jsonschema.validators.validator_for(
             self.input_schema, jsonschema.Draft202012Validator
         )
