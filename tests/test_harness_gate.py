@@ -5,6 +5,7 @@ client over the fabric (issue 4; go-brmcp.md §2.7, §2.10, §3.4-§3.7, §3.14,
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,8 +26,9 @@ from harness_kit import (
 from mcp.shared.exceptions import MCPError
 from pydantic import Field
 
-from brmcp import parse_payment_required
+from brmcp import parse_payment_required, wire
 from brmcp.server import RATE_LIMITED_TEXT, CallContext, Harness, HarnessConfig
+from brmcp.testing import Fabric, uid
 
 
 async def test_tools_list_advertises_prices_in_meta(tmp_path: Path) -> None:
@@ -482,3 +484,22 @@ async def test_visibility_hides_admin_tool(tmp_path: Path) -> None:
             await call(user, "no_such_tool")
         assert info.value.error.message == 'unknown tool "no_such_tool"'
         assert runs.n == 1
+
+
+async def test_refused_caller_is_logged_once_not_per_part(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A caller outside the allowlist gets no answer, so the operator is told
+    (once per peer, not per PM) who is being ignored."""
+    harness = Harness(HarnessConfig(data_dir=tmp_path, allowed_peers={uid(2)}))
+    caplog.set_level(logging.WARNING, logger="brmcp.server")
+    async with Fabric() as fabric, harness:
+        router = await harness.start(fabric.sender(uid(1)))
+        for _ in range(5):
+            for text in wire.encode(b'{"jsonrpc":"2.0","id":1,"method":"ping"}', sid="ab", exp=0):
+                router.handle_pm(uid(3), text)
+        assert router.stats.dropped_denied == 5
+        assert router.session_count == 0
+    warnings = [r for r in caplog.records if "not an allowed caller" in r.getMessage()]
+    assert len(warnings) == 1
+    assert uid(3) in warnings[0].getMessage()

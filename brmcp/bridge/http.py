@@ -198,6 +198,13 @@ class _Endpoint:
 AdminHandler = Callable[[Scope, Receive, Send, str], Awaitable[None]]
 
 
+#: Seconds after which an agent's idle HTTP MCP session is forgotten (the
+#: agent re-initializes on the 404, as the MCP spec requires). The Go bridge
+#: never expires them; a bound keeps a token holder from growing memory
+#: without limit. The SDK also caps open sessions (10,000, then 503).
+AGENT_SESSION_IDLE_TIMEOUT = 3600.0
+
+
 class BridgeApp:
     """The ASGI application (``bridge.asgi_app``). Mount it at the root of a
     loopback-only server, or let the bridge serve it on its own listener."""
@@ -227,7 +234,7 @@ class BridgeApp:
                 json_response=False,
                 stateless=False,
                 security_settings=None,
-                session_idle_timeout=None,
+                session_idle_timeout=AGENT_SESSION_IDLE_TIMEOUT,
                 max_request_body_size=self._max_body,
             )
             endpoint = _Endpoint(proxy, manager)

@@ -54,6 +54,9 @@ RATE_LIMITED_TEXT = "rate limited; retry later"
 #: Bytes reserved for the JSON-RPC envelope around a result
 #: (``{"jsonrpc":"2.0","id":…,"result":…}``) when checking it fits the transport.
 _RESPONSE_OVERHEAD = 1024
+#: Refused peers are logged at most this often (seconds), remembering this many.
+_DENIED_WARN_INTERVAL = 600.0
+_DENIED_WARN_MEMORY = 1024
 
 
 class HarnessError(Exception):
@@ -137,6 +140,7 @@ class Harness:
             raise HarnessError(str(exc)) from None
         self._allowed = frozenset(config.allowed_peers)
         self._allow_fn = config.allow
+        self._denied_warned: dict[str, float] = {}
         self._tools: dict[str, ToolSpec] = {}
         self._calls = CallKeyRegistry(window=REPLAY_WINDOW, clock=config.clock)
         self._server = Server(
@@ -176,6 +180,23 @@ class Harness:
         if self._allow_fn is not None:
             return bool(self._allow_fn(peer))
         return peer in self._allowed
+
+    def _admit(self, peer: str) -> bool:
+        """The router's admission check: :meth:`allowed`, plus a warning the
+        first time (then at most every 10 minutes) a peer is refused, since
+        a refused caller gets no answer at all (WIRE.md §Sessions)."""
+        if self.allowed(peer):
+            return True
+        now = time.monotonic()
+        last = self._denied_warned.get(peer)
+        if last is None or now - last >= _DENIED_WARN_INTERVAL:
+            if last is None and len(self._denied_warned) >= _DENIED_WARN_MEMORY:
+                self._denied_warned.pop(next(iter(self._denied_warned)))
+            self._denied_warned[peer] = now
+            log.warning(
+                "ignoring MCP traffic from %s: not an allowed caller (its requests get no answer)", peer
+            )
+        return False
 
     def set_allowed_peers(self, peers: Iterable[str]) -> None:
         """Replace the allowlist at run time (ignored while ``allow`` is set)."""
@@ -315,7 +336,7 @@ class Harness:
             raise RuntimeError("enter the harness first: 'async with harness: await harness.start(sender)'")
         if self._router is not None:
             raise RuntimeError("harness already started")
-        router = Router(sender, accept=self._accept, allow=self.allowed, options=self.config.router_options)
+        router = Router(sender, accept=self._accept, allow=self._admit, options=self.config.router_options)
         await self._stack.enter_async_context(router)
         self._router = router
         return router
