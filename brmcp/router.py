@@ -221,7 +221,7 @@ class Router:
         sid = wire.new_id()
         while (peer, sid) in self._sessions:
             sid = wire.new_id()
-        return self._register(peer, sid)
+        return self._register(peer, sid, self._clock())
 
     def handle_pm(self, peer: str, text: str) -> None:
         """Feed one inbound PM from ``peer`` (a lowercase 64-hex uid).
@@ -268,7 +268,6 @@ class Router:
             return
         key = (peer, part.sid)
         conn = self._sessions.get(key)
-        created = False
         if conn is None:
             if self._accept is None:
                 stats.dropped_unknown_session += 1
@@ -281,13 +280,13 @@ class Router:
                 return
             if self._tg is None:
                 raise RuntimeError("server-role Router used before 'async with router' entered it")
-            conn = self._register(peer, part.sid)
-            created = True
-        conn.last_activity = now
-        self._sessions.move_to_end(key)
-        if created:
-            assert self._tg is not None
+            conn = self._register(peer, part.sid, now)
+            # The task first runs after this (sync) method returned, so the
+            # message below is already queued for it.
             self._tg.start_soon(self._serve, conn, name=f"brmcp-session-{peer[:8]}/{part.sid}")
+        else:
+            conn.last_activity = now
+            self._sessions.move_to_end(key)
         if conn._deliver(conn._make_message(message)):
             stats.messages_delivered += 1
         else:
@@ -297,8 +296,8 @@ class Router:
 
     # -- internals -------------------------------------------------------------
 
-    def _register(self, peer: str, sid: str) -> Conn:
-        conn = Conn(self, peer, sid, self.options.inbox_size, self._clock())
+    def _register(self, peer: str, sid: str, now: float) -> Conn:
+        conn = Conn(self, peer, sid, self.options.inbox_size, now)
         self._sessions[(peer, sid)] = conn
         self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
         self.stats.sessions_opened += 1

@@ -40,6 +40,24 @@ PAID_SCHEMA: dict[str, Any] = {
         "count": {"type": "integer"},
     },
 }
+#: A handshake-era MCP ``initialize`` request (JSON-RPC id 1), for raw HTTP posts.
+INIT: dict[str, Any] = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+#: The headers of a streamable-HTTP MCP POST, without credentials.
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def auth(token: str = TOKEN) -> dict[str, str]:
+    """:data:`MCP_HEADERS` plus ``Authorization: Bearer <token>``."""
+    return {"Authorization": f"Bearer {token}", **MCP_HEADERS}
 
 
 def fixture_settings(**changes: Any) -> Settings:

@@ -1,15 +1,16 @@
 """Shared helpers for the clientrpc / fakebr tests: a relay with fake brclients
-on loopback, and client settings that keep the suite fast."""
+on loopback, client settings that keep the suite fast, and a poll-until helper."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 from websockets.asyncio.client import ClientConnection, connect
 
 from brmcp.clientrpc.protojson import frame
@@ -17,6 +18,18 @@ from brmcp.testing.fakebr import FakeBRClient, FakeRelay
 
 #: Client options for tests: quick reconnects, no keepalive unless a test wants it.
 FAST: dict[str, Any] = {"backoff_initial": 0.05, "backoff_max": 0.2, "ping_interval": None}
+
+
+async def until(predicate: Callable[[], Awaitable[bool] | bool], limit: float = 15.0) -> None:
+    """Poll ``predicate`` (sync or async) every 10 ms; fail after ``limit`` seconds."""
+    with anyio.fail_after(limit):
+        while True:
+            value = predicate()
+            if not isinstance(value, bool):
+                value = await value
+            if value:
+                return
+            await anyio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager

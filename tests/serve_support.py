@@ -6,7 +6,7 @@ its PM stream, sender = its clientrpc client)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,23 +15,12 @@ import anyio
 import anyio.abc
 from brmcp_serve import ServeApp, init_datadir
 from clientrpc_support import FAST, fake_network
+from clientrpc_support import until as until  # re-exported for the serve and bridge tests
 from mcp import ClientSession
 
 from brmcp import Router
 from brmcp.clientrpc import Client
 from brmcp.testing.fakebr import FakeBRClient, FakeRelay
-
-
-async def until(predicate: Callable[[], Awaitable[bool] | bool], limit: float = 15.0) -> None:
-    """Poll ``predicate`` (sync or async) every 10 ms; fail after ``limit`` seconds."""
-    with anyio.fail_after(limit):
-        while True:
-            value = predicate()
-            if not isinstance(value, bool):
-                value = await value
-            if value:
-                return
-            await anyio.sleep(0.01)
 
 
 @dataclass

@@ -10,13 +10,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from clientrpc_support import FAST, fake_network
+from clientrpc_support import FAST, fake_network, until
 from mcp import ClientSession
 
 from brmcp import wire
@@ -87,17 +87,6 @@ async def running_bot(
         await client.wait_connected()
         yield client, router
         tg.cancel_scope.cancel()
-
-
-async def until(predicate: Callable[[], Awaitable[bool]] | Callable[[], bool], limit: float = 10.0) -> None:
-    with anyio.fail_after(limit):
-        while True:
-            value = predicate()
-            if not isinstance(value, bool):
-                value = await value
-            if value:
-                return
-            await anyio.sleep(0.01)
 
 
 def cleared(fake: FakeBRClient, kind: str, *seqs: int) -> bool:

@@ -12,8 +12,9 @@ import pytest
 from bridge_support import (
     BOT,
     CLIENT,
+    INIT,
     START,
-    TOKEN,
+    auth,
     bridge_env,
     call,
     fixture_settings,
@@ -422,26 +423,11 @@ async def test_prune_protects_pending(tmp_path: Path) -> None:
 
 
 async def test_unreachable_bot_is_503(tmp_path: Path) -> None:
-    init = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-    headers = {
-        "Authorization": f"Bearer {TOKEN}",
-        "Accept": "application/json, text/event-stream",
-        "Content-Type": "application/json",
-    }
     with anyio.fail_after(30):
         async with bridge_env(tmp_path) as env:
             env.fabric.fail_sends(CLIENT)
             async with env.http() as http:
-                response = await http.post(f"/mcp/{BOT}", json=init, headers=headers)
+                response = await http.post(f"/mcp/{BOT}", json=INIT, headers=auth())
                 assert response.status_code == 503
                 assert response.text == "bot unavailable\n"
                 assert response.headers["content-type"] == "text/plain; charset=utf-8"

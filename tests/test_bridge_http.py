@@ -17,9 +17,12 @@ import pytest
 from bridge_support import (
     BOT,
     CLIENT,
+    INIT,
+    MCP_HEADERS,
     OTHER_BOT,
     TOKEN,
     TestPayer,
+    auth,
     bridge_env,
     call,
     fixture_settings,
@@ -27,22 +30,6 @@ from bridge_support import (
 
 from brmcp.bridge import Bridge, BridgeConfig, BridgeError, Settings, SettingsError
 from brmcp.testing import Fabric
-
-INIT: dict[str, Any] = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"},
-    },
-}
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-
-
-def _auth(token: str = TOKEN) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}", **MCP_HEADERS}
 
 
 async def test_bearer_and_path_gate(tmp_path: Path) -> None:
@@ -52,18 +39,18 @@ async def test_bearer_and_path_gate(tmp_path: Path) -> None:
             no_token = await http.post(path, json=INIT, headers=MCP_HEADERS)
             assert (no_token.status_code, no_token.text) == (401, "unauthorized\n")
             assert no_token.headers["x-content-type-options"] == "nosniff"
-            wrong = await http.post(path, json=INIT, headers=_auth("wrong-token"))
+            wrong = await http.post(path, json=INIT, headers=auth("wrong-token"))
             assert wrong.status_code == 401
             assert (await http.post("/elsewhere", json=INIT, headers=MCP_HEADERS)).status_code == 401
-            short = await http.post("/mcp/abc123", json=INIT, headers=_auth())
+            short = await http.post("/mcp/abc123", json=INIT, headers=auth())
             assert (short.status_code, short.text) == (404, "unknown bot\n")
-            unlisted = await http.post(f"/mcp/{OTHER_BOT}", json=INIT, headers=_auth())
+            unlisted = await http.post(f"/mcp/{OTHER_BOT}", json=INIT, headers=auth())
             assert unlisted.status_code == 404
             for bad in (f"/mcp/{BOT}/", f"/mcp/{BOT}/x", f"/other/{BOT}"):
-                assert (await http.post(bad, json=INIT, headers=_auth())).status_code == 404
-            ok = await http.post(path, json=INIT, headers=_auth())
+                assert (await http.post(bad, json=INIT, headers=auth())).status_code == 404
+            ok = await http.post(path, json=INIT, headers=auth())
             assert ok.status_code == 200
-            upper = await http.post(f"/mcp/{BOT.upper()}", json=INIT, headers=_auth())
+            upper = await http.post(f"/mcp/{BOT.upper()}", json=INIT, headers=auth())
             assert upper.status_code == 200  # the uid is matched case-insensitively
             # Without the "Bearer " prefix the whole header is compared (Go quirk).
             raw = await http.post(path, json=INIT, headers={"Authorization": TOKEN, **MCP_HEADERS})
@@ -73,7 +60,7 @@ async def test_bearer_and_path_gate(tmp_path: Path) -> None:
         async with httpx2.AsyncClient(
             transport=httpx2.ASGITransport(app=env.bridge.asgi_app), base_url="http://127.0.0.1"
         ) as mounted:
-            gone = await mounted.post(path, json=INIT, headers=_auth())
+            gone = await mounted.post(path, json=INIT, headers=auth())
             assert (gone.status_code, gone.text) == (404, "not found\n")
 
 
@@ -88,7 +75,7 @@ async def test_empty_token_never_authorizes(tmp_path: Path) -> None:
             assert env.bridge.settings.token == ""
             assert env.bridge.settings.enabled
             path = f"/mcp/{BOT}"
-            variants = (MCP_HEADERS, _auth("anything"), {"Authorization": "Bearer", **MCP_HEADERS})
+            variants = (MCP_HEADERS, auth("anything"), {"Authorization": "Bearer", **MCP_HEADERS})
             for headers in (*variants, {"Authorization": "", **MCP_HEADERS}):
                 assert (await http.post(path, json=INIT, headers=headers)).status_code == 401
             assert json.loads((data_dir / "mcpclient.json").read_text())["token"] == ""
@@ -163,10 +150,10 @@ async def test_owned_listener_lifecycle(tmp_path: Path) -> None:
             async with env.session(token=s1.token) as session:
                 assert not (await call(session, "free")).is_error
             async with env.http() as http:
-                opened = await http.post(f"/mcp/{BOT}", json=INIT, headers=_auth(s1.token))
+                opened = await http.post(f"/mcp/{BOT}", json=INIT, headers=auth(s1.token))
                 assert opened.status_code == 200
                 sid = opened.headers["mcp-session-id"]
-                old_headers = {**_auth(s1.token), "mcp-session-id": sid, "mcp-protocol-version": "2025-11-25"}
+                old_headers = {**auth(s1.token), "mcp-session-id": sid, "mcp-protocol-version": "2025-11-25"}
                 async with http.stream("GET", f"/mcp/{BOT}", headers=old_headers) as stream:
                     assert stream.status_code == 200
                     # Rotating the token restarts the listener: the stream opened
@@ -177,12 +164,12 @@ async def test_owned_listener_lifecycle(tmp_path: Path) -> None:
                             pass
             assert bridge.listen_address == ("127.0.0.1", port)
             async with env.http() as http:
-                old = await http.post(f"/mcp/{BOT}", json=INIT, headers=_auth(s1.token))
+                old = await http.post(f"/mcp/{BOT}", json=INIT, headers=auth(s1.token))
                 assert old.status_code == 401
-                new_headers = {**_auth(s2.token), "mcp-session-id": sid, "mcp-protocol-version": "2025-11-25"}
+                new_headers = {**auth(s2.token), "mcp-session-id": sid, "mcp-protocol-version": "2025-11-25"}
                 ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
                 assert (await http.post(f"/mcp/{BOT}", json=ping, headers=new_headers)).status_code == 404
-                new = await http.post(f"/mcp/{BOT}", json=INIT, headers=_auth(s2.token))
+                new = await http.post(f"/mcp/{BOT}", json=INIT, headers=auth(s2.token))
                 assert new.status_code == 200
             async with env.session(token=s2.token) as session:
                 assert not (await call(session, "free")).is_error
@@ -216,7 +203,7 @@ async def test_teardown(tmp_path: Path) -> None:
             await env.bridge.apply_settings(env.bridge.settings.replace(allowed_bots=(OTHER_BOT,)))
             assert env.bridge.router.sessions_of(BOT) == 0
             async with env.http() as http:
-                response = await http.post(f"/mcp/{BOT}", json=INIT, headers=_auth())
+                response = await http.post(f"/mcp/{BOT}", json=INIT, headers=auth())
                 assert (response.status_code, response.text) == (404, "unknown bot\n")
             # PMs from a de-listed bot are dropped by the router's allow check.
             denied = env.bridge.router.stats.dropped_denied
@@ -235,15 +222,15 @@ async def test_dns_rebinding_rejected(tmp_path: Path) -> None:
     with anyio.fail_after(30):
         async with bridge_env(tmp_path) as env, env.http() as http:
             path = f"/mcp/{BOT}"
-            evil_host = await http.post(path, json=INIT, headers={**_auth(), "Host": "evil.example:8891"})
+            evil_host = await http.post(path, json=INIT, headers={**auth(), "Host": "evil.example:8891"})
             assert evil_host.status_code == 421
             for origin in ("http://evil.example", "null", "http://127.0.0.1.evil.example", "file://"):
-                bad = await http.post(path, json=INIT, headers={**_auth(), "Origin": origin})
+                bad = await http.post(path, json=INIT, headers={**auth(), "Origin": origin})
                 assert bad.status_code == 403, origin
             for origin in ("http://localhost:3000", "http://127.0.0.1", "https://[::1]:8443"):
-                good = await http.post(path, json=INIT, headers={**_auth(), "Origin": origin})
+                good = await http.post(path, json=INIT, headers={**auth(), "Origin": origin})
                 assert good.status_code == 200, origin
-            local = await http.post(path, json=INIT, headers={**_auth(), "Host": "localhost:1234"})
+            local = await http.post(path, json=INIT, headers={**auth(), "Host": "localhost:1234"})
             assert local.status_code == 200
             # Rebinding checks run before auth: no token oracle for a foreign page.
             probe = await http.post(path, json=INIT, headers={**MCP_HEADERS, "Host": "evil.example"})
@@ -270,7 +257,7 @@ async def test_batch_rejected_before_reaching_the_bot(tmp_path: Path) -> None:
                 },
             ]
             async with env.http() as http:
-                response = await http.post(f"/mcp/{BOT}", json=batch, headers=_auth())
+                response = await http.post(f"/mcp/{BOT}", json=batch, headers=auth())
             assert response.status_code == 400
             body = response.json()
             assert body["error"]["code"] == -32600
@@ -284,26 +271,26 @@ async def test_hostile_http(tmp_path: Path) -> None:
             path = f"/mcp/{BOT}"
             settings_before = (env.data_dir / "mcpclient.json").read_text()
             huge = b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":"' + b"a" * (5 << 20) + b'"}}'
-            too_big = await http.post(path, content=huge, headers=_auth())
+            too_big = await http.post(path, content=huge, headers=auth())
             assert too_big.status_code == 413
 
             async def chunks() -> Any:
                 for _ in range(80):
                     yield b"a" * 65536
 
-            streamed = await http.post(path, content=chunks(), headers=_auth())
+            streamed = await http.post(path, content=chunks(), headers=auth())
             assert streamed.status_code == 413
-            bad_json = await http.post(path, content=b"{not json", headers=_auth())
+            bad_json = await http.post(path, content=b"{not json", headers=auth())
             assert bad_json.status_code == 400
             assert bad_json.json()["error"]["code"] == -32700
-            scalar = await http.post(path, content=b"42", headers=_auth())
+            scalar = await http.post(path, content=b"42", headers=auth())
             assert scalar.status_code == 400
             assert scalar.json()["error"]["code"] == -32600
             no_type = await http.post(
                 path, content=json.dumps(INIT), headers={"Authorization": f"Bearer {TOKEN}"}
             )
             assert no_type.status_code == 415
-            put = await http.put(path, json=INIT, headers=_auth())
+            put = await http.put(path, json=INIT, headers=auth())
             assert put.status_code == 405
             assert put.headers["allow"] == "GET, POST, DELETE"
             no_accept = await http.post(
@@ -312,9 +299,9 @@ async def test_hostile_http(tmp_path: Path) -> None:
                 headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
             )
             assert no_accept.status_code < 500  # the SDK decides; nothing may break
-            stray = await http.get(path, headers={**_auth(), "mcp-session-id": "nope"})
+            stray = await http.get(path, headers={**auth(), "mcp-session-id": "nope"})
             assert stray.status_code == 404
-            delete = await http.delete(path, headers=_auth())
+            delete = await http.delete(path, headers=auth())
             assert 400 <= delete.status_code < 500
             # Nothing changed: no spend, no payment, same settings file, no parked payment.
             assert env.bridge.spend_log().entries == ()
@@ -352,11 +339,11 @@ async def test_mounted_app_without_listener(tmp_path: Path) -> None:
             assert env.bridge.listen_address is None
             transport = httpx2.ASGITransport(app=env.bridge.asgi_app)
             async with httpx2.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
-                response = await http.post(f"/mcp/{BOT}", json=INIT, headers=_auth())
+                response = await http.post(f"/mcp/{BOT}", json=INIT, headers=auth())
                 assert response.status_code == 200
                 assert "mcp-session-id" in response.headers
                 await env.bridge.apply_settings(env.bridge.settings.replace(token="another-token-0123456789"))
-                stale = await http.post(f"/mcp/{BOT}", json=INIT, headers=_auth())
+                stale = await http.post(f"/mcp/{BOT}", json=INIT, headers=auth())
                 assert stale.status_code == 401
 
 

@@ -22,17 +22,16 @@ import os
 import random
 import select
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
+from harness_kit import query
 
 from brmcp.server import Harness, HarnessConfig
 from brmcp.testing import uid
@@ -114,14 +113,6 @@ class Totals:
     runs_with_interruptions: int = 0
 
 
-def read_db(data_dir: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(data_dir / "brmcp.sqlite3")
-    try:
-        return [tuple(r) for r in conn.execute(sql, params).fetchall()]
-    finally:
-        conn.close()
-
-
 async def restart(data_dir: Path) -> None:
     """Construct the harness on the data_dir (start-up reconciliation)."""
     harness = Harness(HarnessConfig(data_dir=data_dir, allowed_peers=ALLOWED))
@@ -136,9 +127,9 @@ def check(data_dir: Path, log_dir: Path, interrupted: Interrupted, last_id: int,
     """The invariants, after a start-up; ``interrupted`` and ``last_id`` (the
     newest movement id) were read just before it."""
     # 1. No journal row is left between debit and completion.
-    assert read_db(data_dir, "SELECT count(*) FROM calls WHERE state != 'done'") == [(0,)]
+    assert query(data_dir, "SELECT count(*) FROM calls WHERE state != 'done'") == [(0,)]
 
-    movements = read_db(
+    movements = query(
         data_dir, "SELECT id, peer, kind, atoms, call_key, ref, balance_after FROM movements ORDER BY id"
     )
     kinds = Counter(str(m[2]) for m in movements)
@@ -163,7 +154,7 @@ def check(data_dir: Path, log_dir: Path, interrupted: Interrupted, last_id: int,
     kept = {cid: m for cid, m in charges.items() if cid not in refunds}
 
     # 3. Per peer: the audit chain is consistent and the balance is tips - kept charges.
-    balances = dict(read_db(data_dir, "SELECT peer, atoms FROM balances"))
+    balances = dict(query(data_dir, "SELECT peer, atoms FROM balances"))
     peers = {str(m[1]) for m in movements} | {str(p) for p in balances}
     for peer in peers:
         running = 0
@@ -204,7 +195,7 @@ def check(data_dir: Path, log_dir: Path, interrupted: Interrupted, last_id: int,
 
     # 5. Tips: credited once, only what the rules allow, only what was offered.
     offered = Counter(tuple(line.split()) for line in (log_dir / "tips.log").read_text().splitlines())
-    tip_rows = read_db(data_dir, "SELECT sequence_id, peer, amount_matoms, credited FROM tips")
+    tip_rows = query(data_dir, "SELECT sequence_id, peer, amount_matoms, credited FROM tips")
     tip_moves = Counter(str(m[5]) for m in movements if m[2] == "tip")
     assert all(n == 1 for n in tip_moves.values())
     for seq, peer, matoms, credited in tip_rows:
@@ -225,9 +216,9 @@ def check(data_dir: Path, log_dir: Path, interrupted: Interrupted, last_id: int,
 def snapshot(data_dir: Path) -> tuple[Interrupted, int]:
     """Before start-up: the journal rows a crash left between debit and
     completion, and the newest movement id."""
-    rows = read_db(data_dir, "SELECT call_id, peer, call_key, atoms FROM calls WHERE state != 'done'")
+    rows = query(data_dir, "SELECT call_id, peer, call_key, atoms FROM calls WHERE state != 'done'")
     interrupted = {str(r[0]): (str(r[1]), None if r[2] is None else str(r[2]), int(str(r[3]))) for r in rows}
-    ((last_id,),) = read_db(data_dir, "SELECT coalesce(max(id), 0) FROM movements")
+    ((last_id,),) = query(data_dir, "SELECT coalesce(max(id), 0) FROM movements")
     return interrupted, int(str(last_id))
 
 

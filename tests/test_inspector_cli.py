@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 from bridge_support import BOT, CLIENT, TOKEN, Env, bridge_env
-from conformance.nodetools import NodeTools, find_node_tools
+from conformance.nodetools import NodeTools, node_tools_for
 
 pytestmark = pytest.mark.node
 
@@ -25,12 +25,9 @@ RUN_LIMIT = 60.0
 
 @pytest.fixture
 def node_tools() -> NodeTools:
-    tools = find_node_tools()
+    tools = node_tools_for("inspector")
     if isinstance(tools, str):
         pytest.skip(tools)
-    reason = tools.missing("inspector")
-    if reason is not None:
-        pytest.skip(reason)
     return tools
 
 

@@ -54,6 +54,31 @@ class Blocker:
         return "blocker"
 
 
+async def run_batch(
+    ex: GroupCommitExecutor, ops: list[tuple[str, Callable[[sqlite3.Connection], Any]]]
+) -> dict[str, Any]:
+    """Queue ``ops`` behind a :class:`Blocker` so they share one transaction,
+    then release it. Returns each name's result or exception ("blocker"
+    included)."""
+    blocker = Blocker()
+    outcomes: dict[str, Any] = {}
+
+    async def run(name: str, op: Callable[[sqlite3.Connection], Any]) -> None:
+        try:
+            outcomes[name] = await ex.run(op)
+        except Exception as exc:
+            outcomes[name] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, "blocker", blocker)
+        await wait_all_tasks_blocked()
+        for name, op in ops:
+            tg.start_soon(run, name, op)
+        await wait_all_tasks_blocked()
+        blocker.gate.set()
+    return outcomes
+
+
 async def test_concurrent_operations_share_transactions(tmp_path: Path) -> None:
     ex = open_executor(tmp_path / "db")
     results: list[str] = []
@@ -73,28 +98,20 @@ async def test_concurrent_operations_share_transactions(tmp_path: Path) -> None:
 
 async def test_failing_operation_rolls_back_only_itself(tmp_path: Path) -> None:
     ex = open_executor(tmp_path / "db")
-    blocker = Blocker()
-    outcomes: dict[str, Any] = {}
 
     def half_then_fail(conn: sqlite3.Connection) -> None:
         conn.execute("INSERT INTO t (v) VALUES ('partial')")
         raise ValueError("op failed")
 
-    async def run(name: str, op: Callable[[sqlite3.Connection], Any]) -> None:
-        try:
-            outcomes[name] = await ex.run(op)
-        except Exception as exc:
-            outcomes[name] = exc
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run, "blocker", blocker)
-        await wait_all_tasks_blocked()
-        tg.start_soon(run, "a", insert("a"))
-        tg.start_soon(run, "bad", half_then_fail)
-        tg.start_soon(run, "dup", insert("a"))  # violates UNIQUE inside the same batch
-        tg.start_soon(run, "c", insert("c"))
-        await wait_all_tasks_blocked()
-        blocker.gate.set()
+    outcomes = await run_batch(
+        ex,
+        [
+            ("a", insert("a")),
+            ("bad", half_then_fail),
+            ("dup", insert("a")),  # violates UNIQUE inside the same batch
+            ("c", insert("c")),
+        ],
+    )
     assert outcomes["a"] == "a"
     assert outcomes["c"] == "c"
     assert isinstance(outcomes["bad"], ValueError)
@@ -109,27 +126,12 @@ async def test_aborted_transaction_fails_every_operation_of_the_batch(tmp_path: 
     error); then no operation of the batch is durable and each caller must
     get an error, never a silent success."""
     ex = open_executor(tmp_path / "db")
-    blocker = Blocker()
-    outcomes: dict[str, Any] = {}
 
     def abort(conn: sqlite3.Connection) -> str:
         conn.execute("ROLLBACK")  # what SQLite does by itself on SQLITE_FULL
         return "aborted"
 
-    async def run(name: str, op: Callable[[sqlite3.Connection], Any]) -> None:
-        try:
-            outcomes[name] = await ex.run(op)
-        except Exception as exc:
-            outcomes[name] = exc
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run, "blocker", blocker)
-        await wait_all_tasks_blocked()
-        tg.start_soon(run, "a", insert("a"))
-        tg.start_soon(run, "abort", abort)
-        tg.start_soon(run, "c", insert("c"))
-        await wait_all_tasks_blocked()
-        blocker.gate.set()
+    outcomes = await run_batch(ex, [("a", insert("a")), ("abort", abort), ("c", insert("c"))])
     for name in ("a", "abort", "c"):
         assert isinstance(outcomes[name], sqlite3.Error), (name, outcomes[name])
     # The connection is usable afterwards.

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from bridge_support import BOT as FIXTURE_BOT
-from bridge_support import TOKEN, bridge_env, until
+from bridge_support import auth, bridge_env, until
 from mcp.types import CallToolResult, TextContent
 
 from brmcp import PaymentRequired, parse_payment_required
@@ -134,14 +134,9 @@ def test_deeply_nested_state_file_is_a_clear_error(tmp_path: Path, name: str) ->
 async def test_deeply_nested_http_body_is_a_parse_error(tmp_path: Path) -> None:
     """The MCP endpoint answers a body nested past the recursion limit with
     400/-32700 like any unparsable body (it was a 500 with a logged traceback)."""
-    headers = {
-        "Authorization": f"Bearer {TOKEN}",
-        "Accept": "application/json, text/event-stream",
-        "Content-Type": "application/json",
-    }
     with anyio.fail_after(30):
         async with bridge_env(tmp_path) as env, env.http() as http:
-            response = await http.post(f"/mcp/{FIXTURE_BOT}", content=DEEP.encode(), headers=headers)
+            response = await http.post(f"/mcp/{FIXTURE_BOT}", content=DEEP.encode(), headers=auth())
             assert response.status_code == 400
             assert response.json()["error"]["code"] == -32700
             admin = await http.put(
@@ -187,8 +182,9 @@ def test_cli_tables_neutralise_control_characters(
     }
     monkeypatch.setattr(cli, "_admin", lambda daemon, method, path, body=None: answers[path])
     daemon = cli._Daemon(Path("."), 1, "http://127.0.0.1:1", False, "t")
-    cli._cmd_approvals(daemon, argparse.Namespace(action="list", id=None, json=False))
-    cli._cmd_spend(daemon, argparse.Namespace(json=False))
+    monkeypatch.setattr(cli, "_locate", lambda datadir: daemon)
+    cli._cmd_approvals(daemon.datadir, argparse.Namespace(action="list", id=None, json=False))
+    cli._cmd_spend(daemon.datadir, argparse.Namespace(json=False))
     out = capsys.readouterr().out
     for control in ("\x1b", "\r", "\x07"):
         assert control not in out

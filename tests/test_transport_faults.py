@@ -13,7 +13,7 @@ import pytest
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 from mcp.types import REQUEST_TIMEOUT
-from transport_kit import BOT, Bot, call, echoed, session
+from transport_kit import BOT, Bot, bot_and_alice, call, echoed, session
 
 from brmcp import Router
 from brmcp.testing import Fabric, Faults, uid
@@ -137,13 +137,7 @@ async def test_a_silent_peer_times_out_instead_of_hanging() -> None:
 
 
 async def test_a_bot_that_goes_offline_mid_session_times_out_the_call() -> None:
-    bot = Bot()
-    async with (
-        Fabric() as fabric,
-        fabric.router(BOT, accept=bot.accept),
-        fabric.router(uid(2)) as client,
-        session(client, BOT) as s,
-    ):
+    async with bot_and_alice() as (fabric, bot, _server, client), session(client, BOT) as s:
         await call(s, "echo", {"token": "before"})
         fabric.set_offline(BOT)
         with anyio.fail_after(5), pytest.raises(MCPError) as timed_out:

@@ -16,19 +16,14 @@ import pytest
 from mcp import Client, ClientSession
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
-from transport_kit import ALICE, BOT, Bot, big_text, call, echoed, session, until
+from transport_kit import ALICE, BOT, Bot, big_text, bot_and_alice, call, echoed, session, until
 
 from brmcp import Conn, Router, wire
 from brmcp.testing import Fabric, uid
 
 
 async def test_initialize_list_and_call_with_caller_identity() -> None:
-    bot = Bot()
-    async with (
-        Fabric() as fabric,
-        fabric.router(BOT, accept=bot.accept) as server,
-        fabric.router(ALICE) as client,
-    ):
+    async with bot_and_alice() as (_fabric, bot, server, client):
         conn = client.dial(BOT)
         assert conn.peer == BOT
         assert len(conn.sid) == 16
@@ -81,14 +76,8 @@ async def test_outgoing_pms_are_compact_envelopes_with_ttl_deadline() -> None:
 
 
 async def test_five_mib_result_crosses_as_many_parts() -> None:
-    bot = Bot()
     n = 5 * 1024 * 1024
-    async with (
-        Fabric() as fabric,
-        fabric.router(BOT, accept=bot.accept) as server,
-        fabric.router(ALICE) as client,
-        session(client, BOT, read_timeout=30) as s,
-    ):
+    async with bot_and_alice() as (fabric, _bot, server, client), session(client, BOT, read_timeout=30) as s:
         before = fabric.link(BOT, ALICE).pms
         sent_before = server.stats.pms_sent
         text = await call(s, "big", {"n": n})
@@ -104,34 +93,31 @@ async def test_five_mib_result_crosses_as_many_parts() -> None:
 
 
 async def test_twenty_concurrent_sessions_between_two_peers() -> None:
-    bot = Bot()
-    async with Fabric() as fabric:
-        server = fabric.router(BOT, accept=bot.accept, max_sessions_per_peer=32)
-        async with server, fabric.router(ALICE) as client:
-            results: dict[int, dict[str, object]] = {}
-            ready = 0
-            all_ready = anyio.Event()
+    async with bot_and_alice(max_sessions_per_peer=32) as (_fabric, bot, server, client):
+        results: dict[int, dict[str, object]] = {}
+        ready = 0
+        all_ready = anyio.Event()
 
-            async def one(i: int) -> None:
-                nonlocal ready
-                async with session(client, BOT) as s:
-                    # Barrier: every session is initialized and open before any call is made.
-                    ready += 1
-                    if ready == 20:
-                        assert client.sessions_of(BOT) == 20
-                        all_ready.set()
-                    await all_ready.wait()
-                    for j in range(3):
-                        results[i * 10 + j] = echoed(await call(s, "echo", {"token": f"{i}-{j}"}))
+        async def one(i: int) -> None:
+            nonlocal ready
+            async with session(client, BOT) as s:
+                # Barrier: every session is initialized and open before any call is made.
+                ready += 1
+                if ready == 20:
+                    assert client.sessions_of(BOT) == 20
+                    all_ready.set()
+                await all_ready.wait()
+                for j in range(3):
+                    results[i * 10 + j] = echoed(await call(s, "echo", {"token": f"{i}-{j}"}))
 
-            with anyio.fail_after(30):
-                async with anyio.create_task_group() as tg:
-                    for i in range(20):
-                        tg.start_soon(one, i)
-            assert server.stats.sessions_opened == 20
-            assert server.sessions_of(ALICE) == 20  # no close frame: the server still holds them
-            assert client.sessions_of(BOT) == 0
-            assert bot.accepts == 20
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(one, i)
+        assert server.stats.sessions_opened == 20
+        assert server.sessions_of(ALICE) == 20  # no close frame: the server still holds them
+        assert client.sessions_of(BOT) == 0
+        assert bot.accepts == 20
     assert len(results) == 60
     for key, value in results.items():
         assert value == {"caller": ALICE, "args": {"token": f"{key // 10}-{key % 10}"}}
@@ -176,12 +162,7 @@ async def _conn_transport(conn: Conn) -> AsyncIterator[tuple[object, object]]:
 
 
 async def test_server_accepts_a_2026_07_28_client() -> None:
-    bot = Bot()
-    async with (
-        Fabric() as fabric,
-        fabric.router(BOT, accept=bot.accept) as server,
-        fabric.router(ALICE) as client,
-    ):
+    async with bot_and_alice() as (_fabric, bot, server, client):
         conn = client.dial(BOT)
         async with Client(_conn_transport(conn), mode="2026-07-28", read_timeout_seconds=10) as c:  # type: ignore[arg-type]
             assert c.session.protocol_version == "2026-07-28"
@@ -199,8 +180,7 @@ async def test_server_accepts_a_2026_07_28_client() -> None:
 
 
 async def test_legacy_mode_client_wrapper_also_works() -> None:
-    bot = Bot()
-    async with Fabric() as fabric, fabric.router(BOT, accept=bot.accept), fabric.router(ALICE) as client:
+    async with bot_and_alice() as (_fabric, _bot, _server, client):
         conn = client.dial(BOT)
         async with Client(_conn_transport(conn), mode="legacy", read_timeout_seconds=10) as c:  # type: ignore[arg-type]
             assert c.session.protocol_version == "2025-11-25"
@@ -229,12 +209,9 @@ async def test_inbound_messages_carry_the_peer_as_request_context() -> None:
 
 
 async def test_oversize_result_becomes_an_error_response() -> None:
-    bot = Bot()
-    async with Fabric() as fabric:
-        # 64 parts x 1 KiB = 64 KiB is the most one message can carry at this chunk size.
-        server = fabric.router(BOT, accept=bot.accept, chunk_size=1024)
-        async with server, fabric.router(ALICE) as client, session(client, BOT) as s:
-            with pytest.raises(MCPError, match="exceeds the transport limit of 65536 bytes"):
-                await call(s, "big", {"n": 70_000})
-            # The session survives; smaller results still flow (as several parts).
-            assert await call(s, "big", {"n": 5000}) == big_text(5000)
+    # 64 parts x 1 KiB = 64 KiB is the most one message can carry at this chunk size.
+    async with bot_and_alice(chunk_size=1024) as (_fabric, _bot, _server, client), session(client, BOT) as s:
+        with pytest.raises(MCPError, match="exceeds the transport limit of 65536 bytes"):
+            await call(s, "big", {"n": 70_000})
+        # The session survives; smaller results still flow (as several parts).
+        assert await call(s, "big", {"n": 5000}) == big_text(5000)

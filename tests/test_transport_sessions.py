@@ -15,7 +15,7 @@ from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-from transport_kit import ALICE, BOT, MALLORY, Bot, call, echoed, session, until
+from transport_kit import ALICE, BOT, MALLORY, Bot, bot_and_alice, call, echoed, session, until
 
 from brmcp import Conn, Router, RouterOptions, SendError, wire
 from brmcp.testing import Fabric, LinkDownError, PMTooLargeError, uid
@@ -31,12 +31,7 @@ def _notification(method: str = "notifications/initialized") -> SessionMessage:
 
 
 async def test_chat_on_the_same_thread_never_creates_a_session() -> None:
-    bot = Bot()
-    async with (
-        Fabric() as fabric,
-        fabric.router(BOT, accept=bot.accept) as server,
-        fabric.router(ALICE) as client,
-    ):
+    async with bot_and_alice() as (fabric, bot, server, client):
         chat = fabric.sender(ALICE)
         for text in CHAT:
             await chat.send_pm(BOT, text)
@@ -88,43 +83,37 @@ async def test_non_allowed_peer_creates_no_reassembly_state_and_no_session() -> 
 
 
 async def test_idle_expiry_then_re_creation_for_a_stale_client() -> None:
-    bot = Bot()
-    async with Fabric() as fabric:
-        server = fabric.router(BOT, accept=bot.accept, idle_timeout=0.2)
-        async with server, fabric.router(ALICE) as client:
-            assert server.idle_timeout == 0.2
-            assert client.idle_timeout is None  # client role: no expiry by default
-            async with session(client, BOT, read_timeout=5) as s:
-                await call(s, "echo", {"token": 1})
-                await until(lambda: server.stats.idle_expired == 1)
-                assert server.session_count == 0
-                assert server.stats.sessions_closed == 1
-                # The client never learns (no close frame) and keeps its Conn.
-                assert client.session_count == 1
-                # Its next request re-creates the session under the same sid; the new
-                # server session was never initialized, so the request is refused.
-                with pytest.raises(MCPError) as stale:
-                    await call(s, "echo", {"token": 2})
-                assert stale.value.error.code == INVALID_PARAMS
-                assert bot.accepts == 2
-                assert server.stats.sessions_opened == 2
-                # A fresh session works.
-            async with session(client, BOT, read_timeout=5) as s:
-                await call(s, "echo", {"token": 3})
+    async with bot_and_alice(idle_timeout=0.2) as (_fabric, bot, server, client):
+        assert server.idle_timeout == 0.2
+        assert client.idle_timeout is None  # client role: no expiry by default
+        async with session(client, BOT, read_timeout=5) as s:
+            await call(s, "echo", {"token": 1})
+            await until(lambda: server.stats.idle_expired == 1)
+            assert server.session_count == 0
+            assert server.stats.sessions_closed == 1
+            # The client never learns (no close frame) and keeps its Conn.
+            assert client.session_count == 1
+            # Its next request re-creates the session under the same sid; the new
+            # server session was never initialized, so the request is refused.
+            with pytest.raises(MCPError) as stale:
+                await call(s, "echo", {"token": 2})
+            assert stale.value.error.code == INVALID_PARAMS
+            assert bot.accepts == 2
+            assert server.stats.sessions_opened == 2
+            # A fresh session works.
+        async with session(client, BOT, read_timeout=5) as s:
+            await call(s, "echo", {"token": 3})
     assert sorted(bot.executions()) == [1, 3]
 
 
 async def test_activity_keeps_a_session_alive() -> None:
-    bot = Bot()
-    async with Fabric() as fabric:
-        server = fabric.router(BOT, accept=bot.accept, idle_timeout=0.5)
-        async with server, fabric.router(ALICE) as client, session(client, BOT) as s:
-            # About 1 s in all, well past the timeout, but never 0.5 s without traffic.
-            for i in range(10):
-                await call(s, "echo", {"token": i})
-                await anyio.sleep(0.1)
-            assert server.stats.idle_expired == 0
-            assert bot.accepts == 1
+    async with bot_and_alice(idle_timeout=0.5) as (_fabric, bot, server, client), session(client, BOT) as s:
+        # About 1 s in all, well past the timeout, but never 0.5 s without traffic.
+        for i in range(10):
+            await call(s, "echo", {"token": i})
+            await anyio.sleep(0.1)
+        assert server.stats.idle_expired == 0
+        assert bot.accepts == 1
 
 
 async def test_per_peer_session_cap_refuses_the_third_session() -> None:
@@ -233,8 +222,7 @@ async def test_request_delayed_past_its_deadline_is_dropped() -> None:
 
 
 async def test_client_send_failure_is_a_transport_error_and_closes_the_session() -> None:
-    bot = Bot()
-    async with Fabric() as fabric, fabric.router(BOT, accept=bot.accept), fabric.router(ALICE) as client:
+    async with bot_and_alice() as (fabric, bot, _server, client):
         conn = client.dial(BOT)
         async with ClientSession(conn.read_stream, conn.write_stream, read_timeout_seconds=5) as s:
             await s.initialize()
@@ -258,13 +246,7 @@ async def test_client_send_failure_is_a_transport_error_and_closes_the_session()
 
 
 async def test_server_send_failure_closes_the_server_session() -> None:
-    bot = Bot()
-    async with (
-        Fabric() as fabric,
-        fabric.router(BOT, accept=bot.accept) as server,
-        fabric.router(ALICE) as client,
-        session(client, BOT) as s,
-    ):
+    async with bot_and_alice() as (fabric, bot, server, client), session(client, BOT) as s:
         fabric.fail_sends(BOT, count=1)
         with pytest.raises(MCPError) as lost:
             await call(s, "echo", {"token": "unanswered"}, read_timeout=0.5)
@@ -325,27 +307,24 @@ def test_options_are_validated() -> None:
 
 
 async def test_close_is_idempotent_and_refuses_dial_and_traffic() -> None:
-    bot = Bot()
-    async with Fabric() as fabric:
-        server = fabric.router(BOT, accept=bot.accept)
-        async with server, fabric.router(ALICE) as client, session(client, BOT) as s:
-            await call(s, "echo", {})
-            conn = client.dial(BOT)
-            server.close()
-            server.close()
-            assert server.closed
-            assert server.session_count == 0
-            with pytest.raises(RuntimeError, match=r"^brmcp: router closed$"):
-                server.dial(ALICE)
-            # Traffic after close is ignored, not served.
-            ignored = server.stats.pms_ignored
-            with pytest.raises(MCPError):
-                await call(s, "echo", {}, read_timeout=0.3)
-            assert server.stats.pms_ignored > ignored
-            client.close()
-            assert conn.closed
-            with pytest.raises(RuntimeError, match="brmcp: router closed"):
-                client.dial(BOT)
+    async with bot_and_alice() as (_fabric, bot, server, client), session(client, BOT) as s:
+        await call(s, "echo", {})
+        conn = client.dial(BOT)
+        server.close()
+        server.close()
+        assert server.closed
+        assert server.session_count == 0
+        with pytest.raises(RuntimeError, match=r"^brmcp: router closed$"):
+            server.dial(ALICE)
+        # Traffic after close is ignored, not served.
+        ignored = server.stats.pms_ignored
+        with pytest.raises(MCPError):
+            await call(s, "echo", {}, read_timeout=0.3)
+        assert server.stats.pms_ignored > ignored
+        client.close()
+        assert conn.closed
+        with pytest.raises(RuntimeError, match="brmcp: router closed"):
+            client.dial(BOT)
     assert bot.accepts == 1
 
 

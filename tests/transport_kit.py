@@ -1,6 +1,7 @@
 """Shared pieces for the transport tests: an official low-level MCP server
-with a few tools, an ``accept`` that serves it on each inbound Conn, and a
-helper that opens an initialized ClientSession on a dialed Conn.
+with a few tools, an ``accept`` that serves it on each inbound Conn, a
+fabric with that bot and one caller, and a helper that opens an initialized
+ClientSession on a dialed Conn.
 
 Imported by tests/test_transport_*.py (pytest puts tests/ on sys.path).
 """
@@ -12,7 +13,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import mcp.types as types
@@ -20,7 +21,7 @@ from mcp import ClientSession
 from mcp.server import Server, ServerRequestContext
 
 from brmcp import Conn, Router
-from brmcp.testing import uid
+from brmcp.testing import Fabric, uid
 
 BOT = uid(1)
 ALICE = uid(2)
@@ -97,6 +98,29 @@ async def session(router: Router, peer: str, *, read_timeout: float = 10.0) -> A
     ) as client:
         await client.initialize()
         yield client
+
+
+class BotAndAlice(NamedTuple):
+    fabric: Fabric
+    bot: Bot
+    #: the bot's server-role router
+    server: Router
+    #: ALICE's client-role router
+    client: Router
+
+
+@asynccontextmanager
+async def bot_and_alice(**server_options: Any) -> AsyncIterator[BotAndAlice]:
+    """A fresh :class:`Bot` served at :data:`BOT` on a new fabric (its router
+    built with ``server_options``: Router/RouterOptions keywords), and a
+    client-role router for :data:`ALICE`."""
+    bot = Bot()
+    async with (
+        Fabric() as fabric,
+        fabric.router(BOT, accept=bot.accept, **server_options) as server,
+        fabric.router(ALICE) as client,
+    ):
+        yield BotAndAlice(fabric, bot, server, client)
 
 
 async def call(

@@ -78,19 +78,11 @@ class Accounts:
             return []
         now = self._clock()
         if self.local:
+            recover = _recovery(now, now + replay_window, outcome_json(INTERRUPTED_TEXT), local=True)
             for call_id, peer, call_key, _tool, atoms, _state in db.run_now(store.interrupted):
                 db.run_now(
                     functools.partial(
-                        store.recover_call,
-                        call_id=call_id,
-                        peer=peer,
-                        call_key=call_key,
-                        atoms=atoms,
-                        ts=now,
-                        expires=now + replay_window,
-                        outcome_json=outcome_json(INTERRUPTED_TEXT),
-                        local=True,
-                        charged=True,
+                        recover, call_id=call_id, peer=peer, call_key=call_key, atoms=atoms, charged=True
                     )
                 )
                 log.warning("refunded %d atoms to %s for a call interrupted by a restart", atoms, peer)
@@ -108,8 +100,9 @@ class Accounts:
             return []
         pending = await db.run(store.interrupted)
         now = self._clock()
-        await self._reconcile_external(pending, now, replay_window, outcome_json)
-        outcome = json.loads(outcome_json(INTERRUPTED_TEXT))
+        text = outcome_json(INTERRUPTED_TEXT)
+        await self._reconcile_external(pending, now, _recovery(now, now + replay_window, text, local=False))
+        outcome = json.loads(text)
         return [
             JournalEntry(peer, call_key, atoms, now + replay_window, outcome)
             for _call_id, peer, call_key, _tool, atoms, _state in pending
@@ -120,8 +113,7 @@ class Accounts:
         self,
         pending: list[tuple[str, str, str | None, str, int, str]],
         now: float,
-        replay_window: float,
-        outcome_json: Callable[[str], str],
+        recover: functools.partial[None],
     ) -> None:
         billing = self._billing
         db = self._db
@@ -140,21 +132,12 @@ class Accounts:
                 await billing.credit(peer, atoms, ref=f"refund:{call_id}")
             await db.run(
                 functools.partial(
-                    store.recover_call,
-                    call_id=call_id,
-                    peer=peer,
-                    call_key=call_key,
-                    atoms=atoms,
-                    ts=now,
-                    expires=now + replay_window,
-                    outcome_json=outcome_json(INTERRUPTED_TEXT),
-                    local=False,
-                    charged=charged,
+                    recover, call_id=call_id, peer=peer, call_key=call_key, atoms=atoms, charged=charged
                 )
             )
         for seq, peer, matoms, credited in await db.run(store.pending_tips):
             if credited > 0:
-                await billing.credit(peer, credited, ref=f"tip:{seq}:{peer}:{matoms}")
+                await billing.credit(peer, credited, ref=store._tip_ref(seq, peer, matoms))
             await db.run(
                 functools.partial(store.finish_tip, sequence_id=seq, peer=peer, amount_matoms=matoms, ts=now)
             )
@@ -207,46 +190,34 @@ class Accounts:
                 )
 
             return await db.run(charge_op)
+        journal = functools.partial(
+            store.journal_charge,
+            call_id=call_id,
+            peer=peer,
+            call_key=call_key,
+            tool=tool,
+            atoms=atoms,
+            ts=now,
+        )
         if db is not None:
 
             def journal_op(c: sqlite3.Connection) -> None:
                 if gc:
                     store.gc_calls(c, now)
-                store.journal_charge(
-                    c,
-                    call_id=call_id,
-                    peer=peer,
-                    call_key=call_key,
-                    tool=tool,
-                    atoms=atoms,
-                    ts=now,
-                    state="charging",
-                )
+                journal(c, state="charging")
 
             await db.run(journal_op)
+        # Any other failure of the debit (store error, cancellation) is an
+        # unknown outcome: it propagates and leaves the journal row 'charging'
+        # so start-up reconciliation settles it exactly once.
         try:
             await billing.debit(peer, atoms, ref=f"charge:{call_id}")
         except InsufficientBalance:
             if db is not None:
                 await db.run(lambda c: store.drop_call(c, call_id))
             return False, await billing.balance(peer)
-        except BaseException:
-            # Unknown outcome (store error, cancellation): leave the journal
-            # row 'charging' so start-up reconciliation settles it exactly once.
-            raise
         if db is not None:
-            await db.run(
-                lambda c: store.journal_charge(
-                    c,
-                    call_id=call_id,
-                    peer=peer,
-                    call_key=call_key,
-                    tool=tool,
-                    atoms=atoms,
-                    ts=now,
-                    state="charged",
-                )
-            )
+            await db.run(functools.partial(journal, state="charged"))
         return True, -1
 
     async def complete(
@@ -299,7 +270,7 @@ class Accounts:
                 self._seen_tips.popitem(last=False)
             if allowed and atoms > 0:
                 assert self._billing is not None
-                await self._billing.credit(peer, atoms, ref=f"tip:{sequence_id}:{peer}:{amount_matoms}")
+                await self._billing.credit(peer, atoms, ref=store._tip_ref(sequence_id, peer, amount_matoms))
                 return True, atoms
             return True, 0
         new, credited = await db.run(
@@ -315,7 +286,7 @@ class Accounts:
             )
         )
         if new and credited and self._billing is not None:
-            await self._billing.credit(peer, credited, ref=f"tip:{sequence_id}:{peer}:{amount_matoms}")
+            await self._billing.credit(peer, credited, ref=store._tip_ref(sequence_id, peer, amount_matoms))
             await db.run(
                 lambda c: store.finish_tip(
                     c, sequence_id=sequence_id, peer=peer, amount_matoms=amount_matoms, ts=now
@@ -333,6 +304,15 @@ class Accounts:
             return 0
         now = self._clock()
         return await self._db.run(lambda c: store.gc_calls(c, now))
+
+
+def _recovery(ts: float, expires: float, outcome_json: str, *, local: bool) -> functools.partial[None]:
+    """:func:`store.recover_call` with what every interrupted call settled at
+    one start-up shares: the time, the end of its replay window (unix
+    seconds) and the interrupted-call outcome (CallToolResult JSON)."""
+    return functools.partial(
+        store.recover_call, ts=ts, expires=expires, outcome_json=outcome_json, local=local
+    )
 
 
 def is_store_error(exc: BaseException) -> bool:

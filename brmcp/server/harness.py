@@ -130,9 +130,7 @@ class Harness:
         self._clock = config.clock
         try:
             self._accounts = Accounts(config.data_dir, config.billing, config.clock)
-        except ValueError as exc:
-            raise HarnessError(str(exc)) from None
-        except StoreError as exc:
+        except (ValueError, StoreError) as exc:
             raise HarnessError(str(exc)) from None
         try:
             self._limiter = RateLimiter(config.calls_per_minute if config.calls_per_minute > 0 else 30)

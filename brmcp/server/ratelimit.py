@@ -42,13 +42,7 @@ class RateLimiter:
     def take(self, peer: str) -> bool:
         """Consume one token of ``peer``; False when none is available."""
         now = self._clock()
-        capacity = float(self._rate)
-        state = self._buckets.get(peer)
-        if state is None:
-            tokens = capacity
-        else:
-            tokens, last = state
-            tokens = min(capacity, tokens + (now - last) * capacity / 60.0)
+        tokens = self._available(peer, now)
         if tokens < 1.0:
             self._buckets[peer] = (tokens, now)
             return False
@@ -59,12 +53,17 @@ class RateLimiter:
 
     def tokens(self, peer: str) -> float:
         """Tokens ``peer`` has now (for tests and diagnostics)."""
-        state = self._buckets.get(peer)
+        return self._available(peer, self._clock())
+
+    def _available(self, peer: str, now: float) -> float:
+        """``peer``'s tokens at ``now``: its bucket refilled since its last
+        call, capped to the capacity (a new bucket is full)."""
         capacity = float(self._rate)
+        state = self._buckets.get(peer)
         if state is None:
             return capacity
         tokens, last = state
-        return min(capacity, tokens + (self._clock() - last) * capacity / 60.0)
+        return min(capacity, tokens + (now - last) * capacity / 60.0)
 
     def _prune(self, now: float) -> None:
         capacity = float(self._rate)

@@ -301,9 +301,6 @@ def charge(
     current = balance(conn, peer)
     if current < atoms:
         return False, current
-    if call_key is not None:
-        # A completed record past its replay window may still hold the key.
-        conn.execute("DELETE FROM calls WHERE peer = ? AND call_key = ? AND state = 'done'", (peer, call_key))
     after = _add_balance(conn, peer, -atoms)
     record_movement(
         conn,
@@ -315,10 +312,8 @@ def charge(
         call_key=call_key,
         balance_after=after,
     )
-    conn.execute(
-        "INSERT INTO calls (call_id, peer, call_key, tool, atoms, state, charged_at) "
-        "VALUES (?, ?, ?, ?, ?, 'charged', ?)",
-        (call_id, peer, call_key, tool, atoms, ts),
+    _insert_call(
+        conn, call_id=call_id, peer=peer, call_key=call_key, tool=tool, atoms=atoms, ts=ts, state="charged"
     )
     return True, after
 
@@ -337,14 +332,8 @@ def journal_charge(
     """External-billing variant: journal a call as ``charging`` (before the
     debit) or move it to ``charged`` (after)."""
     if state == "charging":
-        if call_key is not None:
-            conn.execute(
-                "DELETE FROM calls WHERE peer = ? AND call_key = ? AND state = 'done'", (peer, call_key)
-            )
-        conn.execute(
-            "INSERT INTO calls (call_id, peer, call_key, tool, atoms, state, charged_at) "
-            "VALUES (?, ?, ?, ?, ?, 'charging', ?)",
-            (call_id, peer, call_key, tool, atoms, ts),
+        _insert_call(
+            conn, call_id=call_id, peer=peer, call_key=call_key, tool=tool, atoms=atoms, ts=ts, state=state
         )
     else:
         conn.execute("UPDATE calls SET state = 'charged' WHERE call_id = ?", (call_id,))
@@ -359,8 +348,68 @@ def journal_charge(
         )
 
 
+def _insert_call(
+    conn: sqlite3.Connection,
+    *,
+    call_id: str,
+    peer: str,
+    call_key: str | None,
+    tool: str,
+    atoms: int,
+    ts: float,
+    state: str,
+) -> None:
+    """Journal a new call in ``state`` (``charging`` or ``charged``)."""
+    if call_key is not None:
+        # A completed record past its replay window may still hold the key.
+        conn.execute("DELETE FROM calls WHERE peer = ? AND call_key = ? AND state = 'done'", (peer, call_key))
+    conn.execute(
+        "INSERT INTO calls (call_id, peer, call_key, tool, atoms, state, charged_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (call_id, peer, call_key, tool, atoms, state, ts),
+    )
+
+
 def drop_call(conn: sqlite3.Connection, call_id: str) -> None:
     conn.execute("DELETE FROM calls WHERE call_id = ?", (call_id,))
+
+
+def _refund(
+    conn: sqlite3.Connection,
+    *,
+    kind: str,
+    call_id: str,
+    peer: str,
+    call_key: str | None,
+    atoms: int,
+    ts: float,
+    local: bool,
+) -> None:
+    """Credit a call's price back and audit it (``local``: the built-in
+    ledger holds the balance; otherwise only the audit row is written)."""
+    after = _add_balance(conn, peer, atoms) if local else None
+    record_movement(
+        conn,
+        ts=ts,
+        peer=peer,
+        kind=kind,
+        atoms=atoms,
+        ref=f"refund:{call_id}",
+        call_key=call_key,
+        balance_after=after,
+    )
+
+
+def _keep(
+    conn: sqlite3.Connection, call_id: str, ts: float, expires: float, outcome_json: str | None
+) -> None:
+    """Mark a call done, keeping its key (and ``outcome_json`` when given)
+    for replay until ``expires``."""
+    conn.execute(
+        "UPDATE calls SET state = 'done', completed_at = ?, expires = ?, kept = ?, outcome = ? "
+        "WHERE call_id = ?",
+        (ts, expires, 1 if outcome_json is not None else 0, outcome_json, call_id),
+    )
 
 
 def complete(
@@ -382,25 +431,20 @@ def complete(
         peer, atoms, local = refund
         row = conn.execute("SELECT call_key FROM calls WHERE call_id = ?", (call_id,)).fetchone()
         call_key = row[0] if row else None
-        after = _add_balance(conn, peer, atoms) if local else None
-        record_movement(
+        _refund(
             conn,
-            ts=ts,
-            peer=peer,
             kind="refund",
-            atoms=atoms,
-            ref=f"refund:{call_id}",
+            call_id=call_id,
+            peer=peer,
             call_key=call_key,
-            balance_after=after,
+            atoms=atoms,
+            ts=ts,
+            local=local,
         )
     if keyed:
-        conn.execute(
-            "UPDATE calls SET state = 'done', completed_at = ?, expires = ?, kept = ?, outcome = ? "
-            "WHERE call_id = ?",
-            (ts, expires, 1 if outcome_json is not None else 0, outcome_json, call_id),
-        )
+        _keep(conn, call_id, ts, expires, outcome_json)
     else:
-        conn.execute("DELETE FROM calls WHERE call_id = ?", (call_id,))
+        drop_call(conn, call_id)
 
 
 def interrupted(conn: sqlite3.Connection) -> list[tuple[str, str, str | None, str, int, str]]:
@@ -434,25 +478,20 @@ def recover_call(
     ``charged`` False (external billing, debit not confirmed) refunds nothing.
     """
     if charged:
-        after = _add_balance(conn, peer, atoms) if local else None
-        record_movement(
+        _refund(
             conn,
-            ts=ts,
-            peer=peer,
             kind="recovery_refund",
-            atoms=atoms,
-            ref=f"refund:{call_id}",
+            call_id=call_id,
+            peer=peer,
             call_key=call_key,
-            balance_after=after,
+            atoms=atoms,
+            ts=ts,
+            local=local,
         )
     if call_key is None:
-        conn.execute("DELETE FROM calls WHERE call_id = ?", (call_id,))
+        drop_call(conn, call_id)
     else:
-        conn.execute(
-            "UPDATE calls SET state = 'done', completed_at = ?, expires = ?, kept = 1, outcome = ? "
-            "WHERE call_id = ?",
-            (ts, expires, outcome_json, call_id),
-        )
+        _keep(conn, call_id, ts, expires, outcome_json)
 
 
 def completed_keyed(conn: sqlite3.Connection, now: float) -> list[JournalEntry]:
@@ -477,6 +516,12 @@ def completed_keyed(conn: sqlite3.Connection, now: float) -> list[JournalEntry]:
 def gc_calls(conn: sqlite3.Connection, now: float) -> int:
     cursor = conn.execute("DELETE FROM calls WHERE state = 'done' AND expires <= ?", (now,))
     return cursor.rowcount
+
+
+def _tip_ref(sequence_id: int, peer: str, amount_matoms: int) -> str:
+    """The movement ref of a received tip, shared by its audit row and an
+    external Billing credit (billing.py: a store applies a ref at most once)."""
+    return f"tip:{sequence_id}:{peer}:{amount_matoms}"
 
 
 def tip_seen(conn: sqlite3.Connection, sequence_id: int, peer: str, amount_matoms: int) -> str | None:
@@ -509,7 +554,7 @@ def record_tip(
     """
     if tip_seen(conn, sequence_id, peer, amount_matoms) is not None:
         return False, 0
-    ref = f"tip:{sequence_id}:{peer}:{amount_matoms}"
+    ref = _tip_ref(sequence_id, peer, amount_matoms)
     if conn.execute("SELECT 1 FROM movements WHERE ref = ?", (ref,)).fetchone() is not None:
         # Credited long ago and since dropped from the bounded seen-set: the
         # append-only audit row still proves it (never credit a tip twice).
@@ -560,7 +605,7 @@ def finish_tip(
         peer=peer,
         kind="tip",
         atoms=int(row[0]),
-        ref=f"tip:{sequence_id}:{peer}:{amount_matoms}",
+        ref=_tip_ref(sequence_id, peer, amount_matoms),
         tip_seq=sequence_id,
     )
 

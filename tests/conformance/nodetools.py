@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["INSTALL_HINT", "NodeTools", "find_node_tools"]
+__all__ = ["INSTALL_HINT", "NodeTools", "find_node_tools", "node_tools_for"]
 
 REPO = Path(__file__).resolve().parents[2]
 MODULES = REPO / ".tools" / "node" / "node_modules"
@@ -88,3 +88,13 @@ def find_node_tools() -> NodeTools | str:
     if tools.conformance is None and tools.inspector is None:
         return INSTALL_HINT
     return tools
+
+
+def node_tools_for(tool: str) -> NodeTools | str:
+    """The installed tools when ``tool`` ("conformance" or "inspector") can
+    run, else the reason (for ``pytest.skip``) why it cannot."""
+    tools = find_node_tools()
+    if isinstance(tools, str):
+        return tools
+    reason = tools.missing(tool)
+    return tools if reason is None else reason

@@ -19,19 +19,15 @@ from pathlib import Path
 
 import anyio
 
-from .nodetools import find_node_tools
+from .nodetools import node_tools_for
 from .stack import CLIENT, conformance_stack
 from .suite import SPEC_VERSION, SUITE, run_suite
 
 
 async def _main(args: argparse.Namespace) -> int:
-    tools = find_node_tools()
+    tools = node_tools_for("conformance")
     if isinstance(tools, str):
         print(tools, file=sys.stderr)
-        return 2
-    reason = tools.missing("conformance")
-    if reason is not None:
-        print(reason, file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="brmcp-conformance-") as tmp:
         workdir = Path(args.keep) if args.keep else Path(tmp)

@@ -13,19 +13,16 @@ from brmcp.bridge import Bridge
 
 from . import nodetools
 from .fixture import PRICES
-from .nodetools import INSTALL_HINT, NodeTools, find_node_tools
+from .nodetools import INSTALL_HINT, NodeTools, find_node_tools, node_tools_for
 from .stack import BOT, CLIENT, conformance_stack
 from .suite import BASELINE, load_baseline, parse_baseline, run_suite
 
 
 @pytest.fixture
 def node_tools() -> NodeTools:
-    tools = find_node_tools()
+    tools = node_tools_for("conformance")
     if isinstance(tools, str):
         pytest.skip(tools)
-    reason = tools.missing("conformance")
-    if reason is not None:
-        pytest.skip(reason)
     return tools
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import NameOID
 
 __all__ = ["BRClientCerts", "ensure_brclient_certs"]
@@ -97,6 +97,68 @@ def _serial() -> int:
     return secrets.randbits(128) or 1
 
 
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: Ed25519PublicKey,
+    not_before: dt.datetime,
+    not_after: dt.datetime,
+) -> x509.CertificateBuilder:
+    """What every brclient certificate sets: the names, the key, a random
+    serial and the validity."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key)
+        .serial_number(_serial())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+    )
+
+
+def _self_signed_ca(
+    name: x509.Name,
+    key: Ed25519PrivateKey,
+    not_before: dt.datetime,
+    not_after: dt.datetime,
+    *,
+    digital_signature: bool,
+    key_encipherment: bool,
+) -> x509.CertificateBuilder:
+    """A self-signed CA certificate (both brclient's ``rpc.cert`` and
+    ``rpc-ca.cert``): keyUsage certSign plus the given bits and
+    basicConstraints CA:TRUE, both critical, then the subject key id."""
+    public = key.public_key()
+    usage = x509.KeyUsage(
+        digital_signature=digital_signature,
+        content_commitment=False,
+        key_encipherment=key_encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    return (
+        _builder(name, name, public, not_before, not_after)
+        .add_extension(usage, critical=True)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+    )
+
+
+def _bisonrelay_name(unit: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, "bisonrelay"),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "bisonrelay"),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, unit),
+        ]
+    )
+
+
 def _server_pair(hostname: str, now: dt.datetime) -> tuple[bytes, bytes]:
     key = Ed25519PrivateKey.generate()
     name = x509.Name(
@@ -111,29 +173,9 @@ def _server_pair(hostname: str, now: dt.datetime) -> tuple[bytes, bytes]:
     sans += [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("::1"))]
     not_before = now - dt.timedelta(hours=24)
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(_serial())
-        .not_valid_before(not_before)
-        .not_valid_after(not_before + _VALIDITY)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
+        _self_signed_ca(
+            name, key, not_before, not_before + _VALIDITY, digital_signature=True, key_encipherment=True
         )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .sign(key, None)
     )
@@ -144,57 +186,22 @@ def _client_pki(now: dt.datetime) -> tuple[bytes, bytes, bytes]:
     not_before = now - dt.timedelta(hours=24)
     not_after = min(not_before + _VALIDITY, _CA_CAP)
     ca_key = Ed25519PrivateKey.generate()
-    ca_name = x509.Name(
-        [
-            x509.NameAttribute(NameOID.COMMON_NAME, "bisonrelay"),
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "bisonrelay"),
-            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "bisonrelay certificate authority"),
-        ]
-    )
-    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(_serial())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(ca_ski, critical=False)
-        .sign(ca_key, None)
-    )
+    ca_name = _bisonrelay_name("bisonrelay certificate authority")
+    ca_cert = _self_signed_ca(
+        ca_name, ca_key, not_before, not_after, digital_signature=False, key_encipherment=False
+    ).sign(ca_key, None)
     client_key = Ed25519PrivateKey.generate()
-    client_name = x509.Name(
-        [
-            x509.NameAttribute(NameOID.COMMON_NAME, "bisonrelay"),
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "bisonrelay"),
-            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "bisonrelay client certificate"),
-        ]
-    )
     client_cert = (
-        x509.CertificateBuilder()
-        .subject_name(client_name)
-        .issuer_name(ca_name)
-        .public_key(client_key.public_key())
-        .serial_number(_serial())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+        _builder(
+            _bisonrelay_name("bisonrelay client certificate"),
+            ca_name,
+            client_key.public_key(),
+            not_before,
+            not_after,
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
         .sign(ca_key, None)
     )
     return (
