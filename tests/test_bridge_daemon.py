@@ -12,6 +12,8 @@ import io
 import json
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -27,7 +29,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from serve_support import ServeEnv, serve_network, until
 
-from brmcp.bridge import BridgeDaemon, Settings, TipMatcher, TipPayer, TipPaymentError
+from brmcp.bridge import BridgeDaemon, BridgeError, Settings, TipMatcher, TipPayer, TipPaymentError
 from brmcp.bridge.cli import main
 from brmcp.bridge.daemon import RUNTIME_FILE, read_runtime, resolve_listen
 from brmcp.clientrpc import write_bot_config
@@ -139,12 +141,31 @@ async def test_paid_call_through_the_daemon_and_the_cli(tmp_path: Path) -> None:
                 assert record["url"] == daemon.base_url
                 d = str(datadir)
 
-                status, out, _ = await cli("--datadir", d, "--json", "settings")
+                status, out, _ = await cli("--datadir", d, "--json", "settings", "--show-token")
                 assert status == 0
                 assert json.loads(out) == bridge_settings(bot.uid).to_dict()
-                status, out, _ = await cli("--datadir", d, "settings")
-                assert status == 0
-                assert json.loads(out)["mode"] == "autopay"
+                status, out, err = await cli("--datadir", d, "settings")
+                assert (status, err) == (0, "")  # from the daemon: no note
+                shown = json.loads(out)
+                assert shown["mode"] == "autopay"
+                assert shown["token"] == "<hidden>"  # the agents' token only on request
+                assert TOKEN not in out
+
+                # The admin API refuses a mode it does not know (loading a file
+                # would read it as approval); so does the CLI, before asking.
+                async with httpx2.AsyncClient(timeout=30) as http:
+                    admin_token = (datadir / "mcpadmin.token").read_text().strip()
+                    refused = await http.put(
+                        f"{daemon.base_url}/admin/settings",
+                        json={"mode": "autopy"},
+                        headers={"Authorization": f"Bearer {admin_token}"},
+                    )
+                assert refused.status_code == 400
+                assert refused.json() == {"error": 'mode must be "approval" or "autopay", not "autopy"'}
+                assert daemon.bridge.settings.mode == "autopay"
+                status, _, err = await cli("--datadir", d, "settings", "set", "mode=autopy")
+                assert status == 1
+                assert err.strip() == "brmcp-bridge: mode='autopy': use approval or autopay"
 
                 status, out, _ = await cli("--datadir", d, "--json", "spend")
                 assert status == 0
@@ -170,10 +191,11 @@ async def test_paid_call_through_the_daemon_and_the_cli(tmp_path: Path) -> None:
 
                 # Approval mode: the next paid call parks until approved from the CLI.
                 status, out, _ = await cli(
-                    "--datadir", d, "--json", "settings", "set", "mode=approval", "per_call_cap_atoms=15000"
+                    "--datadir", d, "--json", "settings", "set", "mode=Approval", "per_call_cap_atoms=15000"
                 )
                 assert status == 0, out
                 assert json.loads(out)["mode"] == "approval"
+                assert json.loads(out)["token"] == "<hidden>"
                 assert daemon.bridge.settings.per_call_cap_atoms == 15_000
                 outcome: dict[str, Any] = {}
                 async with agent(url) as s, anyio.create_task_group() as tg:
@@ -196,7 +218,12 @@ async def test_paid_call_through_the_daemon_and_the_cli(tmp_path: Path) -> None:
                     assert pending[0]["id"] in out
                     status, _, err = await cli("--datadir", d, "approvals", "approve", "no-such-id")
                     assert status == 1
-                    assert "unknown payment" in err
+                    assert err.count("\n") == 1
+                    assert "unknown payment 'no-such-id'" in err
+                    assert err.rstrip().endswith(f"list them with: brmcp-bridge --datadir {d} approvals")
+                    status, _, err = await cli("--datadir", d, "approvals", "deny")
+                    assert status == 1
+                    assert f"needs a payment ID; list them with: brmcp-bridge --datadir {d} approvals" in err
                     status, out, _ = await cli("--datadir", d, "approvals", "approve", pending[0]["id"])
                     assert (status, out.strip()) == (0, f"approved {pending[0]['id']}")
                 assert not outcome["result"].is_error
@@ -224,12 +251,23 @@ async def test_paid_call_through_the_daemon_and_the_cli(tmp_path: Path) -> None:
                 assert status == 1
                 assert "refused the admin token" in err
             assert not (datadir / RUNTIME_FILE).exists()
-            status, _, err = await cli("--datadir", str(datadir), "spend")
-            assert status == 1
+            # Stopped: spend and settings come from the files, and say so.
+            status, out, err = await cli("--datadir", str(datadir), "spend")
+            assert status == 0
             assert err.strip() == (
                 f"brmcp-bridge: the daemon is not running (no {datadir / RUNTIME_FILE}); "
-                f"start it with: brmcp-bridge --datadir {datadir}"
+                f"read from {datadir / 'mcpspend.json'}"
             )
+            assert "spent in the last 24 hours: 20000 atoms" in out
+            status, _, err = await cli("--datadir", str(datadir), "approvals")
+            assert status == 1
+            assert err.strip() == (
+                "brmcp-bridge: approvals live in the running daemon's memory, and it is not running "
+                f"(no {datadir / RUNTIME_FILE}); start it with: brmcp-bridge --datadir {datadir}"
+            )
+            status, _, err = await cli("--datadir", str(datadir), "config-snippet", bot.uid)
+            assert status == 1
+            assert f"the daemon is not running (no {datadir / RUNTIME_FILE})" in err
 
 
 async def test_late_tip_outcome_settles_a_pending_spend(tmp_path: Path) -> None:
@@ -292,6 +330,51 @@ async def test_tip_payer_reports_refusals_and_failures(tmp_path: Path) -> None:
             tg.cancel_scope.cancel()
 
 
+async def test_reload_logs_the_endpoint_and_survives_a_taken_port(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO")
+    with anyio.fail_after(60):
+        async with fake_network(tmp_path / "br", "bot", "alice") as (_, (bot, alice)):
+            datadir = tmp_path / "bridge"
+            prepare_bridge_dir(datadir, alice, None)
+            daemon = BridgeDaemon.from_datadir(datadir, listen="127.0.0.1:0", client_options=FAST)
+            host, port = daemon.listen.rsplit(":", 1)
+            settings_file = datadir / "mcpclient.json"
+            async with anyio.create_task_group() as tg:
+                await tg.start(daemon.run)
+                assert "bridge disabled, no endpoint" in caplog.text
+                # Enabled while another program holds the port: the settings are
+                # in force, the bind failure is logged, and the daemon keeps running.
+                settings_file.write_text(bridge_settings(bot.uid).to_json())
+                with socket.socket() as squatter:
+                    squatter.bind((host, int(port)))
+                    squatter.listen(1)
+                    caplog.clear()
+                    reloaded = await daemon.reload()
+                assert reloaded.enabled
+                assert daemon.bridge.settings.enabled
+                assert "reloaded settings: enabled=true mode=autopay" in caplog.text
+                assert f"the endpoint could not be opened: listen {daemon.listen}" in caplog.text
+                assert daemon.bridge.listen_address is None
+                # The next reload opens it, and says where.
+                caplog.clear()
+                await daemon.reload()
+                assert daemon.bridge.listen_address == (host, int(port))
+                assert f"bridge enabled: endpoint open at {daemon.base_url}/mcp/<bot uid>" in caplog.text
+                # A malformed file is refused and changes nothing.
+                settings_file.write_text("{")
+                with pytest.raises(BridgeError, match="parse "):
+                    await daemon.reload()
+                assert daemon.bridge.listen_address == (host, int(port))
+                settings_file.write_text(bridge_settings(bot.uid, enabled=False).to_json())
+                caplog.clear()
+                await daemon.reload()
+                assert f"bridge disabled: endpoint {daemon.base_url} closed" in caplog.text
+                assert daemon.bridge.listen_address is None
+                tg.cancel_scope.cancel()
+
+
 def test_resolve_listen_pins_a_free_port() -> None:
     address = resolve_listen("127.0.0.1:0")
     host, port = address.rsplit(":", 1)
@@ -316,9 +399,11 @@ async def test_console_daemon_enabled_by_the_cli_via_sighup(tmp_path: Path) -> N
             datadir = tmp_path / "bridge"
             prepare_bridge_dir(datadir, alice, None)  # no mcpclient.json: disabled
             d = str(datadir)
-            status, _, err = await cli("--datadir", d, "settings")
-            assert status == 1
-            assert "not running" in err
+            status, out, err = await cli("--datadir", d, "settings")
+            assert status == 0
+            assert json.loads(out) == Settings().to_dict()
+            assert "the daemon is not running" in err
+            assert f"{datadir / 'mcpclient.json'} does not exist yet (defaults shown)" in err
             listen = resolve_listen("127.0.0.1:0")
             cmd = [sys.executable, "-m", "brmcp.bridge", "--datadir", d, "--listen", listen]
             async with await anyio.open_process(cmd, env=env, stderr=subprocess.PIPE) as proc:
@@ -327,30 +412,39 @@ async def test_console_daemon_enabled_by_the_cli_via_sighup(tmp_path: Path) -> N
                     await _read_until(proc, log, f"as alice (uid {alice.uid})".encode())
                     await _read_until(proc, log, b"bridge disabled")
                     await until(lambda: read_runtime(datadir) is not None)
-                    status, _, err = await cli("--datadir", d, "spend")
+                    # Disabled: no admin surface; spend and settings come from the files.
+                    status, out, err = await cli("--datadir", d, "spend")
+                    assert (status, out) == (0, "no payments yet\nspent in the last 24 hours: 0 atoms\n")
+                    assert "the bridge is disabled, so the daemon's admin surface is off" in err
+                    status, _, err = await cli("--datadir", d, "approvals")
                     assert status == 1
-                    assert "the bridge is disabled" in err
+                    assert "off while the bridge is disabled; enable it with" in err
 
                     argv: Sequence[str] = ("--datadir", d, "--json", "settings", "set", "enabled=true")
-                    status, out, err = await cli(*argv, f"allowed_bots={bot.uid}", "mode=autopay")
+                    status, out, err = await cli(
+                        *argv, f"allowed_bots={bot.uid}", "mode=autopay", "--show-token"
+                    )
                     assert status == 0, err
                     assert "sent SIGHUP" in err
                     applied = json.loads(out)
                     assert applied["enabled"] is True
                     assert applied["allowed_bots"] == [bot.uid]
                     assert len(applied["token"]) == 32  # minted when enabling without one
-                    status, out, _ = await cli("--datadir", d, "--json", "settings")
+                    # The reload logs the endpoint, as a start while enabled does.
+                    await _read_until(proc, log, b"reloaded settings: enabled=true")
+                    await _read_until(proc, log, f"endpoint open at http://{listen}/mcp/<bot uid>".encode())
+                    status, out, _ = await cli("--datadir", d, "--json", "settings", "--show-token")
                     assert status == 0
                     assert json.loads(out) == applied
                     status, out, _ = await cli("--datadir", d, "config-snippet", bot.uid)
                     assert status == 0
                     assert f"http://{listen}/mcp/{bot.uid}" in out
 
-                    # Disabling through the admin surface closes it.
+                    # Disabling through the admin surface closes it, and says so.
                     status, out, _ = await cli("--datadir", d, "--json", "settings", "set", "enabled=false")
                     assert status == 0
                     assert json.loads(out)["enabled"] is False
-                    await _read_until(proc, log, b"reloaded settings")  # from the SIGHUP earlier
+                    await _read_until(proc, log, f"bridge disabled: endpoint http://{listen} closed".encode())
                     proc.send_signal(signal.SIGTERM)
                     assert await proc.wait() == 0
                 finally:
@@ -360,6 +454,37 @@ async def test_console_daemon_enabled_by_the_cli_via_sighup(tmp_path: Path) -> N
             saved = Settings(**json.loads((datadir / "mcpclient.json").read_text()))
             assert saved.enabled is False
             assert saved.mode == "autopay"
+            # brmcp-bridge.conf names a log file (bisonbotkit's default): the log went there too.
+            logfile = datadir / "logs" / "brmcp-bridge.log"
+            assert stat.S_IMODE(logfile.parent.stat().st_mode) == 0o700
+            assert stat.S_IMODE(logfile.stat().st_mode) == 0o600
+            logged = logfile.read_text()
+            assert f"endpoint open at http://{listen}/mcp/<bot uid>" in logged
+            assert f"bridge disabled: endpoint http://{listen} closed" in logged
+
+            # Killed with SIGKILL, the daemon leaves its runtime file behind; the
+            # subcommands see that no process owns it any more.
+            async with await anyio.open_process(cmd, env=env, stderr=subprocess.PIPE) as proc:
+                try:
+                    await until(lambda: (read_runtime(datadir) or {}).get("pid") == proc.pid)
+                    proc.kill()
+                    await proc.wait()
+                finally:
+                    if proc.returncode is None:
+                        proc.kill()
+            runtime = datadir / RUNTIME_FILE
+            assert runtime.exists()
+            stale = f"stale runtime file {runtime}: process {proc.pid} is gone"
+            status, out, err = await cli("--datadir", d, "spend")
+            assert status == 0
+            assert err.strip() == (
+                f"brmcp-bridge: the daemon is not running ({stale}); "
+                f"{datadir / 'mcpspend.json'} does not exist yet (nothing was paid)"
+            )
+            assert out.startswith("no payments yet\n")
+            status, _, err = await cli("--datadir", d, "approvals")
+            assert status == 1
+            assert stale in err
 
 
 def test_daemon_reports_bad_configuration_in_one_line(
@@ -367,13 +492,19 @@ def test_daemon_reports_bad_configuration_in_one_line(
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     datadir = tmp_path / "bridge"
-    # First run: the default config is written, then the missing brclient files are named.
+    # First run: the default config is written (logged), then the missing brclient files are named.
     assert main(["--datadir", str(datadir)]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "WARNING brmcp.bridge.daemon: wrote " in lines[0]
+    assert len(lines) == 2
+    err = lines[-1]
+    assert err.startswith("brmcp-bridge: ")
     assert str(tmp_path / "home" / ".brclient" / "rpc.cert") in err
     assert "brmcp-bridge.conf" in err
-    assert (datadir / "brmcp-bridge.conf").is_file()
+    conf = datadir / "brmcp-bridge.conf"
+    assert conf.is_file()
+    # The log went to the default log file too.
+    assert "wrote " in (datadir / "logs" / "brmcp-bridge.log").read_text()
     # With brclient's files in place, a malformed mcpclient.json is named.
     ensure_brclient_certs(tmp_path / "home" / ".brclient")
     (datadir / "mcpclient.json").write_text('{"enabled": "yes"}')
@@ -383,3 +514,14 @@ def test_daemon_reports_bad_configuration_in_one_line(
     assert f"brmcp-bridge: parse {datadir / 'mcpclient.json'}: " in err
     assert main(["--datadir", str(datadir), "--listen", "0.0.0.0:1"]) == 1
     assert "loopback" in capsys.readouterr().err
+    # A log file that cannot be opened is one line naming it.
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    conf.write_text(conf.read_text().replace(str(datadir / "logs"), str(blocker)))
+    assert main(["--datadir", str(datadir)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(
+        f"brmcp-bridge: cannot open log file {blocker / 'brmcp-bridge.log'}: not a directory"
+    )
+    assert err.rstrip().endswith(f"(logfile in {conf})")

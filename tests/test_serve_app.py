@@ -95,6 +95,52 @@ def test_first_run_writes_the_templates_and_exits(
     )
 
 
+def test_logging_follows_the_conf_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """debug sets the threshold (--log-level overrides it), logfile gets a
+    copy of the log, and a log file that cannot be opened is one line."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    datadir = tmp_path / "d"
+    d = str(datadir)
+    assert main(["--datadir", d]) == 0
+    conf = datadir / "brmcp-serve.conf"
+    logfile = datadir / "logs" / "brmcp-serve.log"
+    # An INFO line logged before the (expected) failure to find brclient's files.
+    (datadir / "brmcp.json").write_text('{"allowed_uids": [], "directory": {}}')
+    info = (
+        "INFO brmcp_serve: " + f"{datadir / 'brmcp.json'}: ignoring keys this example does not use: directory"
+    )
+    capsys.readouterr()
+
+    assert main(["--datadir", d]) == 1  # debug=info (bisonbotkit's default)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2
+    assert err[0].endswith(info)
+    assert err[1].startswith("brmcp-serve: servercertpath ")
+    assert _lines_with(logfile, "ignoring keys") == 1
+    assert stat.S_IMODE(logfile.parent.stat().st_mode) == 0o700
+
+    conf.write_text(conf.read_text().replace("debug=info", "debug=warn"))
+    assert main(["--datadir", d]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1
+    assert _lines_with(logfile, "ignoring keys") == 1
+    assert main(["--datadir", d, "--log-level", "trace"]) == 1
+    assert capsys.readouterr().err.splitlines()[0].endswith(info)
+    assert _lines_with(logfile, "ignoring keys") == 2
+
+    logdir = str(datadir / "logs")
+    conf.write_text(conf.read_text().replace(f"logfile={logdir}/brmcp-serve.log", f"logfile={logdir}"))
+    assert main(["--datadir", d]) == 1
+    err = capsys.readouterr().err
+    assert err == f"brmcp-serve: cannot open log file {logdir}: is a directory (logfile in {conf})\n"
+
+
+def _lines_with(path: Path, text: str) -> int:
+    return sum(text in line for line in path.read_text().splitlines())
+
+
 def test_console_command_first_run(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": SERVE_SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(
@@ -235,6 +281,9 @@ async def test_reload_applies_allowlist_and_rate_without_restart(
         async with serve_network(tmp_path, allowed=[]) as env, caller_on(env.alice) as alice:
             app = env.app
             assert "NO CALLER IS ALLOWED" in caplog.text
+            # Refused callers are ignored, not answered with an error: say so.
+            assert "MCP messages from every caller are ignored (their requests get no answer" in caplog.text
+            assert "refused" not in caplog.text
             assert str(app.config_path) in caplog.text
             assert not app.harness.allowed(env.alice.uid)
 
@@ -308,3 +357,7 @@ async def test_console_command_serves_and_reloads_on_sighup(tmp_path: Path) -> N
                 finally:
                     if proc.returncode is None:
                         proc.kill()
+            # brmcp-serve.conf's logfile (bisonbotkit's default path) got the same log.
+            logged = (datadir / "logs" / "brmcp-serve.log").read_text()
+            assert f"serving as bot (uid {bot.uid})" in logged
+            assert "1 allowed caller(s), 30 calls per minute" in logged

@@ -14,7 +14,9 @@ their own payments. All bodies are JSON.
 | ``GET /admin/spend`` | ``{"entries": [SpendEntry…], "day_total_atoms": n}`` |
 | ``GET /admin/config-snippet/<uid>`` | the agent configuration for one bot |
 
-Errors are ``{"error": "<reason>"}`` with status 400 (bad input), 404
+A ``mode`` other than ``"approval"`` or ``"autopay"`` is refused here (400),
+although loading ``mcpclient.json`` reads any other value as approval (Go's
+rule). Errors are ``{"error": "<reason>"}`` with status 400 (bad input), 404
 (unknown path or id), 405 (wrong method), 413 (body too large) or 500
 (state could not be written).
 """
@@ -29,7 +31,7 @@ from starlette.types import Receive, Scope, Send
 
 from .errors import BridgeError, SettingsError
 from .http import MAX_ADMIN_BODY_BYTES, AdminHandler, read_body, send_json
-from .settings import is_uid, setting_names, settings_from_json
+from .settings import MODE_APPROVAL, MODE_AUTOPAY, is_uid, setting_names, settings_from_json
 
 if TYPE_CHECKING:
     from .bridge import Bridge
@@ -171,6 +173,12 @@ async def _set_settings(bridge: Bridge, receive: Receive, send: Send) -> None:
         return
     try:
         candidate = settings_from_json(body, base=bridge.settings)
+        if changes.get("mode") is not None and candidate.mode not in (MODE_APPROVAL, MODE_AUTOPAY):
+            # Loading a file keeps Go's rule (anything else means approval);
+            # a change made here is refused instead of silently meaning approval.
+            raise SettingsError(
+                f'mode must be "{MODE_APPROVAL}" or "{MODE_AUTOPAY}", not {json.dumps(candidate.mode)}'
+            )
         applied = await bridge._commit_settings(candidate)
     except SettingsError as exc:
         await send_json(send, 400, {"error": str(exc)})

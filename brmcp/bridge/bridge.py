@@ -77,6 +77,14 @@ class BridgeConfig:
     connect_timeout: float = CONNECT_TIMEOUT
 
 
+def _http_url(bound: tuple[str, int] | None, address: str) -> str:
+    """``http://host:port`` of a bound listener (``address`` when unknown)."""
+    if bound is None:
+        return f"http://{address}"
+    host, port = bound
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class Bridge:
     """The client bridge. Construction loads the state files and opens no
     socket and sends nothing; raises ValueError for a bad config and
@@ -296,17 +304,27 @@ class Bridge:
                 return
             settings = self._settings
             listener = self._listener
+            restart = False
             if listener is not None and (not settings.enabled or settings.token != self._listener_token):
                 self._listener = None
+                bound = listener.address
                 await listener.stop()
+                restart = settings.enabled
+                if not settings.enabled:
+                    log.info("bridge disabled: endpoint %s closed", _http_url(bound, address))
             if settings.enabled and self._listener is None:
                 listener = OwnedListener(self._app, address)
                 try:
-                    await listener.start(tg)
+                    bound = await listener.start(tg)
                 except OSError as exc:
                     raise BridgeError(f"listen {address}: {exc}") from None
                 self._listener = listener
                 self._listener_token = settings.token
+                url = _http_url(bound, address)
+                if restart:
+                    log.info("bridge token changed: endpoint %s restarted, agent streams cut", url)
+                else:
+                    log.info("bridge enabled: endpoint open at %s/mcp/<bot uid>", url)
 
     def _load_admin_token(self) -> str:
         path = self._data_dir / ADMIN_TOKEN_FILE

@@ -5,26 +5,38 @@ surface").
 ::
 
     brmcp-bridge [--datadir DIR] [--listen 127.0.0.1:8891]     run the daemon
-    brmcp-bridge [--datadir DIR] settings                      show mcpclient.json in force
+    brmcp-bridge [--datadir DIR] settings [--show-token]       show mcpclient.json in force
     brmcp-bridge [--datadir DIR] settings set KEY=VALUE...     change it, e.g. enabled=true
                                  mode=autopay per_call_cap_atoms=20000 allowed_bots=<uid>,<uid>
     brmcp-bridge [--datadir DIR] approvals [approve ID | deny ID]
     brmcp-bridge [--datadir DIR] spend                         spend log and rolling 24 h total
     brmcp-bridge [--datadir DIR] config-snippet BOT_UID        .mcp.json and `claude mcp add` lines
 
+The daemon logs as the logging keys of ``<DIR>/brmcp-bridge.conf`` say
+(:mod:`brmcp.botlog`); ``--log-level`` replaces its ``debug`` key.
+
 The subcommands find the daemon through ``<DIR>/brmcp-bridge.runtime.json``
-and authenticate with ``<DIR>/mcpadmin.token``. The admin surface shares the
-endpoint's listener, which is bound only while the bridge is enabled; so
-``settings set`` on a disabled bridge edits ``mcpclient.json`` itself (with
-the same validation, minting a token when enabling without one) and sends
-the daemon SIGHUP to reload it. Errors are one line on stderr, exit status 1.
+(a record whose process is gone or was replaced is stale: the daemon is not
+running) and authenticate with ``<DIR>/mcpadmin.token``. The admin surface
+shares the endpoint's listener, which is bound only while the bridge is
+enabled. Without it (the daemon is not running, or the bridge is disabled):
+
+* ``settings`` and ``spend`` read ``mcpclient.json`` and ``mcpspend.json``
+  and say so on stderr;
+* ``settings set`` edits ``mcpclient.json`` itself (the same validation;
+  enabling without a token mints one) and sends a running daemon SIGHUP;
+* ``approvals`` and ``config-snippet`` fail: parked payments live only in the
+  running daemon's memory, and the snippet needs its live endpoint.
+
+The agents' token is shown as ``<hidden>`` unless ``--show-token`` is given.
+Errors are one line on stderr, exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import logging
 import os
 import signal
 import sys
@@ -41,12 +53,31 @@ from urllib.parse import quote
 
 import anyio
 
-from ..clientrpc import ClientrpcConfigError
+from ..botlog import LEVEL_CHOICES, LogSetupError, bot_logging
+from ..clientrpc import BotConfig, ClientrpcConfigError
 from .bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN
-from .daemon import BOT_CONFIG_NAME, RUNTIME_FILE, BridgeDaemon, _pid_alive, read_runtime
+from .daemon import (
+    BOT_CONFIG_NAME,
+    RUNTIME_FILE,
+    BridgeDaemon,
+    load_daemon_config,
+    read_runtime,
+    runtime_stale_reason,
+)
 from .errors import BridgeError, SettingsError
-from .settings import SETTINGS_FILE, is_uid, load_settings, mint_token, save_settings, setting_names
+from .settings import (
+    MODE_APPROVAL,
+    MODE_AUTOPAY,
+    SETTINGS_FILE,
+    Settings,
+    is_uid,
+    load_settings,
+    mint_token,
+    save_settings,
+    setting_names,
+)
 from .settings import settings_from_json as _settings_from_json
+from .spend import SPEND_FILE, SpendLog
 
 __all__ = ["CLIError", "default_datadir", "main"]
 
@@ -67,6 +98,9 @@ _BOOLS = {
     "off": False,
 }
 _INT_SETTINGS = ("per_call_cap_atoms", "per_day_cap_atoms", "approval_timeout_secs", "tip_wait_secs")
+_MODES = (MODE_APPROVAL, MODE_AUTOPAY)
+#: Shown instead of the agents' token unless ``--show-token`` is given.
+HIDDEN_TOKEN = "<hidden>"
 
 
 class CLIError(Exception):
@@ -75,6 +109,23 @@ class CLIError(Exception):
 
 class _Disabled(CLIError):
     """The admin surface is off because the bridge is disabled."""
+
+
+class _NotRunning(CLIError):
+    """No daemon runs on the data directory; ``detail`` says how we know."""
+
+    def __init__(self, datadir: Path, detail: str) -> None:
+        self.datadir = datadir
+        self.detail = detail
+        super().__init__(f"the daemon is not running ({detail}); start it with: {PROG} --datadir {datadir}")
+
+
+class _AdminError(CLIError):
+    """The admin surface answered with an error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message or f"HTTP {status}")
+        self.status = status
 
 
 def default_datadir() -> Path:
@@ -105,15 +156,18 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="daemon: logging threshold (default: %(default)s)",
+        default=None,
+        choices=LEVEL_CHOICES,
+        help="daemon: logging threshold (default: the debug key of brmcp-bridge.conf, else info)",
     )
     parser.add_argument("--json", action="store_true", help="commands: print the daemon's JSON answer")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     settings = sub.add_parser("settings", help="show the settings, or 'settings set KEY=VALUE...'")
     settings.add_argument("action", nargs="?", choices=["set"], help="change settings")
     settings.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help=f"keys: {', '.join(setting_names())}")
+    settings.add_argument(
+        "--show-token", action="store_true", help=f"show the agents' token instead of {HIDDEN_TOKEN}"
+    )
     approvals = sub.add_parser("approvals", help="list payments waiting for approval, or approve/deny one")
     approvals.add_argument("action", nargs="?", choices=["list", "approve", "deny"], default="list")
     approvals.add_argument("id", nargs="?", help="payment id (for approve/deny)")
@@ -148,15 +202,18 @@ class _Unreachable(Exception):
 
 
 def _locate(datadir: Path) -> _Daemon:
+    """The running daemon, from its runtime record. Raises :class:`_NotRunning`
+    when there is no record or it is stale, CLIError for other problems."""
     record = read_runtime(datadir)
     runtime = datadir / RUNTIME_FILE
     if record is None:
-        raise CLIError(f"the daemon is not running (no {runtime}); start it with: {PROG} --datadir {datadir}")
+        raise _NotRunning(datadir, f"no {runtime}")
     pid, url = record.get("pid"), record.get("url")
     if not isinstance(pid, int) or not isinstance(url, str):
         raise CLIError(f"{runtime} is malformed; restart the daemon")
-    if not _pid_alive(pid):
-        raise CLIError(f"the daemon is not running (stale {runtime}: no process {pid})")
+    stale = runtime_stale_reason(record)
+    if stale is not None:
+        raise _NotRunning(datadir, f"stale runtime file {runtime}: {stale}")
     token_path = datadir / ADMIN_TOKEN_FILE
     try:
         token = token_path.read_text(encoding="utf-8").strip()
@@ -235,7 +292,7 @@ def _admin(daemon: _Daemon, method: str, path: str, body: Any = None) -> Any:
             ) from None
         if exc.status == 404 and exc.plain:
             raise disabled from None
-        raise CLIError(exc.message or f"HTTP {exc.status}") from None
+        raise _AdminError(exc.status, exc.message) from None
 
 
 # -- commands ----------------------------------------------------------------------------
@@ -256,6 +313,10 @@ def _parse_pairs(pairs: Sequence[str]) -> dict[str, Any]:
             if value.lower() not in _BOOLS:
                 raise CLIError(f"enabled={value!r}: use true or false")
             changes[key] = _BOOLS[value.lower()]
+        elif key == "mode":
+            if value.lower() not in _MODES:
+                raise CLIError(f"mode={value!r}: use {MODE_APPROVAL} or {MODE_AUTOPAY}")
+            changes[key] = value.lower()
         elif key in _INT_SETTINGS:
             try:
                 changes[key] = int(value)
@@ -272,17 +333,15 @@ def _unit(key: str) -> str:
     return "atoms" if key.endswith("_atoms") else "seconds"
 
 
-def _set_offline(daemon: _Daemon, changes: dict[str, Any]) -> dict[str, Any]:
-    """Apply ``changes`` to mcpclient.json directly (the admin surface is
-    off) and have the daemon reload it."""
-    path = daemon.datadir / SETTINGS_FILE
+def _edit_file(datadir: Path, changes: dict[str, Any]) -> tuple[Path, Settings]:
+    """Apply ``changes`` to ``mcpclient.json`` itself, with the validation the
+    admin surface applies; enabling without a token mints one."""
+    path = datadir / SETTINGS_FILE
     try:
         current = load_settings(path)
         candidate = _settings_from_json(json.dumps(changes), base=current).normalized()
         candidate.validate()
-    except SettingsError as exc:
-        raise CLIError(str(exc)) from None
-    except BridgeError as exc:
+    except (SettingsError, BridgeError) as exc:
         raise CLIError(str(exc)) from None
     if candidate.enabled and not candidate.token:
         candidate = candidate.replace(token=mint_token())
@@ -290,6 +349,13 @@ def _set_offline(daemon: _Daemon, changes: dict[str, Any]) -> dict[str, Any]:
         save_settings(path, candidate)
     except BridgeError as exc:
         raise CLIError(str(exc)) from None
+    return path, candidate
+
+
+def _set_offline(daemon: _Daemon, changes: dict[str, Any]) -> dict[str, Any]:
+    """Apply ``changes`` to mcpclient.json directly (the admin surface is
+    off) and have the running daemon reload it."""
+    path, candidate = _edit_file(daemon.datadir, changes)
     if not daemon.sighup:
         print(
             f"{PROG}: saved {path}; this daemon does not reload on SIGHUP, restart it to apply",
@@ -320,50 +386,112 @@ def _set_offline(daemon: _Daemon, changes: dict[str, Any]) -> dict[str, Any]:
         return dict(answer)
 
 
-def _cmd_settings(daemon: _Daemon, args: argparse.Namespace) -> None:
+def _offline_note(exc: CLIError, path: Path, missing: str) -> str:
+    """Why an answer comes from ``path`` rather than from the daemon
+    (``missing``: what is shown when the file does not exist)."""
+    if isinstance(exc, _NotRunning):
+        why = f"the daemon is not running ({exc.detail})"
+    else:
+        why = "the bridge is disabled, so the daemon's admin surface is off"
+    shown = f"read from {path}" if path.exists() else f"{path} does not exist yet ({missing})"
+    return f"{PROG}: {why}; {shown}"
+
+
+def _cmd_settings(datadir: Path, args: argparse.Namespace) -> None:
     if args.action is None:
         if args.pairs:
             raise CLIError("to change settings use: settings set KEY=VALUE...")
-        result = _admin(daemon, "GET", "/admin/settings")
+        try:
+            result = _admin(_locate(datadir), "GET", "/admin/settings")
+        except (_NotRunning, _Disabled) as exc:
+            path = datadir / SETTINGS_FILE
+            try:
+                result = load_settings(path).to_dict()
+            except BridgeError as error:
+                raise CLIError(str(error)) from None
+            print(_offline_note(exc, path, "defaults shown"), file=sys.stderr)
     else:
         changes = _parse_pairs(args.pairs)
         try:
-            result = _admin(daemon, "PUT", "/admin/settings", changes)
-        except _Disabled:
-            result = _set_offline(daemon, changes)
+            daemon = _locate(datadir)
+        except _NotRunning as exc:
+            path, saved = _edit_file(datadir, changes)
+            print(
+                f"{PROG}: saved {path}; the daemon is not running ({exc.detail}), so these settings apply "
+                f"when it starts: {PROG} --datadir {datadir}",
+                file=sys.stderr,
+            )
+            result = saved.to_dict()
+        else:
+            try:
+                result = _admin(daemon, "PUT", "/admin/settings", changes)
+            except _Disabled:
+                result = _set_offline(daemon, changes)
+    if isinstance(result, dict) and result.get("token") and not args.show_token:
+        result = {**result, "token": HIDDEN_TOKEN}
     _print_json(result, args.json)
 
 
-def _cmd_approvals(daemon: _Daemon, args: argparse.Namespace) -> None:
-    if args.action == "list":
-        if args.id is not None:
-            raise CLIError("usage: approvals [approve ID | deny ID]")
-        result = _admin(daemon, "GET", "/admin/approvals")
-        if args.json:
-            _print_json(result, True)
-            return
-        pending = result.get("pending") or []
-        if not pending:
-            print("no payments waiting for approval")
-            return
-        print(f"{'ID':<34} {'BOT':<18} {'TOOL':<20} {'ATOMS':>12}  CREATED")
-        for p in pending:
-            print(
-                f"{_shown(p['id']):<34} {_shown(p['bot'])[:16]:<18} {_shown(p['tool']):<20} "
-                f"{p['atoms']:>12}  {_when(p['created'])}"
-            )
-        return
-    if not args.id:
-        raise CLIError(f"approvals {args.action} needs a payment ID (see: {PROG} approvals)")
-    result = _admin(daemon, "POST", f"/admin/approvals/{quote(args.id, safe='')}/{args.action}")
+def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
+    listing = f"{PROG} --datadir {datadir} approvals"
+    if args.action == "list" and args.id is not None:
+        raise CLIError("usage: approvals [approve ID | deny ID]")
+    if args.action != "list" and not args.id:
+        raise CLIError(f"approvals {args.action} needs a payment ID; list them with: {listing}")
+    try:
+        daemon = _locate(datadir)
+    except _NotRunning as exc:
+        raise CLIError(
+            f"approvals live in the running daemon's memory, and it is not running ({exc.detail}); "
+            f"start it with: {PROG} --datadir {datadir}"
+        ) from None
+    try:
+        if args.action == "list":
+            result = _admin(daemon, "GET", "/admin/approvals")
+        else:
+            path = f"/admin/approvals/{quote(args.id, safe='')}/{args.action}"
+            result = _admin(daemon, "POST", path)
+    except _Disabled:
+        raise CLIError(
+            "approvals live in the running daemon's memory and are reached through its admin surface, "
+            "which is off while the bridge is disabled; enable it with: "
+            f"{PROG} --datadir {datadir} settings set enabled=true"
+        ) from None
+    except _AdminError as exc:
+        if exc.status == 404 and args.action != "list":
+            raise CLIError(
+                f"unknown payment {_shown(args.id)!r}: nothing with that ID waits for approval "
+                f"(already decided, timed out, or the daemon restarted); list them with: {listing}"
+            ) from None
+        raise
     if args.json:
         _print_json(result, True)
         return
-    print(f"{'approved' if result.get('approved') else 'denied'} {result.get('id', args.id)}")
+    if args.action != "list":
+        print(f"{'approved' if result.get('approved') else 'denied'} {result.get('id', args.id)}")
+        return
+    pending = result.get("pending") or []
+    if not pending:
+        print("no payments waiting for approval")
+        return
+    print(f"{'ID':<34} {'BOT':<18} {'TOOL':<20} {'ATOMS':>12}  CREATED")
+    for p in pending:
+        print(
+            f"{_shown(p['id']):<34} {_shown(p['bot'])[:16]:<18} {_shown(p['tool']):<20} "
+            f"{p['atoms']:>12}  {_when(p['created'])}"
+        )
 
 
-def _cmd_spend(daemon: _Daemon, args: argparse.Namespace) -> None:
-    result = _admin(daemon, "GET", "/admin/spend")
+def _cmd_spend(datadir: Path, args: argparse.Namespace) -> None:
+    try:
+        result = _admin(_locate(datadir), "GET", "/admin/spend")
+    except (_NotRunning, _Disabled) as exc:
+        path = datadir / SPEND_FILE
+        try:
+            result = SpendLog.load(path).summary(int(time.time())).to_dict()
+        except BridgeError as error:
+            raise CLIError(str(error)) from None
+        print(_offline_note(exc, path, "nothing was paid"), file=sys.stderr)
     if args.json:
         _print_json(result, True)
         return
@@ -383,10 +511,11 @@ def _cmd_spend(daemon: _Daemon, args: argparse.Namespace) -> None:
     print(f"spent in the last 24 hours: {result.get('day_total_atoms', 0)} atoms")
 
 
-def _cmd_config_snippet(daemon: _Daemon, args: argparse.Namespace) -> None:
+def _cmd_config_snippet(datadir: Path, args: argparse.Namespace) -> None:
     uid = args.uid.strip()
     if not is_uid(uid):
         raise CLIError(f"bot uid {uid!r} is not 64 hex characters")
+    daemon = _locate(datadir)
     result = _admin(daemon, "GET", f"/admin/config-snippet/{uid.lower()}")
     if args.json:
         _print_json(result, True)
@@ -437,14 +566,32 @@ _COMMANDS = {
 
 
 def _run_daemon(args: argparse.Namespace, datadir: Path) -> int:
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    conf = datadir / f"{BOT_CONFIG_NAME}.conf"
     try:
-        daemon = BridgeDaemon.from_datadir(datadir, listen=args.listen)
+        cfg, created = load_daemon_config(datadir)
     except ClientrpcConfigError as exc:
-        print(f"{PROG}: {exc} (see {datadir / (BOT_CONFIG_NAME + '.conf')})", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"{PROG}: cannot create {datadir}: {exc}", file=sys.stderr)
+        return 1
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(bot_logging(cfg, level=args.log_level, source=str(conf)))
+        except LogSetupError as exc:
+            print(f"{PROG}: {exc} (logfile in {conf})", file=sys.stderr)
+            return 1
+        return _serve(args, datadir, cfg, created)
+
+
+def _serve(args: argparse.Namespace, datadir: Path, cfg: BotConfig, created: bool) -> int:
+    conf = datadir / f"{BOT_CONFIG_NAME}.conf"
+    try:
+        daemon = BridgeDaemon.from_datadir(
+            datadir, listen=args.listen, bot_config=cfg, config_created=created
+        )
+    except ClientrpcConfigError as exc:
+        print(f"{PROG}: {exc} (see {conf})", file=sys.stderr)
         return 1
     except (BridgeError, ValueError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
@@ -466,8 +613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         return _run_daemon(args, datadir)
     try:
-        daemon = _locate(datadir)
-        _COMMANDS[args.command](daemon, args)
+        _COMMANDS[args.command](datadir, args)
     except CLIError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1

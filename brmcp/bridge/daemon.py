@@ -70,15 +70,18 @@ __all__ = [
     "BridgeDaemon",
     "TipPayer",
     "TipPaymentError",
+    "load_daemon_config",
     "read_runtime",
     "resolve_listen",
+    "runtime_stale_reason",
 ]
 
 log = logging.getLogger("brmcp.bridge.daemon")
 
 #: bisonbotkit config name: the daemon reads ``<datadir>/brmcp-bridge.conf``.
 BOT_CONFIG_NAME = "brmcp-bridge"
-#: Written while the daemon runs: ``{"pid", "listen", "url", "sighup"}`` (JSON, mode 0600).
+#: Written while the daemon runs: ``{"pid", "started", "listen", "url", "sighup"}`` (JSON,
+#: mode 0600); see :func:`read_runtime`.
 RUNTIME_FILE = "brmcp-bridge.runtime.json"
 #: ``TipUser`` invoice attempts per payment (go-brmcp.md §5 "Pay steps").
 TIP_MAX_ATTEMPTS = 3
@@ -155,9 +158,23 @@ def resolve_listen(address: str) -> str:
     return f"{shown}:{port}"
 
 
+def load_daemon_config(datadir: str | os.PathLike[str]) -> tuple[BotConfig, bool]:
+    """Create ``datadir`` (mode 0700) when missing and load
+    ``<datadir>/brmcp-bridge.conf``, writing bisonbotkit's defaults there when
+    it does not exist. Returns ``(config, created)``. Raises
+    :class:`~brmcp.clientrpc.ClientrpcConfigError` naming the file, or OSError
+    when the directory cannot be created."""
+    root = Path(datadir).expanduser()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return load_or_create_bot_config(root, BOT_CONFIG_NAME)
+
+
 def read_runtime(datadir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The running daemon's runtime record (``pid``, ``listen``, ``url``,
-    ``sighup``), or None when there is no (readable) file."""
+    """The daemon's runtime record (``pid``; ``started``, the process start
+    time in clock ticks since boot where the system tells it, else null;
+    ``listen``; ``url``; ``sighup``), or None when there is no (readable)
+    file. A daemon killed with SIGKILL leaves its record behind: check it
+    with :func:`runtime_stale_reason` before trusting it."""
     path = Path(datadir) / RUNTIME_FILE
     try:
         text = read_text(path)
@@ -170,6 +187,40 @@ def read_runtime(datadir: str | os.PathLike[str]) -> dict[str, Any] | None:
     except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def runtime_stale_reason(record: Mapping[str, Any]) -> str | None:
+    """None when the process a runtime record names still runs (and, where
+    the system reports process start times, is the same process that wrote
+    the record); otherwise why the record is stale, e.g. ``process 123 is
+    gone`` or ``pid 123 now belongs to another process``."""
+    pid = record.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return "it names no process"
+    if not _pid_alive(pid):
+        return f"process {pid} is gone"
+    started = record.get("started")
+    if isinstance(started, int) and not isinstance(started, bool):
+        now = _process_started(pid)
+        if now is not None and now != started:
+            return f"pid {pid} now belongs to another process"
+    return None
+
+
+def _process_started(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux
+    ``/proc/<pid>/stat`` field 22), or None where that is not available."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold anything.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -245,20 +296,23 @@ class BridgeDaemon:
         clock: Clock | None = None,
         client_options: Mapping[str, Any] | None = None,
         bot_config: BotConfig | None = None,
+        config_created: bool = False,
     ) -> BridgeDaemon:
         """Load ``<datadir>/brmcp-bridge.conf`` (writing bisonbotkit's defaults
         when missing: brclient's files in ``~/.brclient``, clientrpc at
         ``wss://127.0.0.1:7676/ws``), or use ``bot_config`` instead of the
-        file, and build the daemon. ``client_options`` go to
+        file (``config_created``: the caller has just written it with
+        :func:`load_daemon_config`, which is logged and recorded in
+        :attr:`config_created`), and build the daemon. ``client_options`` go to
         :class:`~brmcp.clientrpc.Client`. Raises
         :class:`~brmcp.clientrpc.ClientrpcConfigError` (one line naming the
         file or URL), :class:`BridgeError` or ValueError."""
         root = Path(datadir).expanduser()
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
         if bot_config is not None:
-            cfg, created = bot_config, False
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            cfg, created = bot_config, config_created
         else:
-            cfg, created = load_or_create_bot_config(root, BOT_CONFIG_NAME)
+            cfg, created = load_daemon_config(root)
         if created:
             log.warning(
                 "wrote %s with defaults (brclient files in %s, clientrpc at %s); edit it if yours differ",
@@ -281,9 +335,22 @@ class BridgeDaemon:
         return self.datadir / RUNTIME_FILE
 
     async def reload(self) -> Settings:
-        """Re-read ``mcpclient.json`` and apply it (what SIGHUP does); raises
-        :class:`BridgeError` for a malformed file, keeping the settings in force."""
-        settings = await self.bridge.reload_settings()
+        """Re-read ``mcpclient.json`` and apply it (what SIGHUP does). Raises
+        :class:`BridgeError` for a malformed file, keeping the settings in
+        force. When the new settings are in force but the endpoint cannot be
+        bound, that is logged as an error and the settings are returned (a
+        later reload retries). The bridge logs the endpoint opening or
+        closing when ``enabled`` changes."""
+        before = self.bridge.settings
+        try:
+            settings = await self.bridge.reload_settings()
+        except BridgeError as exc:
+            if self.bridge.settings is before:
+                raise
+            settings = self.bridge.settings
+            log.info("reloaded settings: %s", _describe(settings))
+            log.error("the endpoint could not be opened: %s", exc)
+            return settings
         log.info("reloaded settings: %s", _describe(settings))
         return settings
 
@@ -307,7 +374,7 @@ class BridgeDaemon:
         other = await anyio.to_thread.run_sync(read_runtime, self.datadir)
         if other is not None:
             pid = other.get("pid")
-            if isinstance(pid, int) and pid != os.getpid() and _pid_alive(pid):
+            if pid != os.getpid() and runtime_stale_reason(other) is None:
                 raise BridgeError(f"another brmcp-bridge (pid {pid}) is running on {self.datadir}")
         client = self.client
         async with client:
@@ -345,7 +412,7 @@ class BridgeDaemon:
     def _log_state(self) -> None:
         settings = self.bridge.settings
         if settings.enabled:
-            log.info("bridge enabled at %s/mcp/<bot uid>: %s", self.base_url, _describe(settings))
+            log.info("settings in force: %s", _describe(settings))
         else:
             log.warning(
                 "bridge disabled, no endpoint; to enable: brmcp-bridge --datadir %s %s",
@@ -354,7 +421,14 @@ class BridgeDaemon:
             )
 
     def _write_runtime(self, sighup: bool) -> None:
-        record = {"pid": os.getpid(), "listen": self.listen, "url": self.base_url, "sighup": sighup}
+        pid = os.getpid()
+        record = {
+            "pid": pid,
+            "started": _process_started(pid),
+            "listen": self.listen,
+            "url": self.base_url,
+            "sighup": sighup,
+        }
         try:
             write_atomic(self.runtime_path, json.dumps(record) + "\n")
         except OSError as exc:

@@ -6,8 +6,13 @@ For each user it creates ``DIR/<user>/`` like a brclient root (``rpc.cert``,
 ``rpc.key``, ``rpc-ca.cert``, ``rpc-client.cert``, ``rpc-client.key`` and a
 ``brclient.conf`` with its ``[clientrpc]`` section), makes all users mutual
 contacts, prints each user's uid, URL and certificate paths, writes the same
-as JSON to ``DIR/fakebr.json`` (uids are reused from it on the next run), and
-serves until SIGINT/SIGTERM.
+as JSON to ``DIR/fakebr.json``, and serves until SIGINT/SIGTERM.
+
+The next run on the same DIR reuses each user's uid and, unless ``--port`` is
+given, its port from ``fakebr.json``, so configs written for the previous run
+(allowlists, ``brmcp-serve.conf``) stay valid; a port that is taken now is
+replaced by a free one, with a notice on stderr. ``--port N`` gives the users
+the ports N, N+1, … in ``--users`` order.
 """
 
 from __future__ import annotations
@@ -21,15 +26,20 @@ import re
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 
 from .relay import FakeRelay
 from .server import FakeBRClient
 
-__all__ = ["main"]
+__all__ = ["SUMMARY_FILE", "main"]
+
+#: The summary written into the data directory (and read back on the next run).
+SUMMARY_FILE = "fakebr.json"
 
 _NICK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
 
@@ -46,7 +56,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--port",
         type=int,
         default=0,
-        help="first port; users get consecutive ports (default 0: any free port)",
+        help="first port; users get consecutive ports (default: each user's port from the previous "
+        "run's fakebr.json when free, else any free port)",
     )
     parser.add_argument(
         "--auth",
@@ -70,12 +81,35 @@ def _users(spec: str) -> list[str]:
     return users
 
 
-def _previous_uids(summary: Path) -> dict[str, str]:
+@dataclass(frozen=True, slots=True)
+class _Previous:
+    """What the previous run's summary says about one user."""
+
+    uid: str
+    port: int = 0
+
+
+def _previous_users(summary: Path) -> dict[str, _Previous]:
+    """Nick → uid and port from a summary written by an earlier run; an
+    unreadable or malformed file (or entry) contributes nothing."""
     try:
         data = json.loads(summary.read_text(encoding="utf-8"))
-        return {str(u["nick"]): str(u["uid"]) for u in data.get("users", [])}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        users = data.get("users", [])
+    except (OSError, ValueError, AttributeError):
         return {}
+    found: dict[str, _Previous] = {}
+    for user in users if isinstance(users, list) else ():
+        try:
+            nick, uid = str(user["nick"]), str(user["uid"])
+        except (KeyError, TypeError):
+            continue
+        port = 0
+        try:
+            port = urlsplit(str(user.get("url", ""))).port or 0
+        except ValueError:
+            pass
+        found[nick] = _Previous(uid, port)
+    return found
 
 
 def _describe(br: FakeBRClient, conf: Path) -> dict[str, Any]:
@@ -102,49 +136,88 @@ def _write_summary(path: Path, summary: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-async def _serve(args: argparse.Namespace, datadir: Path, nicks: list[str], known: dict[str, str]) -> None:
+async def _start(stack: contextlib.AsyncExitStack, fake: FakeBRClient, explicit: bool) -> FakeBRClient:
+    """Start ``fake`` on its port; a port remembered from the previous run
+    that is taken now falls back to a free one (explicit ports do not)."""
+    try:
+        return await stack.enter_async_context(fake)
+    except OSError as exc:
+        if explicit or fake.port == 0:
+            raise
+        previous, fake.port = fake.port, 0
+        started = await stack.enter_async_context(fake)
+        print(
+            f"brmcp-fakebr: {fake.nick}'s previous port {previous} is not free ({exc.strerror or exc}); "
+            f"using {started.port}: update configs that name {fake.nick}'s old URL, or pin ports with --port",
+            file=sys.stderr,
+            flush=True,
+        )
+        return started
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+async def _serve(
+    args: argparse.Namespace, datadir: Path, nicks: list[str], known: dict[str, _Previous]
+) -> None:
     user, password, mode = "", "", ""
     if args.auth:
         user, sep, password = args.auth.partition(":")
         if not sep or not user or not password:
             raise SystemExit("brmcp-fakebr: --auth must be USER:PASS with both non-empty")
         mode = "basic"
-    summary_path = datadir / "fakebr.json"
+    summary_path = datadir / SUMMARY_FILE
     async with FakeRelay() as relay, contextlib.AsyncExitStack() as stack:
         fakes: list[FakeBRClient] = []
         for index, nick in enumerate(nicks):
+            previous = known.get(nick)
             fake = FakeBRClient(
                 relay,
                 nick,
                 datadir / nick,
-                uid=known.get(nick),
+                uid=previous.uid if previous else None,
                 host=args.host,
-                port=args.port + index if args.port else 0,
+                port=args.port + index if args.port else (previous.port if previous else 0),
                 auth_mode=mode,
                 rpcuser=user,
                 rpcpass=password,
             )
-            fakes.append(await stack.enter_async_context(fake))
+            fakes.append(await _start(stack, fake, explicit=bool(args.port)))
         relay.kx_all(*fakes)
         described = [_describe(f, await anyio.to_thread.run_sync(f.write_brclient_conf)) for f in fakes]
         summary = {"relay": "fake", "users": described}
         await anyio.to_thread.run_sync(_write_summary, summary_path, summary)
-        if args.json:
-            print(json.dumps(summary), flush=True)
-        else:
-            print(f"brmcp-fakebr: fake relay with {len(fakes)} users (all mutual contacts)", flush=True)
-            for d in described:
-                print(f"{d['nick']}: uid {d['uid']}", flush=True)
-                print(f"  url             {d['url']}", flush=True)
-                print(f"  servercertpath  {d['servercertpath']}", flush=True)
-                print(f"  clientcertpath  {d['clientcertpath']}", flush=True)
-                print(f"  clientkeypath   {d['clientkeypath']}", flush=True)
-                print(f"  brclient.conf   {d['brclientconf']}", flush=True)
-            print(f"summary written to {summary_path}; Ctrl-C to stop", flush=True)
+        # Signals are caught before the summary says the network is up, so a
+        # stop right after it is still a clean one.
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            _print_summary(summary, summary_path, as_json=args.json)
             async for signum in signals:
                 print(f"brmcp-fakebr: {signal.Signals(signum).name}, stopping", file=sys.stderr, flush=True)
                 break
+
+
+def _print_summary(summary: dict[str, Any], summary_path: Path, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summary), flush=True)
+        return
+    users = summary["users"]
+    contacts = " (all mutual contacts)" if len(users) > 1 else ""
+    print(f"brmcp-fakebr: fake relay with {_plural(len(users), 'user')}{contacts}", flush=True)
+    for d in users:
+        print(f"{d['nick']}: uid {d['uid']}", flush=True)
+        print(f"  url             {d['url']}", flush=True)
+        print(f"  servercertpath  {d['servercertpath']}", flush=True)
+        print(f"  clientcertpath  {d['clientcertpath']}", flush=True)
+        print(f"  clientkeypath   {d['clientkeypath']}", flush=True)
+        print(f"  brclient.conf   {d['brclientconf']}", flush=True)
+    print(f"summary written to {summary_path}; Ctrl-C to stop", flush=True)
+    print(
+        "the next run reuses these uids and ports (a taken port is replaced); "
+        "--port N pins them to N, N+1, ...",
+        flush=True,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     nicks = _users(args.users)
     try:
         datadir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        anyio.run(_serve, args, datadir, nicks, _previous_uids(datadir / "fakebr.json"))
+        anyio.run(_serve, args, datadir, nicks, _previous_users(datadir / SUMMARY_FILE))
     except OSError as exc:
         print(f"brmcp-fakebr: {exc}", file=sys.stderr)
         return 1

@@ -98,16 +98,19 @@ class ServeApp:
         *,
         client_options: Mapping[str, Any] | None = None,
         rng: random.Random | None = None,
+        bot_config: BotConfig | None = None,
     ) -> ServeApp:
-        """Load ``<datadir>/brmcp-serve.conf`` and ``<datadir>/brmcp.json``.
-        Raises :class:`ServeConfigError` (a file missing or invalid, naming
-        it), :class:`~brmcp.clientrpc.ClientrpcConfigError` or
+        """Load ``<datadir>/brmcp-serve.conf`` (unless ``bot_config``, already
+        read from it, is given) and ``<datadir>/brmcp.json``. Raises
+        :class:`ServeConfigError` (a file missing or invalid, naming it),
+        :class:`~brmcp.clientrpc.ClientrpcConfigError` or
         :class:`~brmcp.server.HarnessError` (see the class)."""
         root = Path(datadir).expanduser()
-        conf = bot_config_path(root)
-        if not conf.exists():
-            raise ServeConfigError(f"{conf}: file not found (run brmcp-serve once to create it)")
-        bot_config = load_bot_config(conf)
+        if bot_config is None:
+            conf = bot_config_path(root)
+            if not conf.exists():
+                raise ServeConfigError(f"{conf}: file not found (run brmcp-serve once to create it)")
+            bot_config = load_bot_config(conf)
         config = load_serve_config(root / SERVE_CONFIG_FILE)
         return cls(root, bot_config, config, client_options=client_options, rng=rng)
 
@@ -138,8 +141,9 @@ class ServeApp:
     def _warn_if_closed(self) -> None:
         if not self.config.allowed_uids:
             log.warning(
-                "NO CALLER IS ALLOWED: allowed_uids in %s is empty, so every MCP request is refused. "
-                "Add the 64-hex Bison Relay uids of your users, then send SIGHUP (kill -HUP %d) to reload.",
+                "NO CALLER IS ALLOWED: allowed_uids in %s is empty, so MCP messages from every caller are "
+                "ignored (their requests get no answer and time out). Add the 64-hex Bison Relay uids of "
+                "your users, then send SIGHUP (kill -HUP %d) to reload.",
                 self.config_path,
                 os.getpid(),
             )

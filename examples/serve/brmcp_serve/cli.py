@@ -2,14 +2,16 @@
 
 ``brmcp-serve --datadir DIR``: on the first run it writes ``brmcp-serve.conf``
 and ``brmcp.json`` into DIR, says what to edit and exits 0; later runs serve
-until SIGINT/SIGTERM, and SIGHUP reloads ``brmcp.json``. Errors are one line
+until SIGINT/SIGTERM, and SIGHUP reloads ``brmcp.json``. Logging follows the
+``debug``, ``logfile`` and ``maxlogfiles`` keys of ``brmcp-serve.conf``
+(:mod:`brmcp.botlog`); ``--log-level`` replaces ``debug``. Errors are one line
 on stderr with exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import contextlib
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -17,7 +19,8 @@ from pathlib import Path
 
 import anyio
 
-from brmcp.clientrpc import ClientrpcConfigError
+from brmcp.botlog import LEVEL_CHOICES, LogSetupError, bot_logging
+from brmcp.clientrpc import ClientrpcConfigError, load_bot_config
 from brmcp.server import HarnessError
 
 from .app import ServeApp
@@ -41,9 +44,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="logging threshold (default: %(default)s)",
+        default=None,
+        choices=LEVEL_CHOICES,
+        help="logging threshold (default: the debug key of brmcp-serve.conf, else info)",
     )
     return parser.parse_args(argv)
 
@@ -73,10 +76,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit status (0 after a clean stop
     or a first run, 1 on an error)."""
     args = _parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     datadir = Path(args.datadir).expanduser()
     try:
         created = init_datadir(datadir)
@@ -86,16 +85,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     if created:
         print(_first_run_text(datadir, created), flush=True)
         return 0
+    conf = bot_config_path(datadir)
     try:
-        app = ServeApp.from_datadir(datadir)
+        bot_config = load_bot_config(conf)
     except ClientrpcConfigError as exc:
-        print(f"{PROG}: {exc} (see {bot_config_path(datadir)})", file=sys.stderr)
-        return 1
-    except (ServeConfigError, HarnessError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
-    try:
-        anyio.run(partial(app.run, handle_signals=True))
-    except KeyboardInterrupt:  # a second Ctrl-C while stopping
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(bot_logging(bot_config, level=args.log_level, source=str(conf)))
+        except LogSetupError as exc:
+            print(f"{PROG}: {exc} (logfile in {conf})", file=sys.stderr)
+            return 1
+        try:
+            app = ServeApp.from_datadir(datadir, bot_config=bot_config)
+        except ClientrpcConfigError as exc:
+            print(f"{PROG}: {exc} (see {conf})", file=sys.stderr)
+            return 1
+        except (ServeConfigError, HarnessError) as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 1
+        try:
+            anyio.run(partial(app.run, handle_signals=True))
+        except KeyboardInterrupt:  # a second Ctrl-C while stopping
+            return 0
         return 0
-    return 0
