@@ -348,6 +348,7 @@ async def test_reload_logs_the_endpoint_and_survives_a_taken_port(
                 # in force, the bind failure is logged, and the daemon keeps running.
                 settings_file.write_text(bridge_settings(bot.uid).to_json())
                 with socket.socket() as squatter:
+                    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                     squatter.bind((host, int(port)))
                     squatter.listen(1)
                     caplog.clear()

@@ -88,6 +88,10 @@ async def test_fakebr_command(tmp_path: Path) -> None:
     # Second run, while another program holds alice's port: bot keeps its port,
     # alice gets a free one and a notice says so.
     with socket.socket() as squatter:
+        # SO_REUSEADDR: the first run's closed connections may leave the port
+        # in TIME_WAIT; a listening squatter still makes the port unusable
+        # for the fake (Linux refuses a second listener without SO_REUSEPORT).
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.1", _port(alice)))
         squatter.listen(1)
         out, err = await _run_until_ready(datadir, "bot,alice")
