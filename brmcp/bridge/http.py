@@ -17,7 +17,9 @@ Every request passes the gate in this order:
    -32600 — before anything reaches the bot session;
 6. pre-flight: the bot link and its tool snapshot, else 503 ``bot
    unavailable``;
-7. the SDK's streamable-HTTP session manager of that bot's proxy server.
+7. the SDK's streamable-HTTP session manager of that bot's proxy server;
+   after a DELETE (the agent ended its session) the bot link forgets that
+   session's resource subscriptions.
 
 Plain-text errors are written like Go's ``http.Error`` (``text/plain;
 charset=utf-8``, ``X-Content-Type-Options: nosniff``, trailing newline).
@@ -341,6 +343,10 @@ class BridgeApp:
             await send_text(send, 503, "bot unavailable")
             return
         await endpoint.manager.handle_request(scope, receive, send)
+        if method == "DELETE":
+            ended = _headers(scope, b"mcp-session-id")
+            if len(ended) == 1:
+                endpoint.proxy.link.forget_agent(ended[0].decode("latin-1"))
 
     async def _check_post(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
         """Validate a POST body before it can reach a session; returns a

@@ -2,12 +2,17 @@
 for that bot shares (go-brmcp.md §4.4).
 
 A link dials the bot over the bridge's client-role router, initializes an
-MCP client session in the handshake era (2-minute limit) and keeps a
-snapshot of the bot's tools from one ``tools/list``. A transport failure
-*resets* the link: the next user dials a fresh session (new sid, new
-initialize) and the next HTTP request refreshes the snapshot. Calls still in
-flight on the old session finish on it; it is closed when the last one is
-done.
+MCP client session in the handshake era (2-minute limit), remembers the
+capabilities the bot declared, and keeps a snapshot of the bot's tools from
+one ``tools/list``. A transport failure *resets* the link: the next user
+dials a fresh session (new sid, new initialize, fresh capabilities) and the
+next HTTP request refreshes the snapshot. Calls still in flight on the old
+session finish on it; it is closed when the last one is done.
+
+The link also carries the bot's change notifications: resource updates and
+list changes go to the agent sessions that asked for them
+(:mod:`.subscriptions`), and a new session re-subscribes the bot to every
+URI agents still watch.
 """
 
 from __future__ import annotations
@@ -19,13 +24,33 @@ from contextlib import asynccontextmanager
 import anyio
 import anyio.abc
 from mcp import ClientSession
-from mcp.types import Implementation, ListToolsRequest, ListToolsResult, PaginatedRequestParams, Tool
+from mcp.client.session import IncomingMessage
+from mcp.shared.exceptions import MCPError
+from mcp.types import (
+    CONNECTION_CLOSED,
+    REQUEST_TIMEOUT,
+    EmptyResult,
+    Implementation,
+    ListToolsRequest,
+    ListToolsResult,
+    PaginatedRequestParams,
+    PromptListChangedNotification,
+    ResourceListChangedNotification,
+    ResourceUpdatedNotification,
+    ServerCapabilities,
+    SubscribeRequest,
+    SubscribeRequestParams,
+    Tool,
+    UnsubscribeRequest,
+    UnsubscribeRequestParams,
+)
 
 from ..conn import Conn
 from ..router import Router
 from .relay import Relay
+from .subscriptions import Subscriptions
 
-__all__ = ["BotLink", "LinkError"]
+__all__ = ["TRANSPORT_ERROR_CODES", "BotLink", "LinkError"]
 
 log = logging.getLogger("brmcp.bridge")
 
@@ -33,6 +58,9 @@ log = logging.getLogger("brmcp.bridge")
 CONNECT_TIMEOUT = 120.0
 #: Most tools/list pages followed for one snapshot.
 _MAX_PAGES = 64
+#: MCPError codes the SDK raises itself when the BR session failed (as
+#: opposed to an error the bot answered with).
+TRANSPORT_ERROR_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT})
 
 
 class LinkError(Exception):
@@ -81,10 +109,14 @@ class BotLink:
         self._by_name: dict[str, Tool] = {}
         self._stale = True
         self._closed = False
+        self._capabilities: ServerCapabilities | None = None
+        self._dropping: set[str] = set()
         #: Sessions dialed so far (observability and tests).
         self.dials = 0
         #: Routes the bot's in-call traffic to the agent calls in flight.
         self.relay = Relay()
+        #: The agent sessions that hear about the bot's resource and prompt changes.
+        self.subscriptions = Subscriptions(on_orphan=self._schedule_drop)
 
     # -- sessions -------------------------------------------------------------
 
@@ -141,11 +173,16 @@ class BotLink:
                 logging_callback=relay.on_log,
                 sampling_callback=relay.on_sampling,
                 elicitation_callback=relay.on_elicitation,
+                message_handler=self._on_bot_message,
             ) as s:
                 with anyio.fail_after(self._connect_timeout):
-                    await s.initialize()
+                    result = await s.initialize()
+                if self._current is state:
+                    self._capabilities = result.capabilities
                 state.session = s
                 state.ready.set()
+                if self.subscriptions.uris() and _can_subscribe(result.capabilities):
+                    self._tg.start_soon(self._resubscribe, state.gen)
                 await state.stop.wait()
         except Exception as exc:
             state.error = exc
@@ -188,6 +225,12 @@ class BotLink:
         return self._closed
 
     @property
+    def capabilities(self) -> ServerCapabilities | None:
+        """The capabilities the bot declared in its last ``initialize`` (None
+        before the first); a reset keeps them until the next session's."""
+        return self._capabilities
+
+    @property
     def connected(self) -> bool:
         """True while an initialized session is current."""
         state = self._current
@@ -215,7 +258,13 @@ class BotLink:
             async with self.lease() as (session, gen):
                 try:
                     with anyio.fail_after(self._connect_timeout):
-                        tools = await _list_all(session)
+                        declared = self._capabilities
+                        # A bot without tools (a resources-only server) has none to list.
+                        tools = (
+                            []
+                            if declared is not None and declared.tools is None
+                            else await _list_all(session)
+                        )
                 except Exception as exc:
                     self.reset(gen)
                     raise LinkError(f"tools/list: {_describe(exc)}") from exc
@@ -224,6 +273,74 @@ class BotLink:
                 self._by_name = {t.name: t for t in tools}
                 self._stale = current is None or current.gen != gen
             return tools
+
+    # -- change notifications -----------------------------------------------
+
+    def forget_agent(self, session_id: str) -> None:
+        """An agent HTTP session ended: drop its subscriptions (the bot is
+        unsubscribed from URIs nobody else watches)."""
+        self.subscriptions.forget(session_id)
+
+    async def _on_bot_message(self, message: IncomingMessage) -> None:
+        """``message_handler`` of the link's ClientSession: relays resource
+        updates to their subscribers and list changes to every agent session
+        that used resources or prompts. An update nobody here asked for
+        unsubscribes the bot from that URI."""
+        if isinstance(message, ResourceUpdatedNotification):
+            uri = message.params.uri
+            delivered = await self.subscriptions.deliver_update(uri)
+            if delivered == 0 and not self.subscriptions.subscribed(uri):
+                self._schedule_drop(uri)
+        elif isinstance(message, ResourceListChangedNotification):
+            await self.subscriptions.broadcast(ResourceListChangedNotification())
+        elif isinstance(message, PromptListChangedNotification):
+            await self.subscriptions.broadcast(PromptListChangedNotification())
+
+    def _schedule_drop(self, uri: str) -> None:
+        if uri in self._dropping or self._closed or not _can_subscribe(self._capabilities):
+            return
+        self._dropping.add(uri)
+        self._tg.start_soon(self._drop, uri)
+
+    async def _drop(self, uri: str) -> None:
+        """Unsubscribe the bot from ``uri`` unless an agent subscribed again
+        meanwhile (best effort: failures are logged)."""
+        try:
+            async with self.subscriptions.lock:
+                if self.subscriptions.subscribed(uri) or not self.connected:
+                    return
+                async with self.lease() as (session, _gen):
+                    with anyio.fail_after(self._connect_timeout):
+                        request = UnsubscribeRequest(params=UnsubscribeRequestParams(uri=uri))
+                        await session.send_request(request, EmptyResult)
+        except Exception as exc:
+            log.debug("bot %s: unsubscribing from %s failed: %s", self.uid[:8], uri, _describe(exc))
+        finally:
+            self._dropping.discard(uri)
+
+    async def _resubscribe(self, gen: int) -> None:
+        """Subscribe a new session (generation ``gen``) to every URI agents
+        still watch: the bot forgot the old session's subscriptions."""
+        try:
+            async with self.subscriptions.lock, self.lease() as (session, current):
+                if current != gen:
+                    return
+                for uri in self.subscriptions.uris():
+                    request = SubscribeRequest(params=SubscribeRequestParams(uri=uri))
+                    try:
+                        with anyio.fail_after(self._connect_timeout):
+                            await session.send_request(request, EmptyResult)
+                    except MCPError as exc:
+                        if exc.error.code in TRANSPORT_ERROR_CODES:
+                            raise
+                        log.info("bot %s: re-subscribing to %s refused: %s", self.uid[:8], uri, exc)
+        except Exception as exc:
+            log.info("bot %s: re-subscribing resources failed: %s", self.uid[:8], _describe(exc))
+
+
+def _can_subscribe(capabilities: ServerCapabilities | None) -> bool:
+    resources = capabilities.resources if capabilities is not None else None
+    return resources is not None and bool(resources.subscribe)
 
 
 async def _list_all(session: ClientSession) -> list[Tool]:

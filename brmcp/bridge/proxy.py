@@ -13,7 +13,9 @@ Every local HTTP session for a bot talks to the same low-level
   progress, log messages, sampling and elicitation requests are relayed to
   the calling agent (:mod:`.relay`);
 * ``ping`` and ``logging/setLevel`` are answered locally (the level filters
-  the relayed log messages of that agent session).
+  the relayed log messages of that agent session);
+* resources, resource templates, prompts and completions are forwarded
+  live, and declared, only when the bot declared them (:mod:`.mirror`).
 
 The payment loop, for one logical call:
 
@@ -34,7 +36,7 @@ import logging
 import secrets
 from typing import Any, cast
 
-from mcp.server import Server, ServerRequestContext
+from mcp.server import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INTERNAL_ERROR,
@@ -53,6 +55,7 @@ from mcp.types import (
 from ..payment import CALL_KEY, parse_payment_required
 from .clock import Clock
 from .link import BotLink, LinkError
+from .mirror import Mirror, MirrorServer
 from .relay import AgentCall, strip_reserved_meta
 from .settle import Settler
 
@@ -76,8 +79,9 @@ class BotProxy:
         self._settler = settler
         self._clock = clock
         self._name = name
-        self.server: Server[Any] = Server(
+        self.server = MirrorServer(
             f"brmcp-{link.uid[:8]}",
+            link,
             version="1",
             on_list_tools=self._on_list_tools,
             on_call_tool=self._on_call_tool,
@@ -85,6 +89,9 @@ class BotProxy:
         # Registered directly: the constructor argument warns that logging is
         # deprecated in 2026-07-28, but handshake-era agents still use it.
         self.server.add_request_handler("logging/setLevel", SetLevelRequestParams, self._on_set_level)
+        #: Forwards resources, prompts and completions (when the bot has them).
+        self.mirror = Mirror(link)
+        self.mirror.register(self.server)
 
     async def _on_list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None

@@ -62,7 +62,7 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
-__all__ = ["SETTLE_TIMEOUT", "AgentCall", "Relay", "strip_reserved_meta"]
+__all__ = ["SETTLE_TIMEOUT", "AgentCall", "Relay", "agent_session_id", "strip_reserved_meta"]
 
 log = logging.getLogger("brmcp.bridge")
 
@@ -76,7 +76,7 @@ _RESERVED_PREFIX = "io.modelcontextprotocol/"
 _ResultT = TypeVar("_ResultT", bound=BaseModel)
 
 
-def _session_id(ctx: ServerRequestContext[Any]) -> str | None:
+def agent_session_id(ctx: ServerRequestContext[Any]) -> str | None:
     """The agent's ``Mcp-Session-Id`` (the HTTP request is ``ctx.request``)."""
     headers = getattr(ctx.request, "headers", None)
     if headers is None:
@@ -95,7 +95,7 @@ class AgentCall:
     def __init__(self, ctx: ServerRequestContext[Any], seq: int) -> None:
         self.ctx = ctx
         self.seq = seq
-        sid = _session_id(ctx)
+        sid = agent_session_id(ctx)
         #: The agent's HTTP session; a call without one is its own agent.
         self.agent: object = sid if sid is not None else self
         self._pending = 0
@@ -184,7 +184,7 @@ class Relay:
 
     def set_level(self, ctx: ServerRequestContext[Any], level: LoggingLevel) -> None:
         """Remember the agent session's minimum log level (``logging/setLevel``)."""
-        sid = _session_id(ctx)
+        sid = agent_session_id(ctx)
         if sid is None:
             return
         self._levels[sid] = level

@@ -1,8 +1,10 @@
 """The operator's side: serve priced MCP tools to allowed BR peers.
 
 * :class:`Harness` / :class:`HarnessConfig`: tools, the per-call pipeline,
-  the durable ledger and paid-call journal (go-brmcp.md §3);
-* :class:`CallContext`: what a handler learns about its call;
+  the durable ledger and paid-call journal (go-brmcp.md §3), plus free
+  resources, resource templates, prompts and completions;
+* :class:`CallContext`: what a tool handler learns about its call;
+  :class:`PeerContext`: what a resource, prompt or completion handler learns;
 * :class:`Billing`: plug in external accounting;
 * :class:`StatementEntry`: one audited money movement;
 * :func:`run_bot`: serve a harness through a running brclient (clientrpc).
@@ -11,8 +13,11 @@
 from .billing import Billing, InsufficientBalance
 from .bot import run_bot
 from .callkeys import REPLAY_WINDOW
-from .context import CallContext
+from .completions import CompletionSpec
+from .context import CallContext, PeerContext
 from .harness import OUTCOME_CAP, RATE_LIMITED_TEXT, Harness, HarnessConfig, HarnessError, valid_call_key
+from .prompts import PromptSpec
+from .resources import ResourceSpec, ResourceTemplateSpec
 from .store import StatementEntry
 from .tools import ToolSpec
 
@@ -22,10 +27,15 @@ __all__ = [
     "REPLAY_WINDOW",
     "Billing",
     "CallContext",
+    "CompletionSpec",
     "Harness",
     "HarnessConfig",
     "HarnessError",
     "InsufficientBalance",
+    "PeerContext",
+    "PromptSpec",
+    "ResourceSpec",
+    "ResourceTemplateSpec",
     "StatementEntry",
     "ToolSpec",
     "run_bot",

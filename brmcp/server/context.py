@@ -1,11 +1,15 @@
-"""What a tool handler learns about the call it serves."""
+"""What a handler learns about the request it serves."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CallContext"]
+from mcp.server import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS
+
+__all__ = ["CallContext", "PeerContext", "peer_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,3 +29,30 @@ class CallContext:
     charged_atoms: int = 0
     call_key: str | None = None
     request: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class PeerContext:
+    """Passed to resource, resource-template, prompt and completion handlers
+    (all free: nothing is charged for them).
+
+    ``peer``: the caller's BR uid (64 lowercase hex). ``target``: what the
+    request names: the URI being read, the prompt's name, or, for a
+    completion, the prompt name or URI template its reference names.
+    ``request``: the MCP SDK's ``ServerRequestContext``, or None outside a
+    live request.
+    """
+
+    peer: str
+    target: str
+    request: Any = None
+
+
+def peer_of(ctx: ServerRequestContext[Any]) -> str:
+    """The caller's BR uid of an SDK request: the ``request_context`` the
+    transport attached (conn.py). Raises MCPError -32602 for a request that
+    did not arrive over a BR session."""
+    peer = ctx.request
+    if not isinstance(peer, str):
+        raise MCPError(code=INVALID_PARAMS, message="brmcp: request did not arrive over a BR session")
+    return peer

@@ -1,6 +1,7 @@
 """The serving harness: priced MCP tools for allowed BR peers, paid from a
 prepaid ledger funded by tips, each keyed call executed and charged at most
-once (go-brmcp.md §3; WIRE.md §Payments, §callKey).
+once (go-brmcp.md §3; WIRE.md §Payments, §callKey); plus a free catalog of
+resources, prompts and completions (:mod:`.catalog`, not in the Go harness).
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import anyio
-from mcp.server import Server, ServerRequestContext
+from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_PARAMS,
+    Annotations,
     CallToolRequestParams,
     CallToolResult,
     ListToolsResult,
     PaginatedRequestParams,
+    PromptArgument,
     ToolAnnotations,
 )
 
@@ -36,12 +39,23 @@ from ..sender import PMSender
 from ._accounts import Accounts
 from .billing import Billing
 from .callkeys import REPLAY_WINDOW, CallKeyRegistry, Claim, error_result
-from .context import CallContext
-from .ratelimit import RateLimiter
+from .catalog import Catalog
+from .completions import Completer, CompletionSpec
+from .context import CallContext, peer_of
+from .prompts import PromptHandler, PromptSpec, prompt_from_function
+from .ratelimit import RATE_LIMITED_TEXT, RateLimiter
+from .resources import (
+    ResourceHandler,
+    ResourceSpec,
+    ResourceTemplateSpec,
+    TemplateHandler,
+    resource_from_function,
+    template_from_function,
+)
 from .store import JournalEntry, StatementEntry, StoreError
 from .tools import Handler, PriceFunc, ToolArgumentError, ToolSpec, spec_from_function, to_result
 
-__all__ = ["Harness", "HarnessConfig", "HarnessError"]
+__all__ = ["RATE_LIMITED_TEXT", "Harness", "HarnessConfig", "HarnessError"]
 
 log = logging.getLogger("brmcp.server")
 
@@ -50,7 +64,6 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: Outcomes whose JSON is at most this many bytes are kept in the journal
 #: and replayed after a restart (go-brmcp.md §3.9).
 OUTCOME_CAP = 64 * 1024
-RATE_LIMITED_TEXT = "rate limited; retry later"
 #: Bytes reserved for the JSON-RPC envelope around a result
 #: (``{"jsonrpc":"2.0","id":…,"result":…}``) when checking it fits the transport.
 _RESPONSE_OVERHEAD = 1024
@@ -72,9 +85,12 @@ class HarnessConfig:
       processed tips, audit rows). Required unless ``billing`` is set.
     * ``allowed_peers``: default-deny allowlist of caller uids (exact
       strings; use lowercase hex). ``allow`` replaces it entirely when set.
-    * ``calls_per_minute``: token bucket per caller (capacity = burst).
+    * ``calls_per_minute``: token bucket per caller (capacity = burst),
+      taken by each tools/call, resources/read and prompts/get.
     * ``tool_visible(peer, tool)``: hide tools per caller (hidden tools are
-      absent from tools/list and unknown to tools/call).
+      absent from tools/list and unknown to tools/call). Resources,
+      templates, prompts and completions are visible to every allowed peer;
+      their handlers see ``ctx.peer`` and may refuse with an ``MCPError``.
     * ``billing``: an external balance store instead of the built-in ledger.
     * ``router_options``: transport settings (ttl, chunk size, ...).
     * ``name``/``version``: the MCP server implementation info.
@@ -112,7 +128,10 @@ class _Refused(Exception):
 
 
 class Harness:
-    """Serve MCP tools to allowed BR peers and charge per call.
+    """Serve MCP tools to allowed BR peers and charge per call; optionally
+    also free resources, resource templates, prompts and completions
+    (:meth:`resource`, :meth:`resource_template`, :meth:`prompt`,
+    :meth:`completion` and their ``add_*`` forms; brmcp/server/catalog.py).
 
     Construction opens (or creates) the database and reconciles it: every
     paid call interrupted by a crash is refunded exactly once, and completed
@@ -141,12 +160,15 @@ class Harness:
         self._denied_warned: dict[str, float] = {}
         self._tools: dict[str, ToolSpec] = {}
         self._calls = CallKeyRegistry(window=REPLAY_WINDOW, clock=config.clock)
-        self._server = Server(
+        self._catalog = Catalog(self._limiter)
+        self._server: Server[Any] = Server(
             config.name,
             version=config.version,
             on_list_tools=self._on_list_tools,
             on_call_tool=self._on_call_tool,
+            lifespan=self._catalog.connection_scope,
         )
+        self._catalog.bind(self._server)
         self._stack: AsyncExitStack | None = None
         self._router: Router | None = None
         self.executions = 0  #: handler invocations (for tests and metrics)
@@ -295,6 +317,252 @@ class Harness:
     def tools(self) -> list[ToolSpec]:
         return list(self._tools.values())
 
+    # -- resources, prompts, completions (free) -----------------------------------------
+    #
+    # Registering the first item of a kind makes new sessions declare its
+    # capability (resources: subscribe + listChanged; prompts: listChanged;
+    # completions); a harness with tools only declares {"tools": ...} alone.
+    # Every allowed peer sees every item (tool_visible is for tools only);
+    # see brmcp/server/catalog.py.
+
+    def resource(
+        self,
+        uri: str,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        mime_type: str | None = None,
+        title: str | None = None,
+        size: int | None = None,
+        annotations: Annotations | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx: PeerContext)`` as the
+        resource at ``uri``; its value becomes the read result (str → text,
+        bytes → blob, dict → JSON text; see :func:`~.resources.to_read_result`).
+        The name defaults to the function's name. Raises TypeError for a
+        bad signature, ValueError for a duplicate or invalid uri."""
+
+        def register(fn: F) -> F:
+            self._catalog.add_resource(
+                resource_from_function(
+                    fn,
+                    uri,
+                    name=name,
+                    description=description,
+                    mime_type=mime_type,
+                    title=title,
+                    size=size,
+                    annotations=annotations,
+                    meta=meta,
+                )
+            )
+            return fn
+
+        return register
+
+    def add_resource(
+        self,
+        uri: str,
+        handler: ResourceHandler,
+        *,
+        name: str,
+        description: str | None = None,
+        mime_type: str | None = None,
+        title: str | None = None,
+        size: int | None = None,
+        annotations: Annotations | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        """Register the resource at ``uri``: ``handler(ctx)`` returns its
+        contents (see :meth:`resource`). Raises ValueError for a duplicate
+        or invalid uri or an empty name."""
+        self._catalog.add_resource(
+            ResourceSpec(
+                uri=uri,
+                handler=handler,
+                name=name,
+                description=description,
+                mime_type=mime_type,
+                title=title,
+                size=size,
+                annotations=annotations,
+                meta=dict(meta or {}),
+            )
+        )
+
+    def resource_template(
+        self,
+        uri_template: str,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        mime_type: str | None = None,
+        title: str | None = None,
+        annotations: Annotations | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx: PeerContext, **variables)``
+        for the URIs matching the RFC 6570 ``uri_template`` (e.g.
+        ``"notes://{folder}/{id}"``); the parameters after ``ctx`` must be
+        the template's variables. Raises TypeError for a bad signature,
+        ValueError for a duplicate or invalid template."""
+
+        def register(fn: F) -> F:
+            self._catalog.add_template(
+                template_from_function(
+                    fn,
+                    uri_template,
+                    name=name,
+                    description=description,
+                    mime_type=mime_type,
+                    title=title,
+                    annotations=annotations,
+                    meta=meta,
+                )
+            )
+            return fn
+
+        return register
+
+    def add_resource_template(
+        self,
+        uri_template: str,
+        handler: TemplateHandler,
+        *,
+        name: str,
+        description: str | None = None,
+        mime_type: str | None = None,
+        title: str | None = None,
+        annotations: Annotations | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        """Register a resource template: ``handler(ctx, variables)`` gets
+        the variables matched in the URI read (``ctx.target``). Raises
+        ValueError for a duplicate or invalid template or an empty name."""
+        self._catalog.add_template(
+            ResourceTemplateSpec(
+                uri_template=uri_template,
+                handler=handler,
+                name=name,
+                description=description,
+                mime_type=mime_type,
+                title=title,
+                annotations=annotations,
+                meta=dict(meta or {}),
+            )
+        )
+
+    def prompt(
+        self,
+        name: str | None = None,
+        *,
+        description: str | None = None,
+        title: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx: PeerContext, arg: str, ...)``
+        as a prompt; the str parameters after ``ctx`` are its arguments
+        (required unless defaulted). The value becomes the messages (str →
+        one user message; see :func:`~.prompts.to_prompt_result`). Raises
+        TypeError for a bad signature, ValueError for a duplicate name."""
+
+        def register(fn: F) -> F:
+            self._catalog.add_prompt(
+                prompt_from_function(fn, name=name, description=description, title=title, meta=meta)
+            )
+            return fn
+
+        return register
+
+    def add_prompt(
+        self,
+        name: str,
+        handler: PromptHandler,
+        *,
+        description: str | None = None,
+        arguments: Iterable[PromptArgument] = (),
+        title: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        """Register a prompt: ``handler(ctx, args)`` gets the string
+        arguments, checked against ``arguments`` (unknown or missing
+        required ones are refused with -32602 first). Raises ValueError for
+        a duplicate or empty name."""
+        self._catalog.add_prompt(
+            PromptSpec(
+                name=name,
+                handler=handler,
+                description=description,
+                arguments=list(arguments),
+                title=title,
+                meta=dict(meta or {}),
+            )
+        )
+
+    def completion(
+        self, *, argument: str, prompt: str | None = None, resource_template: str | None = None
+    ) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx: PeerContext, value: str,
+        context: dict[str, str]) -> list[str]`` to complete ``argument`` of
+        ``prompt`` (a prompt name) or of ``resource_template`` (a URI
+        template, ``ref/resource``); see :meth:`add_completion`."""
+
+        def register(fn: F) -> F:
+            self.add_completion(fn, argument=argument, prompt=prompt, resource_template=resource_template)
+            return fn
+
+        return register
+
+    def add_completion(
+        self,
+        handler: Completer,
+        *,
+        argument: str,
+        prompt: str | None = None,
+        resource_template: str | None = None,
+    ) -> None:
+        """Register a completer for ``argument`` of exactly one of
+        ``prompt`` or ``resource_template``. It returns suggestions for the
+        partial ``value``: a list of strings (the first 100 are sent, with
+        ``total`` and ``hasMore``) or a ``Completion``. An argument without
+        a completer completes to nothing; an unknown prompt or template is
+        refused with -32602. Raises ValueError for a duplicate or when not
+        exactly one of ``prompt``/``resource_template`` is given."""
+        if (prompt is None) == (resource_template is None):
+            raise ValueError("add_completion: give exactly one of prompt= or resource_template=")
+        if prompt is not None:
+            spec = CompletionSpec(kind="prompt", ref=prompt, argument=argument, handler=handler)
+        else:
+            assert resource_template is not None
+            spec = CompletionSpec(kind="resource", ref=resource_template, argument=argument, handler=handler)
+        self._catalog.add_completion(spec)
+
+    def resources(self) -> list[ResourceSpec]:
+        return self._catalog.resources()
+
+    def resource_templates(self) -> list[ResourceTemplateSpec]:
+        return self._catalog.templates()
+
+    def prompts(self) -> list[PromptSpec]:
+        return self._catalog.prompts()
+
+    async def notify_resource_updated(self, uri: str) -> int:
+        """Tell every open session subscribed to ``uri`` (exact match) that
+        it changed (``notifications/resources/updated``, one PM each).
+        Returns the number of sessions notified; failures are logged."""
+        return await self._catalog.notify_resource_updated(uri)
+
+    async def notify_resource_list_changed(self) -> int:
+        """Send ``notifications/resources/list_changed`` to every open
+        session that has used resources or prompts; returns how many."""
+        return await self._catalog.notify_list_changed("resources")
+
+    async def notify_prompt_list_changed(self) -> int:
+        """Send ``notifications/prompts/list_changed`` to every open session
+        that has used resources or prompts; returns how many."""
+        return await self._catalog.notify_list_changed("prompts")
+
     # -- lifecycle ---------------------------------------------------------------------
 
     async def __aenter__(self) -> Harness:
@@ -352,7 +620,12 @@ class Harness:
 
     async def _accept(self, conn: Conn) -> None:
         server = self._server
-        await server.run(conn.read_stream, conn.write_stream, server.create_initialization_options())
+        # listChanged is declared for resources and prompts (only present
+        # once one is registered): the operator may call notify_*_list_changed.
+        options = server.create_initialization_options(
+            NotificationOptions(resources_changed=True, prompts_changed=True)
+        )
+        await server.run(conn.read_stream, conn.write_stream, options)
 
     # -- money ---------------------------------------------------------------------------
 
@@ -403,7 +676,7 @@ class Harness:
     async def _on_list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
-        peer = _peer_of(ctx)
+        peer = peer_of(ctx)
         return ListToolsResult(
             tools=[spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
         )
@@ -411,7 +684,7 @@ class Harness:
     async def _on_call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult:
-        peer = _peer_of(ctx)
+        peer = peer_of(ctx)
         spec = self._tools.get(params.name)
         if spec is None or not self._visible(peer, params.name):
             raise MCPError(code=INVALID_PARAMS, message=f'unknown tool "{params.name}"')
@@ -569,13 +842,6 @@ class Harness:
                 log.error("could not journal completion of call %s for %s: %s", call_id, peer, exc)
         if claim is not None:
             self._calls.finish(claim, result, size, text)
-
-
-def _peer_of(ctx: ServerRequestContext[Any]) -> str:
-    peer = ctx.request
-    if not isinstance(peer, str):
-        raise MCPError(code=INVALID_PARAMS, message="brmcp: request did not arrive over a BR session")
-    return peer
 
 
 def _result_json(result: CallToolResult) -> str:

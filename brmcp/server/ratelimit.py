@@ -5,7 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["RateLimiter"]
+__all__ = ["RATE_LIMITED_TEXT", "RateLimiter"]
+
+#: What a caller whose bucket is empty is told (go-brmcp.md §3.7).
+RATE_LIMITED_TEXT = "rate limited; retry later"
 
 
 class RateLimiter:

@@ -1,4 +1,5 @@
-"""The conformance suite's fixture tools, served by a brmcp Harness.
+"""The conformance suite's fixtures (tools, resources, prompts and a
+completion), served by a brmcp Harness.
 
 Names, arguments and result shapes follow the server scenarios of
 ``@modelcontextprotocol/conformance`` 0.1.16 (their descriptions under
@@ -9,6 +10,8 @@ them to the agent's HTTP stream.
 
 A few tools are priced (:data:`PRICES`) so the suite's calls also run the
 bridge's payment loop (``payment_required`` → tip → credit → reissue).
+Resources, prompts and the completion are free; the bridge mirrors them
+live (``register_fixture_catalog``).
 """
 
 from __future__ import annotations
@@ -43,13 +46,28 @@ from mcp.types import (
     TextResourceContents,
 )
 
-from brmcp.server import CallContext, Harness
+from brmcp.server import CallContext, Harness, PeerContext
 
-__all__ = ["PRICES", "SIMPLE_TEXT", "register_fixture_tools", "tiny_png", "tiny_wav"]
+__all__ = [
+    "CITIES",
+    "PRICES",
+    "SIMPLE_TEXT",
+    "STATIC_TEXT",
+    "WATCHED_URI",
+    "register_fixture_catalog",
+    "register_fixture_tools",
+    "tiny_png",
+    "tiny_wav",
+]
 
 #: Atoms charged per call for the priced fixture tools.
 PRICES: dict[str, int] = {"test_simple_text": 7, "test_image_content": 11, "test_tool_with_progress": 13}
 SIMPLE_TEXT = "This is a simple text response for testing."
+STATIC_TEXT = "This is the content of the static text resource."
+#: The resource the subscribe/unsubscribe scenarios watch.
+WATCHED_URI = "test://watched-resource"
+#: What ``arg1`` of ``test_prompt_with_arguments`` completes from (by prefix).
+CITIES = ("paris", "park", "party", "prague", "porto")
 ERROR_TEXT = "This tool intentionally returns an error for testing"
 
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
@@ -320,3 +338,62 @@ def register_fixture_tools(harness: Harness) -> None:
         JSON_SCHEMA_2020_12,
     )
     add("test_reconnection", reconnection, "Answers after a short delay (SSE polling scenario)")
+
+
+def register_fixture_catalog(harness: Harness) -> None:
+    """Register the resources, resource template, prompts and completion of
+    the server scenarios (``resources-*``, ``prompts-*``,
+    ``completion-complete``) on ``harness``, with the decorator API."""
+
+    @harness.resource("test://static-text", name="static-text", mime_type="text/plain")
+    async def static_text(ctx: PeerContext) -> str:
+        """A fixed text resource."""
+        return STATIC_TEXT
+
+    @harness.resource("test://static-binary", name="static-binary", mime_type="image/png")
+    async def static_binary(ctx: PeerContext) -> bytes:
+        """A 1x1 PNG image."""
+        return tiny_png()
+
+    @harness.resource(WATCHED_URI, name="watched-resource", mime_type="text/plain")
+    async def watched(ctx: PeerContext) -> str:
+        """A resource clients may subscribe to."""
+        return "Watched resource content"
+
+    @harness.resource_template(
+        "test://template/{id}/data", name="template-data", mime_type="application/json"
+    )
+    async def template_data(ctx: PeerContext, id: str) -> dict[str, Any]:
+        """Data for one id, substituted from the URI."""
+        return {"id": id, "templateTest": True, "data": f"Data for ID: {id}"}
+
+    @harness.prompt()
+    async def test_simple_prompt(ctx: PeerContext) -> str:
+        """A prompt without arguments."""
+        return "This is a simple prompt for testing."
+
+    @harness.prompt()
+    async def test_prompt_with_arguments(ctx: PeerContext, arg1: str, arg2: str) -> str:
+        """A prompt with two required arguments."""
+        return f"Prompt with arguments: arg1='{arg1}', arg2='{arg2}'"
+
+    @harness.prompt()
+    async def test_prompt_with_embedded_resource(ctx: PeerContext, resourceUri: str) -> list[Any]:
+        """A prompt embedding the resource named by its argument."""
+        resource = TextResourceContents(
+            uri=resourceUri, mime_type="text/plain", text="Embedded resource content for testing."
+        )
+        return [
+            EmbeddedResource(type="resource", resource=resource),
+            "Please process the embedded resource above.",
+        ]
+
+    @harness.prompt()
+    async def test_prompt_with_image(ctx: PeerContext) -> list[Any]:
+        """A prompt carrying an image."""
+        image = ImageContent(type="image", data=b64encode(tiny_png()).decode(), mime_type="image/png")
+        return [image, "Please analyze the image above."]
+
+    @harness.completion(prompt="test_prompt_with_arguments", argument="arg1")
+    async def complete_arg1(ctx: PeerContext, value: str, context: dict[str, str]) -> list[str]:
+        return [city for city in CITIES if city.startswith(value)]

@@ -4,7 +4,8 @@
 
 * an in-memory :class:`~brmcp.testing.Fabric` (the simulated relay);
 * a :class:`~brmcp.server.Harness` bot at :data:`BOT` serving the fixture
-  tools (``fixture.py``) to the bridge's uid only;
+  tools, resources, prompts and completion (``fixture.py``) to the bridge's
+  uid only;
 * a :class:`~brmcp.bridge.Bridge` at :data:`CLIENT` with its own listener,
   autopay, caps of 1 000 atoms per call and 100 000 per day, and a payer that
   credits the bot's ledger the way a confirmed tip would;
@@ -25,7 +26,7 @@ from brmcp.bridge import Bridge, BridgeConfig, Settings
 from brmcp.server import Harness, HarnessConfig
 from brmcp.testing import Fabric, uid
 
-from .fixture import register_fixture_tools
+from .fixture import register_fixture_catalog, register_fixture_tools
 from .proxy import BearerProxy
 
 __all__ = ["BOT", "CLIENT", "TOKEN", "CreditingPayer", "Stack", "conformance_stack"]
@@ -97,6 +98,7 @@ async def conformance_stack(workdir: Path) -> AsyncIterator[Stack]:
             )
         )
         register_fixture_tools(harness)
+        register_fixture_catalog(harness)
         await stack.enter_async_context(harness)
         bot_router = await harness.start(fabric.sender(BOT))
         fabric.attach(BOT, bot_router.handle_pm)

@@ -1,0 +1,365 @@
+"""The harness's free catalog: resources, resource templates, prompts and
+completions, their MCP handlers, and resource subscriptions (MCP
+2025-11-25 "Resources", "Prompts", "Completion").
+
+The SDK server declares a capability for each method that has a handler,
+so the catalog registers the handlers of a kind only when the first item of
+that kind is registered: a harness that serves only tools answers
+``initialize`` exactly as before (``{"tools": {"listChanged": false}}``),
+and a Go bridge sees no difference.
+
+Every allowed peer sees the whole catalog (``tool_visible`` applies to
+tools only); a handler that must refuse a caller checks ``ctx.peer`` and
+raises :class:`mcp.shared.exceptions.MCPError`. ``resources/read`` and
+``prompts/get`` take a token from the caller's rate-limit bucket, like a
+tool call; list requests and completions do not.
+
+Each BR session is one SDK connection, and the server's lifespan (entered
+once per connection) yields a :class:`SessionState`: a connection that
+used resources or prompts is remembered there until it closes, so the
+operator can notify it (:meth:`Catalog.notify_resource_updated`,
+:meth:`Catalog.notify_list_changed`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Literal, TypeVar
+
+import anyio
+from mcp.server import Server, ServerRequestContext
+from mcp.server.session import ServerSession
+from mcp.shared.exceptions import MCPError
+from mcp.types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    CompleteRequestParams,
+    CompleteResult,
+    Completion,
+    EmptyResult,
+    GetPromptRequestParams,
+    GetPromptResult,
+    ListPromptsResult,
+    ListResourcesResult,
+    ListResourceTemplatesResult,
+    PaginatedRequestParams,
+    PromptListChangedNotification,
+    PromptReference,
+    ReadResourceRequestParams,
+    ReadResourceResult,
+    ResourceListChangedNotification,
+    ResourceUpdatedNotification,
+    ResourceUpdatedNotificationParams,
+    ServerNotification,
+    SubscribeRequestParams,
+    UnsubscribeRequestParams,
+)
+
+from .completions import CompletionSpec, to_completion
+from .context import PeerContext, peer_of
+from .prompts import PromptArgumentError, PromptSpec, to_prompt_result
+from .ratelimit import RATE_LIMITED_TEXT, RateLimiter
+from .resources import ResourceSpec, ResourceTemplateSpec, TemplateVariables, to_read_result
+
+__all__ = ["MAX_SUBSCRIPTIONS", "NOTIFY_TIMEOUT", "Catalog", "SessionState"]
+
+log = logging.getLogger("brmcp.server")
+
+#: Most resource URIs one session may subscribe to.
+MAX_SUBSCRIPTIONS = 256
+#: Seconds one notification may take to send before it is given up.
+NOTIFY_TIMEOUT = 30.0
+
+_T = TypeVar("_T")
+
+
+class SessionState:
+    """Per-connection state (the SDK lifespan context): the session to
+    notify and the URIs it subscribed to."""
+
+    __slots__ = ("session", "uris")
+
+    def __init__(self) -> None:
+        self.session: ServerSession | None = None
+        self.uris: set[str] = set()
+
+
+class Catalog:
+    """The registry and its MCP handlers. ``limiter`` is the harness's
+    per-caller bucket. Call :meth:`bind` with the server whose ``lifespan``
+    is :meth:`connection_scope`."""
+
+    def __init__(self, limiter: RateLimiter) -> None:
+        self._limiter = limiter
+        self._server: Server[Any] | None = None
+        self._resources: dict[str, ResourceSpec] = {}
+        self._templates: dict[str, ResourceTemplateSpec] = {}
+        self._prompts: dict[str, PromptSpec] = {}
+        self._completions: dict[tuple[str, str, str], CompletionSpec] = {}
+        self._sessions: set[SessionState] = set()
+        self._enabled: set[str] = set()
+
+    def bind(self, server: Server[Any]) -> None:
+        self._server = server
+
+    @asynccontextmanager
+    async def connection_scope(self, server: Server[Any]) -> AsyncIterator[SessionState]:
+        """The server's lifespan: one :class:`SessionState` per connection,
+        forgotten when the connection ends."""
+        state = SessionState()
+        try:
+            yield state
+        finally:
+            self._sessions.discard(state)
+
+    # -- registration ----------------------------------------------------------------
+
+    def add_resource(self, spec: ResourceSpec) -> None:
+        if spec.uri in self._resources:
+            raise ValueError(f'resource "{spec.uri}" is already registered')
+        self._resources[spec.uri] = spec
+        self._enable("resources")
+
+    def add_template(self, spec: ResourceTemplateSpec) -> None:
+        if spec.uri_template in self._templates:
+            raise ValueError(f'resource template "{spec.uri_template}" is already registered')
+        self._templates[spec.uri_template] = spec
+        self._enable("resources")
+
+    def add_prompt(self, spec: PromptSpec) -> None:
+        if spec.name in self._prompts:
+            raise ValueError(f'prompt "{spec.name}" is already registered')
+        self._prompts[spec.name] = spec
+        self._enable("prompts")
+
+    def add_completion(self, spec: CompletionSpec) -> None:
+        if spec.key in self._completions:
+            raise ValueError(f'a completion for {spec.kind} "{spec.ref}" argument "{spec.argument}" exists')
+        self._completions[spec.key] = spec
+        self._enable("completions")
+
+    def resources(self) -> list[ResourceSpec]:
+        return list(self._resources.values())
+
+    def templates(self) -> list[ResourceTemplateSpec]:
+        return list(self._templates.values())
+
+    def prompts(self) -> list[PromptSpec]:
+        return list(self._prompts.values())
+
+    def _enable(self, kind: str) -> None:
+        server = self._server
+        if server is None:
+            raise RuntimeError("Catalog.bind was not called")
+        if kind in self._enabled:
+            return
+        self._enabled.add(kind)
+        if kind == "resources":
+            server.add_request_handler("resources/list", PaginatedRequestParams, self._list_resources)
+            server.add_request_handler(
+                "resources/templates/list", PaginatedRequestParams, self._list_templates
+            )
+            server.add_request_handler("resources/read", ReadResourceRequestParams, self._read)
+            server.add_request_handler("resources/subscribe", SubscribeRequestParams, self._subscribe)
+            server.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, self._unsubscribe)
+        elif kind == "prompts":
+            server.add_request_handler("prompts/list", PaginatedRequestParams, self._list_prompts)
+            server.add_request_handler("prompts/get", GetPromptRequestParams, self._get_prompt)
+        else:
+            server.add_request_handler("completion/complete", CompleteRequestParams, self._complete)
+
+    # -- notifications -------------------------------------------------------------------
+
+    async def notify_resource_updated(self, uri: str) -> int:
+        """Send ``notifications/resources/updated`` for ``uri`` to every open
+        session subscribed to exactly that URI; returns how many were sent."""
+        notification = ResourceUpdatedNotification(params=ResourceUpdatedNotificationParams(uri=uri))
+        return await self._send([s for s in self._sessions if uri in s.uris], notification)
+
+    async def notify_list_changed(self, kind: Literal["resources", "prompts"]) -> int:
+        """Send ``notifications/<kind>/list_changed`` to every open session
+        that used resources or prompts; returns how many were sent."""
+        notification: ServerNotification = (
+            ResourceListChangedNotification() if kind == "resources" else PromptListChangedNotification()
+        )
+        return await self._send(list(self._sessions), notification)
+
+    async def _send(self, targets: list[SessionState], notification: ServerNotification) -> int:
+        sent = 0
+
+        async def one(state: SessionState) -> None:
+            nonlocal sent
+            session = state.session
+            if session is None:
+                return
+            with anyio.move_on_after(NOTIFY_TIMEOUT):
+                try:
+                    await session.send_notification(notification)
+                except Exception as exc:
+                    log.debug("%s not delivered: %s", notification.method, exc)
+                    return
+                sent += 1
+
+        async with anyio.create_task_group() as tg:
+            for state in targets:
+                tg.start_soon(one, state)
+        return sent
+
+    # -- MCP handlers ----------------------------------------------------------------------
+
+    def _remember(self, ctx: ServerRequestContext[Any]) -> SessionState | None:
+        state = ctx.lifespan_context
+        if not isinstance(state, SessionState):
+            return None
+        state.session = ctx.session
+        self._sessions.add(state)
+        return state
+
+    def _lookup(self, uri: str) -> tuple[ResourceSpec | ResourceTemplateSpec, TemplateVariables | None]:
+        spec = self._resources.get(uri)
+        if spec is not None:
+            return spec, None
+        for template in self._templates.values():
+            variables = template.match(uri)
+            if variables is not None:
+                return template, variables
+        raise MCPError(code=INVALID_PARAMS, message=f'unknown resource "{_shorten(uri)}"', data={"uri": uri})
+
+    def _take(self, peer: str) -> None:
+        if not self._limiter.take(peer):
+            raise MCPError(code=INVALID_REQUEST, message=RATE_LIMITED_TEXT)
+
+    async def _list_resources(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams
+    ) -> ListResourcesResult:
+        peer_of(ctx)
+        self._remember(ctx)
+        return ListResourcesResult(resources=[spec.to_resource() for spec in self._resources.values()])
+
+    async def _list_templates(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams
+    ) -> ListResourceTemplatesResult:
+        peer_of(ctx)
+        self._remember(ctx)
+        return ListResourceTemplatesResult(
+            resource_templates=[spec.to_template() for spec in self._templates.values()]
+        )
+
+    async def _read(
+        self, ctx: ServerRequestContext[Any], params: ReadResourceRequestParams
+    ) -> ReadResourceResult:
+        peer = peer_of(ctx)
+        self._remember(ctx)
+        uri = params.uri
+        spec, variables = self._lookup(uri)
+        self._take(peer)
+        call = PeerContext(peer=peer, target=uri, request=ctx)
+        if isinstance(spec, ResourceSpec):
+            value = await _run(spec.handler(call), peer, f'resource "{uri}"')
+        else:
+            assert variables is not None
+            value = await _run(spec.handler(call, variables), peer, f'resource "{uri}"')
+        return _convert(lambda: to_read_result(uri, spec.mime_type, value), peer, f'resource "{uri}"')
+
+    async def _subscribe(self, ctx: ServerRequestContext[Any], params: SubscribeRequestParams) -> EmptyResult:
+        peer_of(ctx)
+        state = self._remember(ctx)
+        uri = params.uri
+        self._lookup(uri)
+        if state is None:
+            raise MCPError(
+                code=INVALID_REQUEST, message="resources/subscribe: this connection cannot be notified"
+            )
+        if uri not in state.uris and len(state.uris) >= MAX_SUBSCRIPTIONS:
+            raise MCPError(
+                code=INVALID_REQUEST,
+                message=f"too many resource subscriptions on this session ({MAX_SUBSCRIPTIONS})",
+            )
+        state.uris.add(uri)
+        return EmptyResult()
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: UnsubscribeRequestParams
+    ) -> EmptyResult:
+        peer_of(ctx)
+        state = self._remember(ctx)
+        if state is not None:
+            state.uris.discard(params.uri)
+        return EmptyResult()
+
+    async def _list_prompts(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams
+    ) -> ListPromptsResult:
+        peer_of(ctx)
+        self._remember(ctx)
+        return ListPromptsResult(prompts=[spec.to_prompt() for spec in self._prompts.values()])
+
+    async def _get_prompt(
+        self, ctx: ServerRequestContext[Any], params: GetPromptRequestParams
+    ) -> GetPromptResult:
+        peer = peer_of(ctx)
+        self._remember(ctx)
+        spec = self._prompts.get(params.name)
+        if spec is None:
+            raise MCPError(code=INVALID_PARAMS, message=f'unknown prompt "{_shorten(params.name)}"')
+        try:
+            arguments = spec.check_arguments(params.arguments)
+        except PromptArgumentError as exc:
+            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
+        self._take(peer)
+        call = PeerContext(peer=peer, target=spec.name, request=ctx)
+        what = f'prompt "{spec.name}"'
+        value = await _run(spec.handler(call, arguments), peer, what)
+        return _convert(lambda: to_prompt_result(value, spec.description), peer, what)
+
+    async def _complete(
+        self, ctx: ServerRequestContext[Any], params: CompleteRequestParams
+    ) -> CompleteResult:
+        peer = peer_of(ctx)
+        ref = params.ref
+        if isinstance(ref, PromptReference):
+            kind, target = "prompt", ref.name
+            if target not in self._prompts:
+                raise MCPError(code=INVALID_PARAMS, message=f'unknown prompt "{_shorten(target)}"')
+        else:
+            kind, target = "resource", ref.uri
+            if target not in self._templates and target not in self._resources:
+                raise MCPError(code=INVALID_PARAMS, message=f'unknown resource template "{_shorten(target)}"')
+        spec = self._completions.get((kind, target, params.argument.name))
+        if spec is None:
+            return CompleteResult(completion=Completion(values=[]))
+        context = dict(params.context.arguments or {}) if params.context is not None else {}
+        call = PeerContext(peer=peer, target=target, request=ctx)
+        what = f'completion of {kind} "{target}" argument "{spec.argument}"'
+        value = await _run(spec.handler(call, params.argument.value, context), peer, what)
+        return _convert(lambda: to_completion(value), peer, what)
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+async def _run(pending: Awaitable[_T], peer: str, what: str) -> _T:
+    """Await a handler: an MCPError passes through unchanged, any other
+    exception becomes -32603 with its text (as a failed tool's text reaches
+    the caller)."""
+    try:
+        return await pending
+    except MCPError:
+        raise
+    except Exception as exc:
+        log.info("%s failed for %s: %s", what, peer, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+        raise MCPError(code=INTERNAL_ERROR, message=str(exc) or type(exc).__name__) from None
+
+
+def _convert(build: Callable[[], _T], peer: str, what: str) -> _T:
+    """Build a result from a handler's value; a value of the wrong kind
+    (TypeError) becomes -32603."""
+    try:
+        return build()
+    except TypeError as exc:
+        log.info("%s failed for %s: %s", what, peer, exc)
+        raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from None
