@@ -18,8 +18,8 @@ Every request passes the gate in this order:
 6. pre-flight: the bot link and its tool snapshot, else 503 ``bot
    unavailable``;
 7. the SDK's streamable-HTTP session manager of that bot's proxy server;
-   after a DELETE (the agent ended its session) the bot link forgets that
-   session's resource subscriptions.
+   after a DELETE it accepted (the agent ended its session) the bot link
+   forgets that session's resource subscriptions.
 
 Plain-text errors are written like Go's ``http.Error`` (``text/plain;
 charset=utf-8``, ``X-Content-Type-Options: nosniff``, trailing newline).
@@ -342,11 +342,23 @@ class BridgeApp:
             log.info("bot %s unavailable: %s", uid[:8], exc)
             await send_text(send, 503, "bot unavailable")
             return
-        await endpoint.manager.handle_request(scope, receive, send)
-        if method == "DELETE":
-            ended = _headers(scope, b"mcp-session-id")
-            if len(ended) == 1:
-                endpoint.proxy.link.forget_agent(ended[0].decode("latin-1"))
+        if method != "DELETE":
+            await endpoint.manager.handle_request(scope, receive, send)
+            return
+        status = 0
+
+        async def watch_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        await endpoint.manager.handle_request(scope, receive, watch_status)
+        ended = _headers(scope, b"mcp-session-id")
+        # Only a DELETE the SDK accepted ended the session; a refused one
+        # (bad protocol version, ...) leaves it, and its subscriptions, alive.
+        if 200 <= status < 300 and len(ended) == 1:
+            endpoint.proxy.link.forget_agent(ended[0].decode("latin-1"))
 
     async def _check_post(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
         """Validate a POST body before it can reach a session; returns a

@@ -50,7 +50,7 @@ from ..router import Router
 from .relay import Relay
 from .subscriptions import Subscriptions
 
-__all__ = ["TRANSPORT_ERROR_CODES", "BotLink", "LinkError"]
+__all__ = ["MAX_PENDING_DROPS", "TRANSPORT_ERROR_CODES", "BotLink", "LinkError"]
 
 log = logging.getLogger("brmcp.bridge")
 
@@ -61,6 +61,10 @@ _MAX_PAGES = 64
 #: MCPError codes the SDK raises itself when the BR session failed (as
 #: opposed to an error the bot answered with).
 TRANSPORT_ERROR_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT})
+#: Most bot unsubscriptions queued at once; past it a URI is left alone until
+#: its next update (a bot flooding updates for URIs nobody watches cannot
+#: pile up tasks or hold the subscription lock for ever).
+MAX_PENDING_DROPS = 32
 
 
 class LinkError(Exception):
@@ -298,6 +302,14 @@ class BotLink:
 
     def _schedule_drop(self, uri: str) -> None:
         if uri in self._dropping or self._closed or not _can_subscribe(self._capabilities):
+            return
+        if len(self._dropping) >= MAX_PENDING_DROPS:
+            log.debug(
+                "bot %s: %d unsubscriptions pending; not dropping %.200s",
+                self.uid[:8],
+                MAX_PENDING_DROPS,
+                uri,
+            )
             return
         self._dropping.add(uri)
         self._tg.start_soon(self._drop, uri)

@@ -31,6 +31,7 @@ from mcp.server import ServerRequestContext
 from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
+    INVALID_PARAMS,
     INVALID_REQUEST,
     ResourceUpdatedNotification,
     ResourceUpdatedNotificationParams,
@@ -39,7 +40,7 @@ from mcp.types import (
 
 from .relay import agent_session_id
 
-__all__ = ["MAX_AGENTS", "MAX_URIS_PER_AGENT", "NOTIFY_TIMEOUT", "Subscriptions"]
+__all__ = ["MAX_AGENTS", "MAX_URIS_PER_AGENT", "MAX_URI_BYTES", "NOTIFY_TIMEOUT", "Subscriptions"]
 
 log = logging.getLogger("brmcp.bridge")
 
@@ -47,6 +48,8 @@ log = logging.getLogger("brmcp.bridge")
 MAX_AGENTS = 1024
 #: Resource URIs one agent session may subscribe to on one bot.
 MAX_URIS_PER_AGENT = 256
+#: Longest URI (UTF-8 bytes) an agent may subscribe to, bounding the table.
+MAX_URI_BYTES = 2048
 #: Seconds one relayed notification may take before it is given up.
 NOTIFY_TIMEOUT = 10.0
 
@@ -147,6 +150,10 @@ class Subscriptions:
         request without a session or over :data:`MAX_URIS_PER_AGENT`."""
         if agent_session_id(ctx) is None:
             raise MCPError(code=INVALID_REQUEST, message="resources/subscribe needs an MCP session")
+        if len(uri.encode("utf-8", "surrogatepass")) > MAX_URI_BYTES:
+            raise MCPError(
+                code=INVALID_PARAMS, message=f"resources/subscribe: URI longer than {MAX_URI_BYTES} bytes"
+            )
         async with self.lock:
             sid = self.watch(ctx)
             assert sid is not None

@@ -64,12 +64,15 @@ from .prompts import PromptArgumentError, PromptSpec, to_prompt_result
 from .ratelimit import RATE_LIMITED_TEXT, RateLimiter
 from .resources import ResourceSpec, ResourceTemplateSpec, TemplateVariables, to_read_result
 
-__all__ = ["MAX_SUBSCRIPTIONS", "NOTIFY_TIMEOUT", "Catalog", "SessionState"]
+__all__ = ["MAX_SUBSCRIBED_URI_BYTES", "MAX_SUBSCRIPTIONS", "NOTIFY_TIMEOUT", "Catalog", "SessionState"]
 
 log = logging.getLogger("brmcp.server")
 
 #: Most resource URIs one session may subscribe to.
 MAX_SUBSCRIPTIONS = 256
+#: Longest resource URI (UTF-8 bytes) a session may subscribe to, so the
+#: subscription table of one peer stays small (256 URIs of at most 2 KiB per session).
+MAX_SUBSCRIBED_URI_BYTES = 2048
 #: Seconds one notification may take to send before it is given up.
 NOTIFY_TIMEOUT = 30.0
 
@@ -226,7 +229,10 @@ class Catalog:
             variables = template.match(uri)
             if variables is not None:
                 return template, variables
-        raise MCPError(code=INVALID_PARAMS, message=f'unknown resource "{_shorten(uri)}"', data={"uri": uri})
+        # The caller's URI is echoed shortened: it may be megabytes of text
+        # that JSON escaping would inflate up to six times on the way back.
+        short = _shorten(uri)
+        raise MCPError(code=INVALID_PARAMS, message=f'unknown resource "{short}"', data={"uri": short})
 
     def _take(self, peer: str) -> None:
         if not self._limiter.take(peer):
@@ -268,6 +274,11 @@ class Catalog:
         peer_of(ctx)
         state = self._remember(ctx)
         uri = params.uri
+        if len(uri.encode("utf-8", "surrogatepass")) > MAX_SUBSCRIBED_URI_BYTES:
+            raise MCPError(
+                code=INVALID_PARAMS,
+                message=f"resources/subscribe: URI longer than {MAX_SUBSCRIBED_URI_BYTES} bytes",
+            )
         self._lookup(uri)
         if state is None:
             raise MCPError(
