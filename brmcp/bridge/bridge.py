@@ -32,6 +32,7 @@ from .listener import OwnedListener, parse_listen_address
 from .proxy import BotProxy
 from .settings import SETTINGS_FILE, Settings, load_settings, mint_token, save_settings
 from .settle import Payer, Settler
+from .snapshots import BotSnapshot, SnapshotStore
 from .spend import SPEND_FILE, SpendLog, SpendSummary
 
 __all__ = ["ADMIN_TOKEN_FILE", "DEFAULT_LISTEN", "Bridge", "BridgeConfig"]
@@ -118,6 +119,8 @@ class Bridge:
         self._settler = Settler(spend=spend, payer=config.payer, clock=config.clock, settings=self._current)
         self._router = Router(config.sender, allow=self._allow_peer, options=config.router_options)
         self._client_info = Implementation(name=config.name, version="1")
+        self._snapshot_store = SnapshotStore(self._data_dir)
+        self._snapshots: dict[str, BotSnapshot] = {}
         self._links: dict[str, BotLink] = {}
         self._proxies: dict[str, BotProxy] = {}
         self._app = BridgeApp(self, admin_handler(self), max_body_bytes=config.max_body_bytes)
@@ -164,6 +167,7 @@ class Bridge:
         self._router_entered = True
         self._started = True
         self._admin_token = await anyio.to_thread.run_sync(self._load_admin_token)
+        self._snapshots = await anyio.to_thread.run_sync(self._snapshot_store.load_all)
         await self._reconcile()
 
     async def close(self) -> None:
@@ -357,12 +361,18 @@ class Bridge:
         proxy = self._proxies.get(uid)
         if proxy is not None and not proxy.link.closed:
             return proxy
+        snapshot = self._snapshots.pop(uid, None)
+        if proxy is not None:
+            snapshot = proxy.link.snapshot() or snapshot
         link = BotLink(
             uid,
             self._router,
             self._task_group(),
             self._client_info,
             connect_timeout=self.config.connect_timeout,
+            store=self._snapshot_store,
+            snapshot=snapshot,
+            clock=self._clock.now,
         )
         proxy = BotProxy(link, self._settler, self._clock, self.config.name)
         self._links[uid] = link

@@ -58,6 +58,7 @@ from .link import BotLink, LinkError
 from .mirror import Mirror, MirrorServer
 from .relay import AgentCall, strip_reserved_meta
 from .settle import Settler
+from .snapshots import ERA_MODERN
 
 __all__ = ["POLL_ATTEMPTS", "POLL_INTERVAL", "BotProxy", "strip_reserved_meta"]
 
@@ -96,6 +97,8 @@ class BotProxy:
     async def _on_list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
+        # The agent hears about tools/list_changed from now on.
+        self.link.subscriptions.watch(ctx)
         tools = self.link.tools
         if tools is None:
             try:
@@ -123,6 +126,12 @@ class BotProxy:
         and written before the result. Raises :class:`MCPError` for an
         unknown tool (-32602 ``unknown tool "<name>"``), an unreachable bot,
         or a second transport failure."""
+        if self.link.tools is None:
+            # First contact: the snapshot request also settles the bot's era.
+            try:
+                await self.link.refresh()
+            except LinkError as exc:
+                raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
         if self.link.tools is not None and self.link.tool(tool) is None:
             raise MCPError(INVALID_PARAMS, f'unknown tool "{tool}"')
         with self.link.relay.track(agent) as tracked:
@@ -148,6 +157,7 @@ class BotProxy:
         )
         bot = self.link.uid
         paid = False
+        era_switched = False
         attempt = 0
         while True:
             try:
@@ -157,6 +167,9 @@ class BotProxy:
                             request, CallToolResult, progress_callback=progress
                         )
                     except Exception as exc:
+                        if self.link.era_refused(exc, gen) and not era_switched:
+                            era_switched = True
+                            continue  # the bot wants the handshake era: same key, new session
                         self.link.reset(gen)
                         if attempt == 0:
                             log.info("call %s on bot %s failed (%s); retrying once", tool, bot[:8], exc)
@@ -168,6 +181,19 @@ class BotProxy:
             except LinkError as exc:
                 raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
             result = _clean_result(result)
+            if (
+                not era_switched
+                and result.is_error
+                and _needs_back_channel(result)
+                and self.link.session_era(gen) == ERA_MODERN
+            ):
+                # A modern session has no channel for the bot's sampling or
+                # elicitation requests: the failed (refunded) call runs
+                # again, under a new key, on a handshake session.
+                era_switched = True
+                self.link.require_handshake(gen)
+                request = _with_key(request, secrets.token_hex(16))
+                continue
             refusal = parse_payment_required(result)
             if refusal is None:
                 return result
@@ -183,6 +209,20 @@ class BotProxy:
                 return result.model_copy(update={"content": [*result.content, note]})
             paid = True
             attempt += 1
+
+
+#: The MCP SDK's tool error when a modern-era session cannot carry a request
+#: from the bot (sampling, elicitation) back to the caller.
+_BACK_CHANNEL_TEXT = "no back-channel for server-initiated requests"
+
+
+def _needs_back_channel(result: CallToolResult) -> bool:
+    return any(isinstance(c, TextContent) and _BACK_CHANNEL_TEXT in c.text for c in result.content)
+
+
+def _with_key(request: CallToolRequest, key: str) -> CallToolRequest:
+    params = request.params.model_copy(update={"meta": cast(RequestParamsMeta, {CALL_KEY: key})})
+    return request.model_copy(update={"params": params})
 
 
 def _clean_result(result: CallToolResult) -> CallToolResult:

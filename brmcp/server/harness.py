@@ -29,6 +29,7 @@ from mcp.types import (
     PromptArgument,
     ToolAnnotations,
 )
+from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 
 from .. import wire
 from ..conn import Conn
@@ -81,6 +82,12 @@ MAX_HELD_CALLS = 4
 #: While holding, the balance is re-read at least this often (seconds), so a
 #: credit made outside the harness (an external ``Billing``) is seen too.
 _HOLD_RECHECK = 1.0
+#: ``tools/list`` result ``_meta`` key stating the capabilities on modern-era
+#: sessions (WIRE.md §Eras).
+CAPABILITIES_META_KEY = "brmcp/capabilities"
+#: listChanged is declared for resources and prompts (only present once one
+#: is registered): the operator may call notify_*_list_changed.
+_NOTIFICATIONS = NotificationOptions(resources_changed=True, prompts_changed=True)
 #: Refused peers are logged at most this often (seconds), remembering this many.
 _DENIED_WARN_INTERVAL = 600.0
 _DENIED_WARN_MEMORY = 1024
@@ -649,9 +656,7 @@ class Harness:
         server = self._server
         # listChanged is declared for resources and prompts (only present
         # once one is registered): the operator may call notify_*_list_changed.
-        options = server.create_initialization_options(
-            NotificationOptions(resources_changed=True, prompts_changed=True)
-        )
+        options = server.create_initialization_options(_NOTIFICATIONS)
         await server.run(conn.read_stream, conn.write_stream, options)
 
     # -- money ---------------------------------------------------------------------------
@@ -719,9 +724,16 @@ class Harness:
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
         peer = peer_of(ctx)
-        return ListToolsResult(
-            tools=[spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
-        )
+        tools = [spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return ListToolsResult(tools=tools)
+        # A modern caller skipped server/discover: state the capabilities
+        # here so it needs no second round trip (WIRE.md §Eras).
+        # What initialize would declare (the modern era's own flags drop
+        # subscribe and listChanged, which a bridge needs to pick the era).
+        declared = self._server.get_capabilities(_NOTIFICATIONS, protocol_version=LATEST_HANDSHAKE_VERSION)
+        stated = declared.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return ListToolsResult(tools=tools, _meta={CAPABILITIES_META_KEY: stated})
 
     async def _on_call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
