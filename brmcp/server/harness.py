@@ -36,6 +36,7 @@ from ..payment import CALL_KEY, payment_required_result
 from ..payment import valid_call_key as _is_valid_key
 from ..router import Router, RouterOptions
 from ..sender import PMSender
+from . import store
 from ._accounts import Accounts
 from .billing import Billing
 from .callkeys import REPLAY_WINDOW, CallKeyRegistry, Claim, error_result
@@ -636,12 +637,22 @@ class Harness:
     async def credit(self, peer: str, atoms: int, *, memo: str | None = None) -> None:
         """Credit ``atoms`` (> 0) to ``peer`` outside the tip path (operator
         top-ups, tests). Audited as kind ``credit``. Raises ValueError for a
-        non-positive amount."""
+        non-positive amount, and ``store.BalanceLimitError`` (a ValueError;
+        logged, nothing credited) when the built-in ledger's balance would
+        pass ``MAX_BALANCE_ATOMS`` (21 million DCR; SECURITY.md)."""
         if isinstance(atoms, bool) or not isinstance(atoms, int) or atoms <= 0:
             raise ValueError(f"credit amount must be a positive number of atoms, got {atoms!r}")
+        if atoms > store.MAX_BALANCE_ATOMS:
+            exc = store.BalanceLimitError(peer, await self.balance(peer), atoms)
+            log.error("%s", exc)
+            raise exc
         ref = f"credit:{wire.new_id()}{wire.new_id()}"
-        with anyio.CancelScope(shield=True):
-            await self._accounts.credit(peer, atoms, kind="credit", ref=ref)
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._accounts.credit(peer, atoms, kind="credit", ref=ref)
+        except store.BalanceLimitError as exc:
+            log.error("%s", exc)
+            raise
 
     async def credit_tip(self, peer: str, amount_matoms: int, sequence_id: int) -> int:
         """Credit a received tip: milliatoms floored to atoms, only for
@@ -654,7 +665,18 @@ class Harness:
 
     async def record_tip(self, peer: str, amount_matoms: int, sequence_id: int) -> tuple[bool, int]:
         """Like :meth:`credit_tip` but also says whether the tip was new
-        (False: a redelivery, nothing changed)."""
+        (False: a redelivery, nothing changed). Raises ValueError, changing
+        nothing, when the sequence id or the amount is not a signed 64-bit
+        integer (the ledger's type; ids must also be >= 0; a negative
+        amount is recorded, never credited); a tip that would
+        push the built-in ledger's balance past ``MAX_BALANCE_ATOMS`` is
+        recorded as seen, not credited, and logged as an error."""
+        for name, value, low in (
+            ("sequence id", sequence_id, 0),
+            ("amount", amount_matoms, -store.MAX_INT63 - 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= store.MAX_INT63:
+                raise ValueError(f"tip {name} {value!r} out of range (a signed 64-bit integer, ids >= 0)")
         allowed = self.allowed(peer)
         with anyio.CancelScope(shield=True):
             outcome = await self._accounts.credit_tip(
