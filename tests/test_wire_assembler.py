@@ -363,7 +363,8 @@ def test_completed_and_dropped_messages_release_their_chunks_at_once() -> None:
         for i in range(40):  # 40 x 1 MiB, each in 4 parts, deadlines set
             for seq in range(1, 5):
                 out = asm.add("p", part(seq, 4, bytes(chunk), mid=f"c{i}", exp=2_000), now)
-            assert out is not None and len(out) == 4 * chunk
+            assert out is not None
+            assert len(out) == 4 * chunk
 
     def dropped() -> None:
         for i in range(40):  # 40 messages dropped half-way (total disagrees)
