@@ -696,6 +696,9 @@ class Client:
         ``rpcuser``/``rpcpass``); ``kwargs`` are the other constructor arguments."""
         if not cfg.brrpcurl:
             raise ClientrpcConfigError("bot config: brrpcurl is required")
+        for key, what in _CERT_KEYS:
+            if not getattr(cfg, key).strip():
+                raise ClientrpcConfigError(f"bot config: {key} is missing or empty; set it to {what}")
         return cls(
             cfg.brrpcurl,
             server_cert=os.path.expanduser(cfg.servercertpath),
@@ -840,6 +843,11 @@ class Client:
             return (
                 f"server certificate not trusted ({cause.verify_message}); "
                 f"servercertpath {self.server_cert} must be this brclient's rpc.cert"
+            )
+        if isinstance(cause, ssl.SSLError) and _not_tls(cause):
+            return (
+                f"TLS failed ({cause.reason}): the server at this address does not speak TLS "
+                "(a plain-HTTP port?); brrpcurl must be brclient's [clientrpc] jsonrpclisten address"
             )
         if isinstance(cause, ssl.SSLError):
             return (
@@ -992,3 +1000,20 @@ def _decode_result(method: str, decode: Callable[[Any], R], result: Any) -> R:
         return decode(result)
     except (ProtojsonError, ValueError, TypeError) as exc:
         raise ClientrpcProtocolError(f"{method}: malformed result from brclient: {exc}") from None
+
+
+#: The certificate keys of a bot config and what each must name.
+_CERT_KEYS = (
+    ("servercertpath", "the path of brclient's rpc.cert (e.g. ~/.brclient/rpc.cert)"),
+    ("clientcertpath", "the path of brclient's rpc-client.cert (e.g. ~/.brclient/rpc-client.cert)"),
+    ("clientkeypath", "the path of brclient's rpc-client.key (e.g. ~/.brclient/rpc-client.key)"),
+)
+#: OpenSSL reasons for a peer that answered the ClientHello with something
+#: that is not TLS (typically a plain-HTTP server).
+_NOT_TLS_REASONS = frozenset(
+    {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE"}
+)
+
+
+def _not_tls(exc: ssl.SSLError) -> bool:
+    return (exc.reason or "").upper() in _NOT_TLS_REASONS
