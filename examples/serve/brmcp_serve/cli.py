@@ -24,6 +24,7 @@ from pathlib import Path
 
 import anyio
 
+from brmcp._console import add_version
 from brmcp.botlog import LEVEL_CHOICES, LogSetupError, bot_logging
 from brmcp.clientrpc import ClientrpcConfigError, load_bot_config
 from brmcp.gateway import (
@@ -59,6 +60,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Serve the example MCP tools echo (free) and fortune (paid) over Bison Relay "
         "through a running brclient.",
     )
+    add_version(parser, PROG)
     parser.add_argument(
         "--datadir",
         default=str(default_datadir()),
