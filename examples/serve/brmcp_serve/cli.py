@@ -19,6 +19,7 @@ from pathlib import Path
 
 import anyio
 
+from brmcp._console import add_version
 from brmcp.botlog import LEVEL_CHOICES, LogSetupError, bot_logging
 from brmcp.clientrpc import ClientrpcConfigError, load_bot_config
 from brmcp.server import HarnessError
@@ -37,6 +38,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Serve the example MCP tools echo (free) and fortune (paid) over Bison Relay "
         "through a running brclient.",
     )
+    add_version(parser, PROG)
     parser.add_argument(
         "--datadir",
         default=str(default_datadir()),
