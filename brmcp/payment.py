@@ -137,7 +137,7 @@ def payment_required_result(tool: str, price_atoms: int, balance_atoms: int) -> 
 
 def _decode(text: str) -> PaymentRequired | None:
     try:
-        fields = _gojson.decode_struct(_gojson.loads(text), _FIELDS, struct="brmcp.PaymentRequired")
+        fields = _gojson.decode_struct(_gojson.loads(text), _FIELDS, struct="payment_required fields")
     except _gojson.GoJSONError:
         return None
     if fields.get("error") != PAYMENT_REQUIRED:

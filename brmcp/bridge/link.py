@@ -160,6 +160,8 @@ class BotLink:
         self._refresh_wanted = False
         self._refreshing = False
         self._announce = False
+        #: The bot said its tool list changed: fetch before serving it.
+        self._changed = False
         self._dropping: set[str] = set()
         #: Sessions dialed so far (observability and tests).
         self.dials = 0
@@ -352,6 +354,14 @@ class BotLink:
     def tool(self, name: str) -> Tool | None:
         return self._by_name.get(name)
 
+    @property
+    def stale(self) -> bool:
+        """True when the snapshot is not known to be current: the link was
+        reset or restarted (it is served and refreshed in the background),
+        or the bot said its tool list changed (:meth:`refresh` fetches it
+        before answering)."""
+        return self._stale or self._changed
+
     def _install_tools(self, tools: list[Tool]) -> None:
         self._tools = tools
         self._by_name = {t.name: t for t in tools}
@@ -363,7 +373,7 @@ class BotLink:
         stale (remembered from an earlier run, or taken on a session since
         reset) is returned as it is and refreshed in the background after
         the next request that reaches the bot. Raises :class:`LinkError`."""
-        if self._tools is not None:
+        if self._tools is not None and not self._changed:
             if self._stale and self._era_confirmed:
                 self._refresh_wanted = True
                 if self._era == ERA_HANDSHAKE and not self.connected:
@@ -374,14 +384,14 @@ class BotLink:
             if not self._stale or self._era_confirmed:
                 return self._tools
         async with self._snapshot_lock:
-            if self._tools is not None and (not self._stale or self._era_confirmed):
+            if self._tools is not None and not self._changed and (not self._stale or self._era_confirmed):
                 return self._tools
             return await self._fetch()
 
     async def _fetch(self) -> list[Tool]:
         """``tools/list`` now (holding the snapshot lock), switching to the
         handshake era once when the bot refuses the modern request."""
-        for _attempt in range(2):
+        for _attempt in range(3):
             async with self.lease() as (session, gen):
                 era = self.session_era(gen) or ERA_HANDSHAKE
                 try:
@@ -415,28 +425,21 @@ class BotLink:
                     if capabilities != self._capabilities:
                         self._capabilities = capabilities
                         changed = True
-                    switch = _pushes(capabilities)
-                    if switch:
+                    if _pushes(capabilities):
                         # Resource updates and list changes need the handshake
-                        # era's standing session (2026-07-28 has none over BR).
+                        # era's standing session (2026-07-28 has none over BR),
+                        # and a bot tells list changes to sessions that listed:
+                        # list again there.
                         self.require_handshake(gen)
-                        changed = True
-                else:
-                    switch = False
+                        continue
                 changed = changed or tools != self._tools
                 current = self._current
                 self._install_tools(tools)
-                # Tools listed on a session that is gone are stale, unless it
-                # only went because the era changed (the list is the bot's).
-                self._stale = not switch and (current is None or current.gen != gen)
+                self._stale = current is None or current.gen != gen
+                self._changed = False
                 self._refresh_wanted = False
                 if changed:
                     self._schedule_save()
-            if switch:
-                async with self.lease() as (_session, opened):
-                    pass  # open the handshake session now (subscriptions, pushes)
-                current = self._current
-                self._stale = current is None or current.gen != opened
             return tools
         raise LinkError("tools/list: the bot refused both eras")
 
@@ -506,7 +509,10 @@ class BotLink:
         elif isinstance(message, PromptListChangedNotification):
             await self.subscriptions.broadcast(PromptListChangedNotification())
         elif isinstance(message, ToolListChangedNotification):
-            # Refreshed first, then relayed: agents that re-list get the new tools.
+            # A bot whose tools change at run time (e.g. a brmcp gateway after
+            # a prices.json reload): refreshed at once, then relayed, so
+            # agents that re-list get the new tools.
+            self._changed = True
             self._announce = True
             self._start_refresh()
 
@@ -584,12 +590,17 @@ async def _list_all(session: ClientSession) -> tuple[list[Tool], ServerCapabilit
 
 
 def _pushes(capabilities: ServerCapabilities) -> bool:
-    """True when a bot serves resources or prompts: it may send
-    notifications unasked (resource updates, list changes), which only a
-    handshake-era session carries over BR. (A modern ``server/discover``
-    reports its subscribe and listChanged flags for ``subscriptions/listen``
-    only, so they cannot tell.)"""
-    return capabilities.resources is not None or capabilities.prompts is not None
+    """True when a bot serves resources or prompts, or declares that its
+    tool list changes: it may send notifications unasked (resource updates,
+    list changes), which only a handshake-era session carries over BR. (A
+    modern ``server/discover`` reports its subscribe and listChanged flags
+    for ``subscriptions/listen`` only, so they cannot tell.)"""
+    tools = capabilities.tools
+    return (
+        capabilities.resources is not None
+        or capabilities.prompts is not None
+        or (tools is not None and bool(tools.list_changed))
+    )
 
 
 def _stated_capabilities(meta: Any) -> ServerCapabilities | None:

@@ -32,6 +32,7 @@ The payment loop, for one logical call:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from typing import Any, cast
@@ -100,7 +101,7 @@ class BotProxy:
         # The agent hears about tools/list_changed from now on.
         self.link.subscriptions.watch(ctx)
         tools = self.link.tools
-        if tools is None:
+        if tools is None or self.link.stale:
             try:
                 tools = await self.link.refresh()
             except LinkError as exc:
@@ -133,7 +134,11 @@ class BotProxy:
             except LinkError as exc:
                 raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
         if self.link.tools is not None and self.link.tool(tool) is None:
-            raise MCPError(INVALID_PARAMS, f'unknown tool "{tool}"')
+            if self.link.stale:
+                with contextlib.suppress(LinkError):
+                    await self.link.refresh()
+            if self.link.tool(tool) is None:
+                raise MCPError(INVALID_PARAMS, f'unknown tool "{tool}"')
         with self.link.relay.track(agent) as tracked:
             try:
                 result = await self._pay_loop(tool, arguments, tracked)
