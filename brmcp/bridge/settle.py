@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -28,7 +29,7 @@ import anyio
 import anyio.to_thread
 
 from ..payment import PaymentRequired
-from .approvals import ApprovalQueue
+from .approvals import ApprovalQueue, PendingPayment
 from .clock import Clock, go_duration
 from .errors import BridgeError
 from .settings import Settings
@@ -97,8 +98,10 @@ class Settler:
         payer: Payer,
         clock: Clock,
         settings: Callable[[], Settings],
+        approval_hint: Callable[[str], str] | None = None,
     ) -> None:
         self._spend = spend
+        self._approval_hint = approval_hint
         self._payer = payer
         self._clock = clock
         self._settings = settings
@@ -146,6 +149,23 @@ class Settler:
         already in flight completes (its credit stays at the bot) and its
         spend entry says so."""
         amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
+        reason = await self._settle(bot, tool, amount, gone)
+        if reason is not None:
+            log.info("payment to bot %s for tool %s (%d atoms) not made: %s", bot, tool, amount, reason)
+        return reason
+
+    def _parked(self, payment: PendingPayment) -> None:
+        hint = self._approval_hint(payment.id) if self._approval_hint is not None else ""
+        log.info(
+            "payment %s waits for approval: %d atoms to bot %s for tool %s%s",
+            payment.id,
+            payment.atoms,
+            payment.bot,
+            payment.tool,
+            f"; {hint}" if hint else "",
+        )
+
+    async def _settle(self, bot: str, tool: str, amount: int, gone: anyio.Event | None) -> str | None:
         if amount <= 0:
             return "bot requested a nonpositive amount"
         approved = False
@@ -184,10 +204,19 @@ class Settler:
                     self._spend.withdraw(ticket)
                     log.error("spend log not written, payment to %s not made: %s", bot, exc)
                     return f"could not record the spend, so nothing was paid: {exc}"
+            spend_id = secrets.token_hex(4)
+            log.info(
+                "spend %s: paying %d atoms to bot %s for tool %s (%s; recorded pending in the spend log)",
+                spend_id,
+                amount,
+                bot,
+                tool,
+                "approved" if approved else settings.mode,
+            )
             # Shielded: once money may move, the agent going away or cancelling
             # does not interrupt it (the tip wait still bounds it).
             with anyio.CancelScope(shield=True):
-                return await self._pay(ticket, bot, amount, settings.tip_wait_secs, gone)
+                return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id, gone)
 
     async def _park(
         self, bot: str, tool: str, amount: int, approval_secs: float, gone: anyio.Event | None
@@ -195,14 +224,16 @@ class Settler:
         """Wait for the user's decision, or ``"gone"`` as soon as the agent's
         request went away (the parked payment is withdrawn)."""
         if gone is None:
-            return await self.approvals.wait(bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs)
+            return await self.approvals.wait(
+                bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=self._parked
+            )
         decision = "gone"
         async with anyio.create_task_group() as tg:
 
             async def _decide() -> None:
                 nonlocal decision
                 decision = await self.approvals.wait(
-                    bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs
+                    bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=self._parked
                 )
                 tg.cancel_scope.cancel()
 
@@ -210,11 +241,17 @@ class Settler:
             await gone.wait()
             tg.cancel_scope.cancel()
         if decision == "gone":
-            log.info("payment of %d atoms to %s for %s withdrawn: the agent went away", amount, bot[:8], tool)
+            log.info("payment of %d atoms to %s for %s withdrawn: the agent went away", amount, bot, tool)
         return decision
 
     async def _pay(
-        self, ticket: SpendTicket, bot: str, amount: int, wait_secs: int, gone: anyio.Event | None = None
+        self,
+        ticket: SpendTicket,
+        bot: str,
+        amount: int,
+        wait_secs: int,
+        spend_id: str,
+        gone: anyio.Event | None = None,
     ) -> str | None:
         status, err, reason = STATUS_PENDING, "", None
         try:
@@ -232,6 +269,18 @@ class Settler:
         finally:
             if status == STATUS_PAID and gone is not None and gone.is_set():
                 err = AGENT_GONE_PAID
+            if status == STATUS_PAID:
+                log.info("spend %s: paid %d atoms to bot %s", spend_id, amount, bot)
+            elif status == STATUS_FAILED:
+                log.info("spend %s: payment of %d atoms to bot %s failed: %s", spend_id, amount, bot, err)
+            else:
+                log.info(
+                    "spend %s: outcome of %d atoms to bot %s unknown (%s); it stays pending and counted",
+                    spend_id,
+                    amount,
+                    bot,
+                    reason or "cancelled",
+                )
             with anyio.CancelScope(shield=True):
                 async with self._lock:
                     self._spend.finish(ticket, status, err)
