@@ -113,23 +113,35 @@ def _type_name(value: Any) -> str:
     return "null"
 
 
+_KIND_TEXT: dict[str, str] = {
+    "string": "a string",
+    "bool": "true or false",
+    "int64": "a whole number (64-bit)",
+    "strings": "a list of strings",
+}
+
+
 def _convert(field: str, kind: Kind, value: Any, struct: str) -> Any:
-    where = f"Go struct field {struct}.{field}"
+    # Go's json.Unmarshal refuses the same values; the message is written for
+    # the person who edited the file rather than in Go's "into Go value" terms.
+    def wrong(found: Any) -> GoJSONError:
+        return GoJSONError(f'"{field}" must be {_KIND_TEXT[kind]}, not {_type_name(found)}')
+
     if kind == "string":
         if isinstance(value, str):
             return _clean(value)
-        raise GoJSONError(f"json: cannot unmarshal {_type_name(value)} into {where} of type string")
+        raise wrong(value)
     if kind == "bool":
         if isinstance(value, bool):
             return value
-        raise GoJSONError(f"json: cannot unmarshal {_type_name(value)} into {where} of type bool")
+        raise wrong(value)
     if kind == "int64":
         if isinstance(value, int) and not isinstance(value, bool) and _INT64_MIN <= value <= _INT64_MAX:
             return value
-        raise GoJSONError(f"json: cannot unmarshal {_type_name(value)} into {where} of type int64")
+        raise wrong(value)
     # "strings": a []string; null elements become "".
     if not isinstance(value, list) or isinstance(value, _Pairs):
-        raise GoJSONError(f"json: cannot unmarshal {_type_name(value)} into {where} of type []string")
+        raise wrong(value)
     items: list[str] = []
     for item in value:
         if item is None:
@@ -137,7 +149,7 @@ def _convert(field: str, kind: Kind, value: Any, struct: str) -> Any:
         elif isinstance(item, str):
             items.append(_clean(item))
         else:
-            raise GoJSONError(f"json: cannot unmarshal {_type_name(item)} into {where} of type string")
+            raise GoJSONError(f'"{field}" must be a list of strings, but an element is {_type_name(item)}')
     return items
 
 
@@ -153,7 +165,7 @@ def decode_struct(value: Any, fields: Mapping[str, Kind], *, struct: str) -> dic
     if value is None:
         return {}
     if not isinstance(value, _Pairs):
-        raise GoJSONError(f"json: cannot unmarshal {_type_name(value)} into Go value of type {struct}")
+        raise GoJSONError(f"expected a JSON object of {struct}, not {_type_name(value)}")
     folded = {_fold(name): name for name in fields}
     out: dict[str, Any] = {}
     for key, item in value:
@@ -170,5 +182,11 @@ def decode_struct_list(value: Any, fields: Mapping[str, Kind], *, struct: str) -
     if value is None:
         return []
     if not isinstance(value, list) or isinstance(value, _Pairs):
-        raise GoJSONError(f"json: cannot unmarshal {_type_name(value)} into Go value of type []{struct}")
-    return [decode_struct(item, fields, struct=struct) for item in value]
+        raise GoJSONError(f"expected a JSON array of {struct}, not {_type_name(value)}")
+    out: list[dict[str, Any]] = []
+    for index, item in enumerate(value):
+        try:
+            out.append(decode_struct(item, fields, struct=struct))
+        except GoJSONError as exc:
+            raise GoJSONError(f"entry {index}: {exc}") from None
+    return out

@@ -19,16 +19,22 @@ from mcp.types import CallToolResult, TextContent
 from . import _gojson
 
 __all__ = [
+    "BALANCE_ATOMS_KEY",
     "CALL_KEY",
     "CALL_KEY_MAX_BYTES",
     "CALL_KEY_MIN_BYTES",
+    "CHARGED_ATOMS_KEY",
     "PAYMENT_REQUIRED",
+    "PAY_ALONGSIDE_KEY",
     "PRICE_ATOMS_KEY",
     "PRICING_DYNAMIC",
     "PRICING_KEY",
     "TIP_RAIL",
     "PaymentRequired",
+    "Receipt",
     "parse_payment_required",
+    "parse_receipt",
+    "pay_alongside_atoms",
     "payment_required_result",
     "payment_required_text",
     "valid_call_key",
@@ -42,6 +48,16 @@ PRICING_KEY = "brmcp/pricing"
 PRICING_DYNAMIC = "dynamic"
 #: ``tools/call`` ``params._meta`` key carrying the caller's idempotency key.
 CALL_KEY = "brmcp/callKey"
+#: Result ``_meta`` key of a paid result (a receipt, WIRE.md §Receipts): the
+#: atoms this call charged.
+CHARGED_ATOMS_KEY = "brmcp/chargedAtoms"
+#: Result ``_meta`` key of a paid result: the caller's balance in atoms right
+#: after the charge.
+BALANCE_ATOMS_KEY = "brmcp/balanceAtoms"
+#: ``tools/call`` ``params._meta`` key marking a call whose payment the caller
+#: is making alongside it (WIRE.md §Pay alongside): a positive JSON integer,
+#: the atoms of the tip in flight.
+PAY_ALONGSIDE_KEY = "brmcp/payAlongside"
 #: Inclusive bounds on a honoured callKey's length in UTF-8 bytes (§2.8).
 CALL_KEY_MIN_BYTES = 8
 CALL_KEY_MAX_BYTES = 128
@@ -121,7 +137,7 @@ def payment_required_result(tool: str, price_atoms: int, balance_atoms: int) -> 
 
 def _decode(text: str) -> PaymentRequired | None:
     try:
-        fields = _gojson.decode_struct(_gojson.loads(text), _FIELDS, struct="brmcp.PaymentRequired")
+        fields = _gojson.decode_struct(_gojson.loads(text), _FIELDS, struct="payment_required fields")
     except _gojson.GoJSONError:
         return None
     if fields.get("error") != PAYMENT_REQUIRED:
@@ -164,3 +180,51 @@ def valid_call_key(value: Any) -> bool:
         return False
     size = len(value.encode("utf-8", "surrogatepass"))
     return CALL_KEY_MIN_BYTES <= size <= CALL_KEY_MAX_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The receipt ``_meta`` of a paid result (WIRE.md §Receipts):
+    ``charged_atoms`` the price charged for this call, ``balance_atoms`` the
+    caller's balance right after the charge (both atoms)."""
+
+    charged_atoms: int
+    balance_atoms: int
+
+    def to_meta(self) -> dict[str, int]:
+        """The two ``_meta`` keys with their integer values."""
+        return {CHARGED_ATOMS_KEY: self.charged_atoms, BALANCE_ATOMS_KEY: self.balance_atoms}
+
+
+def _int_value(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # Go clients and some JSON stacks write whole floats
+    return None
+
+
+def parse_receipt(meta: Any) -> Receipt | None:
+    """The receipt in a result's ``_meta`` (a dict), or None when either key
+    is missing or not a whole number of atoms >= 0. Never raises."""
+    if not isinstance(meta, dict):
+        return None
+    charged = _int_value(meta.get(CHARGED_ATOMS_KEY))
+    balance = _int_value(meta.get(BALANCE_ATOMS_KEY))
+    if charged is None or balance is None or charged < 0 or balance < 0:
+        return None
+    return Receipt(charged_atoms=charged, balance_atoms=balance)
+
+
+def pay_alongside_atoms(meta: Any) -> int:
+    """The atoms a ``tools/call`` ``_meta`` (a dict) says are being tipped
+    alongside the call (:data:`PAY_ALONGSIDE_KEY`); 0 when absent or not a
+    positive JSON integer (the mark is then ignored, WIRE.md §Pay alongside)."""
+    if not isinstance(meta, dict):
+        return 0
+    value = meta.get(PAY_ALONGSIDE_KEY)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value >= 1 << 63:
+        return 0
+    return value

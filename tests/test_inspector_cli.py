@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ def node_tools() -> NodeTools:
 
 
 async def inspector(
-    tools: NodeTools, home: Path, url: str, *args: str, token: str | None = TOKEN
+    tools: NodeTools, home: Path, url: str, *args: str, token: str | None = TOKEN, tty: bool = False
 ) -> tuple[int, str, str]:
     """Run ``inspector --cli URL --transport http [--header ...] ARGS``;
     returns (exit code, stdout, stderr). HOME points at ``home`` so the
@@ -42,7 +44,10 @@ async def inspector(
     if token is not None:
         command += ["--header", f"Authorization: Bearer {token}"]
     command += list(args)
-    env = {**os.environ, "HOME": str(home), "NO_COLOR": "1"}
+    env = {**os.environ, "HOME": str(home), "NO_COLOR": "1", "MCP_INSPECTOR_SECRET_STORE": "memory"}
+    if tty:
+        # util-linux script(1) gives the Inspector a terminal, as a person has.
+        command = ["script", "-qec", shlex.join(command), "/dev/null"]
     with anyio.fail_after(RUN_LIMIT):  # run_process kills the Inspector when cancelled
         done = await anyio.run_process(command, env=env, check=False)
     return done.returncode, done.stdout.decode(), done.stderr.decode()
@@ -108,3 +113,29 @@ async def test_inspector_without_the_token_is_refused(tmp_path: Path, node_tools
         # The 401 makes the Inspector want OAuth, which it cannot do unattended.
         assert '"auth_required"' in err
         assert env.bridge.link(BOT) is None  # refused at the gate: the bot was never dialed
+
+
+async def test_inspector_reports_the_bridge_auth_error(tmp_path: Path, node_tools: NodeTools) -> None:
+    """A missing or wrong token ends in the Inspector's auth error carrying the
+    bridge's hint (the 401's JSON body and ``WWW-Authenticate: Bearer``), not
+    in an OAuth login: without a terminal with --stored-auth-only, and with a
+    terminal, where it tries its OAuth fallback and reports the bridge's
+    refusal of it."""
+    async with bridge_env(tmp_path) as env:
+        for token in (None, "wrong-token"):
+            code, out, err = await inspector(
+                node_tools, tmp_path, env.url, "--method", "tools/list", "--stored-auth-only", token=token
+            )
+            assert code != 0
+            assert out == ""
+            error = json.loads(err.strip().splitlines()[-1])["error"]
+            assert error["code"] == "auth_required"
+            assert "brmcp-bridge config-snippet" in error["message"]
+        if shutil.which("script") is not None:
+            code, out, err = await inspector(
+                node_tools, tmp_path, env.url, "--method", "tools/list", token="wrong-token", tty=True
+            )
+            assert code != 0
+            assert '"auth_required"' in out + err
+            assert "brmcp-bridge config-snippet" in out + err
+        assert env.bridge.link(BOT) is None

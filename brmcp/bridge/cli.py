@@ -53,6 +53,7 @@ from urllib.parse import quote
 
 import anyio
 
+from .._console import add_version, quiet_broken_pipe
 from ..botlog import LEVEL_CHOICES, LogSetupError, bot_logging
 from ..clientrpc import BotConfig, ClientrpcConfigError
 from .bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN
@@ -146,6 +147,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Let local MCP agents call Bison Relay bots through your brclient, paying for "
         "tools within your caps. Without a command, run the daemon.",
     )
+    add_version(parser, PROG)
     parser.add_argument(
         "--datadir", default=str(default_datadir()), help="the daemon's data directory (default: %(default)s)"
     )
@@ -607,7 +609,12 @@ def _serve(args: argparse.Namespace, datadir: Path, cfg: BotConfig, created: boo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point; returns the exit status (0 ok, 1 error)."""
+    """Console entry point; returns the exit status (0 ok, 1 error, 141 when
+    the reader of stdout went away)."""
+    return quiet_broken_pipe(partial(_main, argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parse_args(argv)
     datadir = Path(args.datadir).expanduser()
     if args.command is None:

@@ -7,10 +7,13 @@ Every request passes the gate in this order:
 2. ``Host`` not a loopback name (``localhost``, ``127.0.0.1``, ``[::1]``,
    any port) → 421; an ``Origin`` that is present and not loopback → 403
    (DNS-rebinding defence);
-3. ``/mcp/…``: bearer token (constant time; an empty configured token never
-   authorizes) → 401 ``unauthorized``; ``/admin/…``: the admin token → 401;
-4. path ``/mcp/<64-hex uid on allowed_bots>`` (case-insensitive) else 404
-   ``unknown bot``;
+3. ``/mcp/…``: ``Authorization: Bearer <token>`` (scheme without case,
+   token in constant time; an empty configured token never authorizes, a
+   bare token is refused) → 401 with ``WWW-Authenticate: Bearer`` and a JSON
+   body saying where the token comes from; ``/admin/…``: the admin token →
+   the same 401;
+4. path ``/mcp/<64-hex uid>`` (case-insensitive) else 404 ``unknown bot``;
+   a uid not on ``allowed_bots`` → 404 naming the command that allows it;
 5. method not GET/POST/DELETE → 405; a POST body that is not
    ``application/json`` → 415, larger than the limit → 413, not JSON → 400
    with JSON-RPC -32700, a JSON array (batch) or non-object → 400 with
@@ -95,12 +98,52 @@ def origin_is_loopback(origin: str) -> bool:
 
 
 def bearer_matches(header: bytes | None, token: str) -> bool:
-    """Go's gate: strip a leading ``Bearer `` (case-sensitive) when present,
-    then compare in constant time; an empty token never matches."""
+    """True when ``header`` is ``Bearer <token>``: the scheme compared without
+    case (RFC 9110 §11.1), one or more spaces after it, the token in
+    constant time. A bare token without the scheme, another scheme, or an
+    empty configured token never matches. (Go also accepts a bare token;
+    that is deliberately refused here, BRIDGE.md "Differences".)"""
     if not token or header is None:
         return False
-    given = header[7:] if header.startswith(b"Bearer ") else header
-    return hmac.compare_digest(given, token.encode("utf-8"))
+    scheme, sep, given = header.partition(b" ")
+    if not sep or scheme.lower() != b"bearer":
+        return False
+    return hmac.compare_digest(given.lstrip(b" "), token.encode("utf-8"))
+
+
+#: Shown in every 401 of ``/mcp/…``: where the agent's token comes from.
+UNAUTHORIZED_HINT = (
+    "this endpoint needs the header 'Authorization: Bearer <token>'; print the token and a ready "
+    "configuration with: brmcp-bridge config-snippet <bot uid>"
+)
+#: Shown in every 401 of ``/admin/…``.
+ADMIN_UNAUTHORIZED_HINT = (
+    "the admin surface needs 'Authorization: Bearer <admin token>' with the token in "
+    "<datadir>/mcpadmin.token (brmcp-bridge subcommands send it)"
+)
+
+
+async def send_unauthorized(send: Send, hint: str) -> None:
+    """A 401 with ``WWW-Authenticate: Bearer`` (RFC 6750 §3) and a JSON body
+    ``{"error": "unauthorized", "error_description": hint}``. The challenge
+    names no ``resource_metadata``, so MCP clients report an auth error
+    instead of starting an OAuth flow the bridge does not offer."""
+    description = hint.replace('"', "'")
+    challenge = f'Bearer realm="brmcp-bridge", error="invalid_token", error_description="{description}"'
+    await send_json(
+        send,
+        401,
+        {"error": "unauthorized", "error_description": hint},
+        headers=[(b"www-authenticate", challenge.encode("latin-1", "replace"))],
+    )
+
+
+def not_allowed_hint(uid: str) -> str:
+    """The 404 text for a well-formed bot uid missing from ``allowed_bots``."""
+    return (
+        f"unknown bot: {uid} is not on the bridge's allowed_bots; its user can allow it with: "
+        f"brmcp-bridge settings set allowed_bots=<the uids allowed now>,{uid}"
+    )
 
 
 def _headers(scope: Scope, name: bytes) -> list[bytes]:
@@ -135,7 +178,8 @@ async def send_text(
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_json(send: Send, status: int, value: Any) -> None:
+async def send_json(send: Send, status: int, value: Any, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    """A JSON answer (``application/json``, ``no-store``, ``nosniff``)."""
     body = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     await send(
         {
@@ -146,6 +190,7 @@ async def send_json(send: Send, status: int, value: Any) -> None:
                 (b"cache-control", b"no-store"),
                 (b"x-content-type-options", b"nosniff"),
                 (b"content-length", str(len(body)).encode()),
+                *headers,
             ],
         }
     )
@@ -315,16 +360,19 @@ class BridgeApp:
         auth = _headers(scope, b"authorization")
         if path.startswith("/admin/") or path == "/admin":
             if not bearer_matches(auth[0] if auth else None, bridge.admin_token):
-                await send_text(send, 401, "unauthorized")
+                await send_unauthorized(send, ADMIN_UNAUTHORIZED_HINT)
                 return
             await self._admin(scope, receive, send, path)
             return
         if not bearer_matches(auth[0] if auth else None, settings.token):
-            await send_text(send, 401, "unauthorized")
+            await send_unauthorized(send, UNAUTHORIZED_HINT)
             return
         uid = path[len("/mcp/") :].lower() if path.startswith("/mcp/") else ""
-        if len(uid) != 64 or not set(uid) <= _HEX or not settings.allows(uid):
+        if len(uid) != 64 or not set(uid) <= _HEX:
             await send_text(send, 404, "unknown bot")
+            return
+        if not settings.allows(uid):
+            await send_text(send, 404, not_allowed_hint(uid))
             return
         method = scope.get("method", "")
         if method not in _MCP_METHODS:

@@ -194,7 +194,7 @@ def settings_from_json(text: str | bytes, *, base: Settings | None = None) -> Se
     normalized or validated."""
     try:
         parsed = _gojson.loads(text)
-        fields = _gojson.decode_struct(parsed, _FIELDS, struct="bridge.Settings")
+        fields = _gojson.decode_struct(parsed, _FIELDS, struct="bridge settings")
     except _gojson.GoJSONError as exc:
         raise SettingsError(str(exc)) from None
     result = base or Settings()

@@ -146,7 +146,7 @@ class SpendLog:
         if text is None:
             return cls(path)
         try:
-            raw = _gojson.decode_struct_list(_gojson.loads(text), _FIELDS, struct="bridge.SpendEntry")
+            raw = _gojson.decode_struct_list(_gojson.loads(text), _FIELDS, struct="spend entries")
         except _gojson.GoJSONError as exc:
             raise BridgeError(f"parse {path}: {exc}") from None
         entries = [

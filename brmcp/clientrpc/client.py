@@ -64,6 +64,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage, InvalidStatus
 from websockets.protocol import State
 
+from .._redact import RedactingLogger
 from .config import BotConfig
 from .errors import (
     ClientrpcConfigError,
@@ -108,6 +109,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("brmcp.clientrpc")
+#: websockets' handshake log with the Basic-auth header's value redacted (SECURITY.md).
+_WS_LOG = RedactingLogger(logging.getLogger("websockets.client"))
 
 #: brclient's per-connection limit of concurrent requests, open streams included (clientrpc.md §2).
 MAX_IN_FLIGHT = 16
@@ -693,6 +696,9 @@ class Client:
         ``rpcuser``/``rpcpass``); ``kwargs`` are the other constructor arguments."""
         if not cfg.brrpcurl:
             raise ClientrpcConfigError("bot config: brrpcurl is required")
+        for key, what in _CERT_KEYS:
+            if not getattr(cfg, key).strip():
+                raise ClientrpcConfigError(f"bot config: {key} is missing or empty; set it to {what}")
         return cls(
             cfg.brrpcurl,
             server_cert=os.path.expanduser(cfg.servercertpath),
@@ -815,6 +821,7 @@ class Client:
                 ping_timeout=None,
                 open_timeout=self._open_timeout,
                 close_timeout=self._close_timeout,
+                logger=_WS_LOG,
             )
         except Exception as exc:
             raise ClientrpcConnectError(self.url, self._describe(exc)) from exc
@@ -836,6 +843,11 @@ class Client:
             return (
                 f"server certificate not trusted ({cause.verify_message}); "
                 f"servercertpath {self.server_cert} must be this brclient's rpc.cert"
+            )
+        if isinstance(cause, ssl.SSLError) and _not_tls(cause):
+            return (
+                f"TLS failed ({cause.reason}): the server at this address does not speak TLS "
+                "(a plain-HTTP port?); brrpcurl must be brclient's [clientrpc] jsonrpclisten address"
             )
         if isinstance(cause, ssl.SSLError):
             return (
@@ -988,3 +1000,20 @@ def _decode_result(method: str, decode: Callable[[Any], R], result: Any) -> R:
         return decode(result)
     except (ProtojsonError, ValueError, TypeError) as exc:
         raise ClientrpcProtocolError(f"{method}: malformed result from brclient: {exc}") from None
+
+
+#: The certificate keys of a bot config and what each must name.
+_CERT_KEYS = (
+    ("servercertpath", "the path of brclient's rpc.cert (e.g. ~/.brclient/rpc.cert)"),
+    ("clientcertpath", "the path of brclient's rpc-client.cert (e.g. ~/.brclient/rpc-client.cert)"),
+    ("clientkeypath", "the path of brclient's rpc-client.key (e.g. ~/.brclient/rpc-client.key)"),
+)
+#: OpenSSL reasons for a peer that answered the ClientHello with something
+#: that is not TLS (typically a plain-HTTP server).
+_NOT_TLS_REASONS = frozenset(
+    {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE"}
+)
+
+
+def _not_tls(exc: ssl.SSLError) -> bool:
+    return (exc.reason or "").upper() in _NOT_TLS_REASONS

@@ -18,6 +18,8 @@ __all__ = ["client_ssl_context"]
 
 
 def _read_pem(path: Path, role: str, marker: str, kind: str) -> str:
+    if str(path) in ("", "."):
+        raise ClientrpcConfigError(f"{role} is empty: it must name the {kind} file")
     try:
         text = path.read_text(encoding="ascii", errors="replace")
     except FileNotFoundError:

@@ -32,14 +32,21 @@ from mcp.types import (
 
 from .. import wire
 from ..conn import Conn
-from ..payment import CALL_KEY, payment_required_result
+from ..payment import (
+    CALL_KEY,
+    Receipt,
+    parse_payment_required,
+    pay_alongside_atoms,
+    payment_required_result,
+)
 from ..payment import valid_call_key as _is_valid_key
 from ..router import Router, RouterOptions
 from ..sender import PMSender
+from . import store
 from ._accounts import Accounts
 from .billing import Billing
 from .callkeys import REPLAY_WINDOW, CallKeyRegistry, Claim, error_result
-from .catalog import Catalog
+from .catalog import Catalog, SessionState
 from .completions import Completer, CompletionSpec
 from .context import CallContext, peer_of
 from .prompts import PromptHandler, PromptSpec, prompt_from_function
@@ -67,6 +74,14 @@ OUTCOME_CAP = 64 * 1024
 #: Bytes reserved for the JSON-RPC envelope around a result
 #: (``{"jsonrpc":"2.0","id":…,"result":…}``) when checking it fits the transport.
 _RESPONSE_OVERHEAD = 1024
+#: Default bound on how long a call marked ``brmcp/payAlongside`` is held
+#: waiting for its tip's credit (seconds; WIRE.md §Pay alongside).
+HOLD_SECONDS = 30.0
+#: Default bound on calls held at once per caller.
+MAX_HELD_CALLS = 4
+#: While holding, the balance is re-read at least this often (seconds), so a
+#: credit made outside the harness (an external ``Billing``) is seen too.
+_HOLD_RECHECK = 1.0
 #: Refused peers are logged at most this often (seconds), remembering this many.
 _DENIED_WARN_INTERVAL = 600.0
 _DENIED_WARN_MEMORY = 1024
@@ -95,6 +110,13 @@ class HarnessConfig:
     * ``router_options``: transport settings (ttl, chunk size, ...).
     * ``name``/``version``: the MCP server implementation info.
     * ``clock``: unix seconds, for journal expiry.
+    * ``tools_list_changed``: declare ``tools: {"listChanged": true}``
+      (for tool sets that change at run time, e.g. brmcp/gateway).
+    * ``hold_seconds`` / ``max_held_calls``: the pay-alongside hold (WIRE.md
+      §Pay alongside): an underfunded call marked ``brmcp/payAlongside``
+      waits at most ``hold_seconds`` for a credit, with at most
+      ``max_held_calls`` such calls per caller (more are refused at once);
+      ``hold_seconds <= 0`` or ``max_held_calls <= 0`` turns holding off.
     """
 
     data_dir: str | os.PathLike[str] | None = None
@@ -107,6 +129,12 @@ class HarnessConfig:
     name: str = "brmcp"
     version: str = "0.1.0"
     clock: Callable[[], float] = time.time
+    #: Declare ``tools.listChanged`` and remember sessions that list tools,
+    #: so :meth:`Harness.notify_tool_list_changed` reaches them (the gateway
+    #: sets it; off by default, so a plain harness answers as the Go one).
+    tools_list_changed: bool = False
+    hold_seconds: float = HOLD_SECONDS
+    max_held_calls: int = MAX_HELD_CALLS
 
 
 def valid_call_key(meta: Any) -> str | None:
@@ -171,6 +199,12 @@ class Harness:
         self._catalog.bind(self._server)
         self._stack: AsyncExitStack | None = None
         self._router: Router | None = None
+        #: Per caller: an event set (and replaced) on every credit, for held calls.
+        self._credit_events: dict[str, anyio.Event] = {}
+        #: Per caller: calls held right now waiting for a pay-alongside credit.
+        self._held: dict[str, int] = {}
+        #: Calls that were held at least once (observability and tests).
+        self.holds = 0
         self.executions = 0  #: handler invocations (for tests and metrics)
         try:
             loaded = self._accounts.reconcile(REPLAY_WINDOW, _outcome_json_for_error)
@@ -313,6 +347,21 @@ class Harness:
         if spec.name in self._tools:
             raise ValueError(f'tool "{spec.name}" is already registered')
         self._tools[spec.name] = spec
+
+    def add_tool_spec(self, spec: ToolSpec, *, replace: bool = False) -> None:
+        """Register a prepared :class:`~.tools.ToolSpec`; with ``replace``
+        an existing tool of that name is replaced (calls already running
+        finish with the old spec). Raises ValueError for a duplicate name
+        without ``replace``."""
+        if replace:
+            self._tools[spec.name] = spec
+        else:
+            self._add(spec)
+
+    def remove_tool(self, name: str) -> bool:
+        """Unregister ``name`` (absent from the next tools/list, unknown to
+        the next tools/call; running calls finish). Returns whether it existed."""
+        return self._tools.pop(name, None) is not None
 
     def tools(self) -> list[ToolSpec]:
         return list(self._tools.values())
@@ -558,6 +607,25 @@ class Harness:
         session that has used resources or prompts; returns how many."""
         return await self._catalog.notify_list_changed("resources")
 
+    async def notify_tool_list_changed(self) -> int:
+        """Send ``notifications/tools/list_changed`` to every open session
+        that listed tools (needs ``tools_list_changed`` in the config) or
+        used resources or prompts; returns how many."""
+        return await self._catalog.notify_list_changed("tools")
+
+    def track_session(self, ctx: ServerRequestContext[Any]) -> SessionState | None:
+        """Remember the session of a request for later notifications (what
+        the built-in catalog handlers do); returns its per-connection state
+        (``state.uris`` holds its resource subscriptions), or None when the
+        connection has none."""
+        return self._catalog.remember(ctx)
+
+    def take_call_token(self, peer: str) -> bool:
+        """Take one token from ``peer``'s rate-limit bucket (as each
+        tools/call, resources/read and prompts/get does); False when the
+        caller is over its limit."""
+        return self._limiter.take(peer)
+
     async def notify_prompt_list_changed(self) -> int:
         """Send ``notifications/prompts/list_changed`` to every open session
         that has used resources or prompts; returns how many."""
@@ -623,7 +691,9 @@ class Harness:
         # listChanged is declared for resources and prompts (only present
         # once one is registered): the operator may call notify_*_list_changed.
         options = server.create_initialization_options(
-            NotificationOptions(resources_changed=True, prompts_changed=True)
+            NotificationOptions(
+                resources_changed=True, prompts_changed=True, tools_changed=self.config.tools_list_changed
+            )
         )
         await server.run(conn.read_stream, conn.write_stream, options)
 
@@ -636,12 +706,23 @@ class Harness:
     async def credit(self, peer: str, atoms: int, *, memo: str | None = None) -> None:
         """Credit ``atoms`` (> 0) to ``peer`` outside the tip path (operator
         top-ups, tests). Audited as kind ``credit``. Raises ValueError for a
-        non-positive amount."""
+        non-positive amount, and ``store.BalanceLimitError`` (a ValueError;
+        logged, nothing credited) when the built-in ledger's balance would
+        pass ``MAX_BALANCE_ATOMS`` (21 million DCR; SECURITY.md)."""
         if isinstance(atoms, bool) or not isinstance(atoms, int) or atoms <= 0:
             raise ValueError(f"credit amount must be a positive number of atoms, got {atoms!r}")
+        if atoms > store.MAX_BALANCE_ATOMS:
+            exc = store.BalanceLimitError(peer, await self.balance(peer), atoms)
+            log.error("%s", exc)
+            raise exc
         ref = f"credit:{wire.new_id()}{wire.new_id()}"
-        with anyio.CancelScope(shield=True):
-            await self._accounts.credit(peer, atoms, kind="credit", ref=ref)
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._accounts.credit(peer, atoms, kind="credit", ref=ref)
+        except store.BalanceLimitError as exc:
+            log.error("%s", exc)
+            raise
+        self._credited(peer)
 
     async def credit_tip(self, peer: str, amount_matoms: int, sequence_id: int) -> int:
         """Credit a received tip: milliatoms floored to atoms, only for
@@ -654,13 +735,38 @@ class Harness:
 
     async def record_tip(self, peer: str, amount_matoms: int, sequence_id: int) -> tuple[bool, int]:
         """Like :meth:`credit_tip` but also says whether the tip was new
-        (False: a redelivery, nothing changed)."""
+        (False: a redelivery, nothing changed). Raises ValueError, changing
+        nothing, when the sequence id or the amount is not a signed 64-bit
+        integer (the ledger's type; ids must also be >= 0; a negative
+        amount is recorded, never credited); a tip that would
+        push the built-in ledger's balance past ``MAX_BALANCE_ATOMS`` is
+        recorded as seen, not credited, and logged as an error."""
+        for name, value, low in (
+            ("sequence id", sequence_id, 0),
+            ("amount", amount_matoms, -store.MAX_INT63 - 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= store.MAX_INT63:
+                raise ValueError(f"tip {name} {value!r} out of range (a signed 64-bit integer, ids >= 0)")
         allowed = self.allowed(peer)
         with anyio.CancelScope(shield=True):
             outcome = await self._accounts.credit_tip(
                 peer=peer, amount_matoms=int(amount_matoms), sequence_id=int(sequence_id), allowed=allowed
             )
+        if outcome[1] > 0:
+            self._credited(peer)
         return outcome
+
+    def _credited(self, peer: str) -> None:
+        """Wake the calls of ``peer`` held for a pay-alongside credit."""
+        event = self._credit_events.pop(peer, None)
+        if event is not None:
+            event.set()
+
+    def _credit_event(self, peer: str) -> anyio.Event:
+        event = self._credit_events.get(peer)
+        if event is None:
+            event = self._credit_events[peer] = anyio.Event()
+        return event
 
     async def statement(self, peer: str) -> list[StatementEntry]:
         """Every money movement of ``peer``, oldest first (tips, credits,
@@ -677,6 +783,8 @@ class Harness:
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
         peer = peer_of(ctx)
+        if self.config.tools_list_changed:
+            self._catalog.remember(ctx)
         return ListToolsResult(
             tools=[spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
         )
@@ -694,7 +802,8 @@ class Harness:
         except ToolArgumentError as exc:
             return error_result(str(exc))
         key = valid_call_key(params.meta)
-        return await self.call(peer, spec, arguments, prepared, key, request=ctx)
+        alongside = pay_alongside_atoms(params.meta)
+        return await self.call(peer, spec, arguments, prepared, key, request=ctx, alongside=alongside)
 
     async def call(
         self,
@@ -705,16 +814,21 @@ class Harness:
         call_key: str | None,
         *,
         request: Any = None,
+        alongside: int = 0,
     ) -> CallToolResult:
         """The per-call pipeline (go-brmcp.md §3.6): callKey claim → rate
-        limit → price → debit or payment_required → handler."""
+        limit → price → debit or payment_required → handler. ``alongside``
+        is the ``brmcp/payAlongside`` mark (atoms being tipped, 0 = none): an
+        underfunded call is then held for the credit
+        (WIRE.md §Pay alongside). A charged result carries the receipt ``_meta`` keys
+        ``brmcp/chargedAtoms`` and ``brmcp/balanceAtoms`` (WIRE.md §Receipts)."""
         claim: Claim | None = None
         if call_key is not None:
             claim, duplicate = self._calls.claim(peer, call_key)
             if duplicate:
                 return await self._calls.wait(claim)
         try:
-            result = await self._execute(peer, spec, arguments, prepared, call_key, claim, request)
+            result = await self._execute(peer, spec, arguments, prepared, call_key, claim, request, alongside)
         except _Refused as refusal:
             if claim is not None:
                 self._calls.release(claim, refusal.reason)
@@ -734,6 +848,7 @@ class Harness:
         call_key: str | None,
         claim: Claim | None,
         request: Any,
+        alongside: int = 0,
     ) -> CallToolResult:
         if not self._limiter.take(peer):
             raise _Refused(error_result(RATE_LIMITED_TEXT), "rate limited")
@@ -745,21 +860,11 @@ class Harness:
             raise _Refused(error_result(reason), "price function failed") from None
         call_id = wire.new_id() + wire.new_id()
         charged = 0
+        receipt: Receipt | None = None
         if price > 0:
-            try:
-                with anyio.CancelScope(shield=True):
-                    ok, balance = await self._accounts.charge(
-                        call_id=call_id, peer=peer, call_key=call_key, tool=spec.name, atoms=price
-                    )
-            except Exception as exc:
-                log.error("charge of %d atoms to %s failed: %s", price, peer, exc)
-                raise _Refused(
-                    error_result("payment could not be recorded; nothing was charged; retry later"),
-                    "ledger unavailable",
-                ) from None
-            if not ok:
-                raise _Refused(payment_required_result(spec.name, price, balance), "payment required")
+            balance = await self._charge_or_hold(call_id, peer, call_key, spec.name, price, alongside)
             charged = price
+            receipt = Receipt(charged_atoms=price, balance_atoms=balance)
         ctx = CallContext(
             peer=peer, tool=spec.name, charged_atoms=charged, call_key=call_key, request=request
         )
@@ -774,6 +879,8 @@ class Harness:
                 result = error_result(problem)
             elif result.is_error:
                 failed = True
+            elif receipt is not None:
+                result = _with_receipt(result, receipt)
             # Serialized here, inside the failure handling: a result that
             # cannot be written must become a refunded failure, not an error
             # escaping after the charge (the key would be released with the
@@ -796,6 +903,76 @@ class Harness:
         with anyio.CancelScope(shield=True):
             await self._settle(call_id, peer, claim, charged, result, failed, text)
         return result
+
+    async def _charge_once(self, call_id: str, peer: str, call_key: str | None, tool: str, price: int) -> int:
+        """Debit ``price``; returns the balance after the charge, or raises
+        :class:`_Refused` (payment_required with the balance, or a ledger
+        failure). A negative return value never escapes: an unknown
+        balance (external billing) is read again."""
+        try:
+            with anyio.CancelScope(shield=True):
+                ok, balance = await self._accounts.charge(
+                    call_id=call_id, peer=peer, call_key=call_key, tool=tool, atoms=price
+                )
+                if ok and balance < 0:
+                    balance = max(0, await self._accounts.balance(peer))
+        except Exception as exc:
+            log.error("charge of %d atoms to %s failed: %s", price, peer, exc)
+            raise _Refused(
+                error_result("payment could not be recorded; nothing was charged; retry later"),
+                "ledger unavailable",
+            ) from None
+        if not ok:
+            raise _Refused(payment_required_result(tool, price, balance), "payment required")
+        return balance
+
+    async def _charge_or_hold(
+        self, call_id: str, peer: str, call_key: str | None, tool: str, price: int, alongside: int
+    ) -> int:
+        """Charge ``price``; with a pay-alongside mark, hold an underfunded
+        call until a credit covers it (WIRE.md §Pay alongside): at most
+        ``hold_seconds``, at most ``max_held_calls`` per caller, and only
+        when the balance plus the announced tip could cover the price.
+        Returns the balance after the charge; raises :class:`_Refused` with
+        the ordinary ``payment_required`` refusal when it is not held or
+        the hold ends unfunded."""
+        config = self.config
+        holdable = alongside > 0 and config.hold_seconds > 0 and config.max_held_calls > 0
+        event = self._credit_event(peer) if holdable else None
+        try:
+            return await self._charge_once(call_id, peer, call_key, tool, price)
+        except _Refused as refusal:
+            if event is None or refusal.reason != "payment required":
+                raise
+            balance = _refusal_balance(refusal)
+            if balance + alongside < price or self._held.get(peer, 0) >= config.max_held_calls:
+                raise
+            first = refusal
+        self._held[peer] = self._held.get(peer, 0) + 1
+        self.holds += 1
+        deadline = anyio.current_time() + config.hold_seconds
+        try:
+            while True:
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    raise first
+                # Only the wait is bounded: a charge never runs under a
+                # deadline that could interrupt it after the debit.
+                with anyio.move_on_after(min(remaining, _HOLD_RECHECK)):
+                    await event.wait()
+                event = self._credit_event(peer)
+                try:
+                    return await self._charge_once(call_id, peer, call_key, tool, price)
+                except _Refused as refusal:
+                    if refusal.reason != "payment required":
+                        raise
+                    first = refusal
+        finally:
+            left = self._held[peer] - 1
+            if left:
+                self._held[peer] = left
+            else:
+                del self._held[peer]
 
     def _check_deliverable(self, text: str) -> None:
         """Raise ValueError when a result's JSON cannot fit in one transport
@@ -842,6 +1019,19 @@ class Harness:
                 log.error("could not journal completion of call %s for %s: %s", call_id, peer, exc)
         if claim is not None:
             self._calls.finish(claim, result, size, text)
+
+
+def _with_receipt(result: CallToolResult, receipt: Receipt) -> CallToolResult:
+    """``result`` with the receipt keys added to its ``_meta`` (WIRE.md §Receipts)."""
+    meta = dict(result.meta or {})
+    meta.update(receipt.to_meta())
+    return result.model_copy(update={"meta": meta})
+
+
+def _refusal_balance(refusal: _Refused) -> int:
+    """The ``balanceAtoms`` of a payment_required refusal (0 when unreadable)."""
+    found = parse_payment_required(refusal.result)
+    return found.balance_atoms if found is not None else 0
 
 
 def _result_json(result: CallToolResult) -> str:

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
+from ..._console import add_version
 from .relay import FakeRelay
 from .server import FakeBRClient
 
@@ -49,6 +50,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="brmcp-fakebr",
         description="Run a fake Bison Relay with one fake brclient (clientrpc over TLS) per user.",
     )
+    add_version(parser, "brmcp-fakebr")
     parser.add_argument("--datadir", required=True, help="directory for the users' brclient-style roots")
     parser.add_argument("--users", required=True, help="comma-separated nicks, e.g. bot,alice")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
