@@ -39,6 +39,7 @@ __all__ = [
     "GoRefError",
     "GoWire",
     "build",
+    "build_reference_command",
     "bundle_path",
     "interop_dir",
     "pinned_commit",
@@ -147,12 +148,9 @@ def _clone(bundle: Path, bundle_hash: str, commit: str, cache: Path) -> Path:
     return dest
 
 
-def build() -> Path:
-    """Build (or reuse) the ``brmcp-goref`` command and return its path.
-
-    Raises :class:`GoRefError` when the reference is unavailable (see
-    :func:`unavailable_reason`) or a clone/build step fails.
-    """
+def _prepare() -> tuple[Path, Path, str, dict[str, str]]:
+    """Check availability, clone the pinned commit; return (clone, cache,
+    base key, build environment)."""
     reason = unavailable_reason()
     if reason is not None:
         raise GoRefError(reason)
@@ -161,9 +159,24 @@ def build() -> Path:
     cache = _cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     bundle_hash = _hash_file(bundle)
-    go_version = _run(["go", "env", "GOVERSION"]).strip()
-    key = hashlib.sha256()
-    key.update(f"{bundle_hash}\n{commit}\n{go_version}\n".encode())
+    env = dict(os.environ)
+    env["GOFLAGS"] = "-mod=mod -buildvcs=false"
+    env.setdefault("GOTOOLCHAIN", "local")
+    go_version = _run(["go", "env", "GOVERSION"], env=env).strip()
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        clone = _clone(bundle, bundle_hash, commit, cache)
+    return clone, cache, f"{bundle_hash}\n{commit}\n{go_version}\n", env
+
+
+def build() -> Path:
+    """Build (or reuse) our ``brmcp-goref`` command and return its path.
+
+    Raises :class:`GoRefError` when the reference is unavailable (see
+    :func:`unavailable_reason`) or a clone/build step fails.
+    """
+    clone, cache, base, env = _prepare()
+    key = hashlib.sha256(base.encode())
     for path in _sources():
         key.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     digest = key.hexdigest()[:20]
@@ -174,21 +187,38 @@ def build() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if binary.is_file():
             return binary
-        clone = _clone(bundle, bundle_hash, commit, cache)
         work = cache / f"build-{digest}"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         for path in _sources():
             shutil.copy2(path, work / path.name)
-        env = dict(os.environ)
-        env["GOFLAGS"] = "-mod=mod -buildvcs=false"
-        env.setdefault("GOTOOLCHAIN", "local")
         _run(["go", "mod", "edit", f"-replace={_MODULE}={clone}"], cwd=work, env=env)
         binary.parent.mkdir(parents=True, exist_ok=True)
         tmp_bin = binary.with_name(binary.name + f".tmp{os.getpid()}")
         _run(["go", "build", "-o", str(tmp_bin), "."], cwd=work, env=env)
         tmp_bin.rename(binary)
         shutil.rmtree(work, ignore_errors=True)
+    return binary
+
+
+def build_reference_command(package: str) -> Path:
+    """Build (or reuse) one of the reference's own commands, e.g.
+    ``"cmd/brmcp-serve"``, from the pinned clone and return its path.
+    Raises :class:`GoRefError` as :func:`build` does."""
+    clone, cache, base, env = _prepare()
+    name = package.rstrip("/").rsplit("/", 1)[-1]
+    digest = hashlib.sha256(f"{base}{package}".encode()).hexdigest()[:20]
+    binary = cache / "bin" / f"{name}-{digest}"
+    if binary.is_file():
+        return binary
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if binary.is_file():
+            return binary
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        tmp_bin = binary.with_name(binary.name + f".tmp{os.getpid()}")
+        _run(["go", "build", "-o", str(tmp_bin), "./" + package], cwd=clone, env=env)
+        tmp_bin.rename(binary)
     return binary
 
 
