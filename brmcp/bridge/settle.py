@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -28,7 +29,7 @@ import anyio
 import anyio.to_thread
 
 from ..payment import PaymentRequired
-from .approvals import ApprovalQueue
+from .approvals import ApprovalQueue, PendingPayment
 from .clock import Clock, go_duration
 from .errors import BridgeError
 from .settings import Settings
@@ -90,8 +91,10 @@ class Settler:
         payer: Payer,
         clock: Clock,
         settings: Callable[[], Settings],
+        approval_hint: Callable[[str], str] | None = None,
     ) -> None:
         self._spend = spend
+        self._approval_hint = approval_hint
         self._payer = payer
         self._clock = clock
         self._settings = settings
@@ -132,6 +135,23 @@ class Settler:
         switch to approval, a de-listed bot or a disabled bridge while this
         call waited (for the spend lock or for the user) is honoured."""
         amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
+        reason = await self._settle(bot, tool, amount)
+        if reason is not None:
+            log.info("payment to bot %s for tool %s (%d atoms) not made: %s", bot, tool, amount, reason)
+        return reason
+
+    def _parked(self, payment: PendingPayment) -> None:
+        hint = self._approval_hint(payment.id) if self._approval_hint is not None else ""
+        log.info(
+            "payment %s waits for approval: %d atoms to bot %s for tool %s%s",
+            payment.id,
+            payment.atoms,
+            payment.bot,
+            payment.tool,
+            f"; {hint}" if hint else "",
+        )
+
+    async def _settle(self, bot: str, tool: str, amount: int) -> str | None:
         if amount <= 0:
             return "bot requested a nonpositive amount"
         approved = False
@@ -143,7 +163,9 @@ class Settler:
                 return reason
             if not settings.autopay and not approved:
                 timeout = settings.approval_timeout_secs
-                decision = await self.approvals.wait(bot=bot, tool=tool, atoms=amount, timeout_secs=timeout)
+                decision = await self.approvals.wait(
+                    bot=bot, tool=tool, atoms=amount, timeout_secs=timeout, on_parked=self._parked
+                )
                 if decision == "denied":
                     return "payment denied by the user"
                 if decision == "timeout":
@@ -164,9 +186,20 @@ class Settler:
                     self._spend.withdraw(ticket)
                     log.error("spend log not written, payment to %s not made: %s", bot, exc)
                     return f"could not record the spend, so nothing was paid: {exc}"
-            return await self._pay(ticket, bot, amount, settings.tip_wait_secs)
+            spend_id = secrets.token_hex(4)
+            log.info(
+                "spend %s: paying %d atoms to bot %s for tool %s (%s; recorded pending in the spend log)",
+                spend_id,
+                amount,
+                bot,
+                tool,
+                "approved" if approved else settings.mode,
+            )
+            return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id)
 
-    async def _pay(self, ticket: SpendTicket, bot: str, amount: int, wait_secs: int) -> str | None:
+    async def _pay(
+        self, ticket: SpendTicket, bot: str, amount: int, wait_secs: int, spend_id: str
+    ) -> str | None:
         status, err, reason = STATUS_PENDING, "", None
         try:
             with anyio.move_on_after(wait_secs) as scope:
@@ -181,6 +214,18 @@ class Settler:
             if scope.cancelled_caught:
                 reason = f"tip not confirmed within {go_duration(wait_secs)}; the attempt keeps running"
         finally:
+            if status == STATUS_PAID:
+                log.info("spend %s: paid %d atoms to bot %s", spend_id, amount, bot)
+            elif status == STATUS_FAILED:
+                log.info("spend %s: payment of %d atoms to bot %s failed: %s", spend_id, amount, bot, err)
+            else:
+                log.info(
+                    "spend %s: outcome of %d atoms to bot %s unknown (%s); it stays pending and counted",
+                    spend_id,
+                    amount,
+                    bot,
+                    reason or "cancelled",
+                )
             with anyio.CancelScope(shield=True):
                 async with self._lock:
                     self._spend.finish(ticket, status, err)

@@ -923,7 +923,18 @@ class Harness:
                 "ledger unavailable",
             ) from None
         if not ok:
+            log.info(
+                "payment required: %s called %s for %d atoms with a balance of %d", peer, tool, price, balance
+            )
             raise _Refused(payment_required_result(tool, price, balance), "payment required")
+        log.info(
+            "charged %d atoms to %s for %s (call %s, balance now %s)",
+            price,
+            peer,
+            tool,
+            call_id,
+            balance if balance >= 0 else "kept by the billing store",
+        )
         return balance
 
     async def _charge_or_hold(
@@ -1017,6 +1028,15 @@ class Harness:
                 # The journal row stays 'charged': the next start refunds it
                 # exactly once. The caller still gets its result.
                 log.error("could not journal completion of call %s for %s: %s", call_id, peer, exc)
+            else:
+                if failed:
+                    log.info(
+                        "refunded %d atoms to %s (call %s): the call failed: %s",
+                        charged,
+                        peer,
+                        call_id,
+                        _first_text(result),
+                    )
         if claim is not None:
             self._calls.finish(claim, result, size, text)
 
@@ -1026,6 +1046,15 @@ def _with_receipt(result: CallToolResult, receipt: Receipt) -> CallToolResult:
     meta = dict(result.meta or {})
     meta.update(receipt.to_meta())
     return result.model_copy(update={"meta": meta})
+
+
+def _first_text(result: CallToolResult, limit: int = 200) -> str:
+    """The first text item of ``result`` (shortened), for a log line."""
+    for item in result.content:
+        text = getattr(item, "text", None)
+        if isinstance(text, str):
+            return text if len(text) <= limit else text[:limit] + "…"
+    return "no text"
 
 
 def _refusal_balance(refusal: _Refused) -> int:
