@@ -28,7 +28,7 @@ from .clock import Clock, SystemClock
 from .errors import BridgeError
 from .http import MAX_BODY_BYTES, BridgeApp
 from .link import CONNECT_TIMEOUT, BotLink
-from .listener import OwnedListener, parse_listen_address
+from .listener import ListenerLimits, OwnedListener, parse_listen_address
 from .proxy import BotProxy
 from .settings import SETTINGS_FILE, Settings, load_settings, mint_token, save_settings
 from .settle import Payer, Settler
@@ -64,6 +64,8 @@ class BridgeConfig:
     * ``max_body_bytes``: largest MCP request body accepted (413 above).
     * ``connect_timeout``: seconds allowed for initialize and for the
       ``tools/list`` snapshot.
+    * ``listener_limits``: header-read and keep-alive timeouts and the
+      connection cap of the owned listener (BRIDGE.md "Listener limits").
     """
 
     data_dir: str | os.PathLike[str]
@@ -75,6 +77,7 @@ class BridgeConfig:
     clock: Clock = field(default_factory=SystemClock)
     max_body_bytes: int = MAX_BODY_BYTES
     connect_timeout: float = CONNECT_TIMEOUT
+    listener_limits: ListenerLimits = field(default_factory=ListenerLimits)
 
 
 def _http_url(bound: tuple[str, int] | None, address: str) -> str:
@@ -313,7 +316,7 @@ class Bridge:
                 if not settings.enabled:
                     log.info("bridge disabled: endpoint %s closed", _http_url(bound, address))
             if settings.enabled and self._listener is None:
-                listener = OwnedListener(self._app, address)
+                listener = OwnedListener(self._app, address, self.config.listener_limits)
                 try:
                     bound = await listener.start(tg)
                 except OSError as exc:

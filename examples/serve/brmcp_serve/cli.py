@@ -111,4 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             anyio.run(partial(app.run, handle_signals=True))
         except KeyboardInterrupt:  # a second Ctrl-C while stopping
             return 0
+        except (ServeConfigError, HarnessError) as exc:  # another process holds a lock
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 1
         return 0
