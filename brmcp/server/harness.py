@@ -46,7 +46,7 @@ from . import store
 from ._accounts import Accounts
 from .billing import Billing
 from .callkeys import REPLAY_WINDOW, CallKeyRegistry, Claim, error_result
-from .catalog import Catalog
+from .catalog import Catalog, SessionState
 from .completions import Completer, CompletionSpec
 from .context import CallContext, peer_of
 from .prompts import PromptHandler, PromptSpec, prompt_from_function
@@ -110,6 +110,8 @@ class HarnessConfig:
     * ``router_options``: transport settings (ttl, chunk size, ...).
     * ``name``/``version``: the MCP server implementation info.
     * ``clock``: unix seconds, for journal expiry.
+    * ``tools_list_changed``: declare ``tools: {"listChanged": true}``
+      (for tool sets that change at run time, e.g. brmcp/gateway).
     * ``hold_seconds`` / ``max_held_calls``: the pay-alongside hold (WIRE.md
       §Pay alongside): an underfunded call marked ``brmcp/payAlongside``
       waits at most ``hold_seconds`` for a credit, with at most
@@ -127,6 +129,10 @@ class HarnessConfig:
     name: str = "brmcp"
     version: str = "0.1.0"
     clock: Callable[[], float] = time.time
+    #: Declare ``tools.listChanged`` and remember sessions that list tools,
+    #: so :meth:`Harness.notify_tool_list_changed` reaches them (the gateway
+    #: sets it; off by default, so a plain harness answers as the Go one).
+    tools_list_changed: bool = False
     hold_seconds: float = HOLD_SECONDS
     max_held_calls: int = MAX_HELD_CALLS
 
@@ -341,6 +347,21 @@ class Harness:
         if spec.name in self._tools:
             raise ValueError(f'tool "{spec.name}" is already registered')
         self._tools[spec.name] = spec
+
+    def add_tool_spec(self, spec: ToolSpec, *, replace: bool = False) -> None:
+        """Register a prepared :class:`~.tools.ToolSpec`; with ``replace``
+        an existing tool of that name is replaced (calls already running
+        finish with the old spec). Raises ValueError for a duplicate name
+        without ``replace``."""
+        if replace:
+            self._tools[spec.name] = spec
+        else:
+            self._add(spec)
+
+    def remove_tool(self, name: str) -> bool:
+        """Unregister ``name`` (absent from the next tools/list, unknown to
+        the next tools/call; running calls finish). Returns whether it existed."""
+        return self._tools.pop(name, None) is not None
 
     def tools(self) -> list[ToolSpec]:
         return list(self._tools.values())
@@ -586,6 +607,25 @@ class Harness:
         session that has used resources or prompts; returns how many."""
         return await self._catalog.notify_list_changed("resources")
 
+    async def notify_tool_list_changed(self) -> int:
+        """Send ``notifications/tools/list_changed`` to every open session
+        that listed tools (needs ``tools_list_changed`` in the config) or
+        used resources or prompts; returns how many."""
+        return await self._catalog.notify_list_changed("tools")
+
+    def track_session(self, ctx: ServerRequestContext[Any]) -> SessionState | None:
+        """Remember the session of a request for later notifications (what
+        the built-in catalog handlers do); returns its per-connection state
+        (``state.uris`` holds its resource subscriptions), or None when the
+        connection has none."""
+        return self._catalog.remember(ctx)
+
+    def take_call_token(self, peer: str) -> bool:
+        """Take one token from ``peer``'s rate-limit bucket (as each
+        tools/call, resources/read and prompts/get does); False when the
+        caller is over its limit."""
+        return self._limiter.take(peer)
+
     async def notify_prompt_list_changed(self) -> int:
         """Send ``notifications/prompts/list_changed`` to every open session
         that has used resources or prompts; returns how many."""
@@ -651,7 +691,9 @@ class Harness:
         # listChanged is declared for resources and prompts (only present
         # once one is registered): the operator may call notify_*_list_changed.
         options = server.create_initialization_options(
-            NotificationOptions(resources_changed=True, prompts_changed=True)
+            NotificationOptions(
+                resources_changed=True, prompts_changed=True, tools_changed=self.config.tools_list_changed
+            )
         )
         await server.run(conn.read_stream, conn.write_stream, options)
 
@@ -746,6 +788,8 @@ class Harness:
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
         peer = peer_of(ctx)
+        if self.config.tools_list_changed:
+            self._catalog.remember(ctx)
         return ListToolsResult(
             tools=[spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
         )
