@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -23,7 +24,7 @@ from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCResponse
 from . import wire
 from .sender import PMSender, SendError
 
-__all__ = ["Conn", "SessionHost"]
+__all__ = ["Conn", "SessionHost", "send_deadline"]
 
 
 class _SendOptions(Protocol):
@@ -65,6 +66,12 @@ class SessionHost(Protocol):
 
 
 log = logging.getLogger("brmcp.transport")
+
+#: When set (unix seconds on the router's clock), messages written from this
+#: context carry ``exp`` no later than it, so every re-sent copy of a request
+#: expires with the first one (BRIDGE.md §Deadlines and re-sends): a bot that
+#: comes online after the caller's deadline drops all of them.
+send_deadline: ContextVar[float | None] = ContextVar("brmcp_send_deadline", default=None)
 
 
 class _WriteStream:
@@ -256,6 +263,9 @@ class Conn:
         message = item.message
         payload = message.model_dump_json(by_alias=True, exclude_unset=True).encode()
         exp = math.floor(now + router.options.ttl)
+        cap = send_deadline.get()
+        if cap is not None:
+            exp = max(1, min(exp, math.floor(cap)))
         chunk_size = router.options.chunk_size
         try:
             parts = wire.encode(payload, sid=self.sid, exp=exp, chunk_size=chunk_size)

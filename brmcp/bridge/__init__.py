@@ -14,6 +14,7 @@ reference (go-brmcp.md §4); see BRIDGE.md.
 * :class:`BridgeDaemon` / :class:`TipPayer`: the ``brmcp-bridge`` daemon on a
   brclient (clientrpc), as an async API;
 * :class:`ListenerLimits`: the owned listener's timeouts and connection cap;
+* :class:`RetryPolicy`: re-send timing toward bots;
 * :class:`Clock`, :class:`SystemClock`, :class:`ManualClock`, :func:`go_duration`.
 """
 
@@ -24,6 +25,7 @@ from .clock import Clock, ManualClock, SystemClock, go_duration
 from .daemon import BridgeDaemon, TipPayer, TipPaymentError
 from .errors import BridgeError, SettingsError
 from .listener import ListenerLimits
+from .retry import RetryPolicy
 from .settings import MODE_APPROVAL, MODE_AUTOPAY, SETTINGS_FILE, Settings
 from .settle import Payer
 from .spend import SPEND_FILE, SpendEntry, SpendSummary
@@ -46,6 +48,7 @@ __all__ = [
     "ManualClock",
     "Payer",
     "PendingPayment",
+    "RetryPolicy",
     "Settings",
     "SettingsError",
     "SpendEntry",
