@@ -52,7 +52,7 @@ from mcp.types import (
     TextContent,
 )
 
-from ..payment import CALL_KEY, parse_payment_required
+from ..payment import CALL_KEY, parse_payment_required, parse_receipt
 from .clock import Clock
 from .link import BotLink, LinkError
 from .mirror import Mirror, MirrorServer
@@ -167,8 +167,13 @@ class BotProxy:
                         raise MCPError(INTERNAL_ERROR, f"call to bot failed: {exc}") from None
             except LinkError as exc:
                 raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
+            receipt = parse_receipt(result.meta)
             result = _clean_result(result)
             refusal = parse_payment_required(result)
+            if receipt is not None:
+                self._settler.note_balance(bot, receipt.balance_atoms)
+            elif refusal is not None:
+                self._settler.note_balance(bot, refusal.balance_atoms)
             if refusal is None:
                 return result
             if paid:
