@@ -620,6 +620,18 @@ def _run_daemon(args: argparse.Namespace, datadir: Path) -> int:
     except OSError as exc:
         print(f"{PROG}: cannot create {datadir}: {exc}", file=sys.stderr)
         return 1
+    if created:
+        settings_path = datadir / SETTINGS_FILE
+        made = [conf]
+        if not settings_path.exists():
+            try:
+                save_settings(settings_path, Settings())
+            except BridgeError as exc:
+                print(f"{PROG}: {exc}", file=sys.stderr)
+                return 1
+            made.append(settings_path)
+        print(_first_run_text(datadir, made, cfg), flush=True)
+        return 0
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(bot_logging(cfg, level=args.log_level, source=str(conf)))
@@ -627,6 +639,28 @@ def _run_daemon(args: argparse.Namespace, datadir: Path) -> int:
             print(f"{PROG}: {exc} (logfile in {conf})", file=sys.stderr)
             return 1
         return _serve(args, datadir, cfg, created)
+
+
+def _first_run_text(datadir: Path, created: list[Path], cfg: BotConfig) -> str:
+    """What the first run wrote and what to do next (like brmcp-serve's)."""
+    conf = datadir / f"{BOT_CONFIG_NAME}.conf"
+    here = f"{PROG} --datadir {datadir}"
+    lines = [f"{PROG}: created {', '.join(str(p) for p in created)}", "", "Before the next run:"]
+    lines += [
+        f"  1. {conf} says how to reach your brclient. The defaults expect brclient's files",
+        f"     in {Path(cfg.servercertpath).parent} and its clientrpc at {cfg.brrpcurl}: enable it in",
+        "     brclient.conf, section [clientrpc], with 'jsonrpclisten = 127.0.0.1:7676', and adjust",
+        "     brrpcurl, servercertpath, clientcertpath and clientkeypath if yours differ. (With",
+        "     brmcp-fakebr, 'brmcp-fakebr --write-confs DIR' writes a ready file instead.)",
+        "  2. Allow the bots you want to call, set the caps (atoms; 0 means never pay) and enable:",
+        f"     {here} settings set enabled=true allowed_bots=<bot uid> \\",
+        "         per_call_cap_atoms=20000 per_day_cap_atoms=100000",
+        "     (mode=approval, the default, asks you before each payment; mode=autopay pays within the caps)",
+        "",
+        f"Then start it: {here}",
+        f"and give your agent the output of: {here} config-snippet <bot uid>",
+    ]
+    return "\n".join(lines)
 
 
 def _serve(args: argparse.Namespace, datadir: Path, cfg: BotConfig, created: bool) -> int:
