@@ -20,6 +20,9 @@ bot sets up its log backend (clientrpc.md §6 "Config file"):
   lines, which a bot with a user interface shows; a headless daemon has no
   such view, so the key is accepted and ignored.
 
+Unknown keys of the config file are logged as warnings with their line
+numbers once the handlers are in place (:meth:`BotConfig.unknown_key_warnings`).
+
 Records always go to stderr as well. A command-line level (``--log-level``)
 replaces the whole ``debug`` value.
 """
@@ -144,6 +147,8 @@ def plan_logging(cfg: BotConfig | None, *, level: str | None = None, source: str
                 loggers.append((name, parsed))
             else:
                 default = parsed
+    if cfg is not None:
+        warnings.extend(cfg.unknown_key_warnings(source))
     logfile: Path | None = None
     backups = DEFAULT_MAX_LOG_FILES
     if cfg is not None and cfg.logfile.strip():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -315,7 +316,7 @@ async def test_bad_stream_input_and_failing_hooks_are_survived(
                     )
                 )
                 assert await harness.balance(alice.uid) == 3_000  # the malformed tip credited nothing
-                assert huge not in acks(bot, ACK_TIP)  # and was never acked
+                assert huge in acks(bot, ACK_TIP)  # acked, so it is not replayed forever
                 assert [e[2] for e in rec.of("pm")] == ["first", "second"]
                 assert "hook exploded" in caplog.text or "on_pm hook failed" in caplog.text
 
@@ -365,3 +366,62 @@ async def test_paid_call_survives_a_bot_reconnect_and_is_charged_once(tmp_path: 
                 assert await harness.balance(alice.uid) == 50
                 assert harness.executions == 1
                 tg.cancel_scope.cancel()
+
+
+async def test_out_of_range_tips_are_logged_acked_and_not_credited(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with anyio.fail_after(30):
+        async with fake_network(tmp_path, "bot", "alice") as (_, (bot, alice)):
+            harness = make_harness(tmp_path / "h", alice.uid)
+            rec = Recorder()
+            async with running_bot(harness, bot, rec):
+                negative = bot.emit_received_tip(alice.uid, -5_000)
+                await bot.wait_for(lambda: negative.sequence_id in acks(bot, ACK_TIP))
+                huge_id = 2**63 + 7
+                bot.emit_received_tip(alice.uid, 3_000, sequence_id=huge_id)
+                await bot.wait_for(lambda: huge_id in acks(bot, ACK_TIP))
+                good = bot.emit_received_tip(alice.uid, 4_000)
+                await bot.wait_for(lambda: good.sequence_id in acks(bot, ACK_TIP))
+                await until(lambda: len(rec.of("tip")) == 1)
+                assert rec.of("tip") == [("tip", alice.uid, 4)]  # only the good one is a new tip
+                assert await harness.balance(alice.uid) == 4
+                assert [(e.kind, e.atoms) for e in await harness.statement(alice.uid)] == [("tip", 4)]
+    out_of_range = [r.getMessage() for r in caplog.records if "out of range" in r.getMessage()]
+    assert len(out_of_range) == 2
+    assert all(r.endswith("not credited, acked") for r in out_of_range)
+    with pytest.raises(ValueError, match="out of range"):
+        await make_harness(tmp_path / "h2", alice.uid).record_tip(alice.uid, 1_000, 2**63)
+
+
+async def test_credits_past_the_maximum_balance_are_refused_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from brmcp.server.store import MAX_BALANCE_ATOMS
+
+    with anyio.fail_after(30):
+        async with fake_network(tmp_path, "bot", "alice") as (_, (bot, alice)):
+            harness = make_harness(tmp_path / "h", alice.uid)
+            rec = Recorder()
+            async with running_bot(harness, bot, rec):
+                await harness.credit(alice.uid, MAX_BALANCE_ATOMS - 10)
+                with pytest.raises(ValueError, match="would pass the maximum"):
+                    await harness.credit(alice.uid, 11)
+                with pytest.raises(ValueError, match="would pass the maximum"):
+                    await harness.credit(alice.uid, MAX_BALANCE_ATOMS + 1)
+                over = bot.emit_received_tip(alice.uid, 11_000)  # 11 atoms: one too many
+                await bot.wait_for(lambda: over.sequence_id in acks(bot, ACK_TIP))
+                fits = bot.emit_received_tip(alice.uid, 10_000)  # exactly to the maximum
+                await bot.wait_for(lambda: fits.sequence_id in acks(bot, ACK_TIP))
+                assert await harness.balance(alice.uid) == MAX_BALANCE_ATOMS
+                kinds = [(e.kind, e.atoms) for e in await harness.statement(alice.uid)]
+                assert kinds == [("credit", MAX_BALANCE_ATOMS - 10), ("tip", 10)]
+            # The refused tip was recorded as seen: a restart does not credit it either.
+            harness2 = make_harness(tmp_path / "h", alice.uid)
+            async with running_bot(harness2, bot, Recorder()):
+                assert await harness2.record_tip(alice.uid, 11_000, over.sequence_id) == (False, 0)
+    refused = [
+        r for r in caplog.records if r.levelno == logging.ERROR and "would pass the maximum" in r.getMessage()
+    ]
+    assert len(refused) == 3  # two operator credits, one tip
+    assert f"tip {over.sequence_id} from {alice.uid} (11000 matoms) recorded but NOT credited" in caplog.text

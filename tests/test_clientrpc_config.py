@@ -3,6 +3,8 @@ and Basic auth: every failure is one line naming the file or address."""
 
 from __future__ import annotations
 
+import io
+import logging
 import re
 import stat
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 from clientrpc_support import FAST, fake_network, raw_ws
 from websockets.exceptions import InvalidStatus
 
+from brmcp.botlog import bot_logging
 from brmcp.clientrpc import (
     BotConfig,
     Client,
@@ -69,7 +72,8 @@ def test_defaults_and_generation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_parse_rules_and_extras_round_trip(tmp_path: Path) -> None:
     text = (
         "brrpcurl = wss://10.0.0.2:7676/ws\n"
-        "no equals sign here\n"
+        "\n"
+        "# a comment without an equals sign\n"
         "# comment=not really\n"
         "brstatusurl=https://x/y?a=b\n"
         "rpcpass=p=q\n"
@@ -279,3 +283,26 @@ def test_fake_requires_running_relay_registration(tmp_path: Path) -> None:
     assert relay.is_offline(fake.uid)  # not running yet: PMs to it are stored
     with pytest.raises(ValueError, match="already registered"):
         FakeBRClient(relay, "again", tmp_path / "again", uid="11" * 32)
+
+
+def test_malformed_lines_are_errors_naming_the_line_without_echoing_it(tmp_path: Path) -> None:
+    path = tmp_path / "brmcp-serve.conf"
+    path.write_text("brrpcurl=wss://127.0.0.1:1/ws\n\nrpcpass hunter2-secret\n")
+    with pytest.raises(ClientrpcConfigError) as caught:
+        load_bot_config(path)
+    message = str(caught.value)
+    assert message == f"{path}:3: not a key=value line (a key, '=', then its value)"
+    assert "hunter2" not in message
+
+
+def test_unknown_keys_are_warned_with_their_line_numbers(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = BotConfig.parse("brrpcurl=wss://h:1/ws\ndebgu=trace\n\nbrstatusurl=x\n", source="b.conf")
+    assert cfg.extra == {"debgu": "trace", "brstatusurl": "x"}
+    assert cfg.unknown_key_warnings("b.conf") == [
+        "b.conf:2: unknown key 'debgu' ignored (did you mean 'debug'?)",
+        "b.conf:4: unknown key 'brstatusurl' ignored",
+    ]
+    with caplog.at_level(logging.INFO), bot_logging(cfg, source="b.conf", stream=io.StringIO()):
+        pass
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warned] == cfg.unknown_key_warnings("b.conf")

@@ -41,6 +41,7 @@ from mcp.types import (
     SubscribeRequest,
     SubscribeRequestParams,
     Tool,
+    ToolListChangedNotification,
     UnsubscribeRequest,
     UnsubscribeRequestParams,
 )
@@ -250,6 +251,12 @@ class BotLink:
     def tool(self, name: str) -> Tool | None:
         return self._by_name.get(name)
 
+    @property
+    def stale(self) -> bool:
+        """True when the snapshot must be fetched again before use (the link
+        was reset, or the bot said its tool list changed)."""
+        return self._stale
+
     async def refresh(self) -> list[Tool]:
         """Return the tool snapshot, fetching it with ``tools/list`` (one
         round trip unless the bot paginates) when there is none yet or the
@@ -299,6 +306,10 @@ class BotLink:
             await self.subscriptions.broadcast(ResourceListChangedNotification())
         elif isinstance(message, PromptListChangedNotification):
             await self.subscriptions.broadcast(PromptListChangedNotification())
+        elif isinstance(message, ToolListChangedNotification):
+            # A bot whose tools change at run time (e.g. a brmcp gateway after
+            # a prices.json reload): the next tools/list fetches them again.
+            self._stale = True
 
     def _schedule_drop(self, uri: str) -> None:
         if uri in self._dropping or self._closed or not _can_subscribe(self._capabilities):

@@ -32,6 +32,7 @@ The payment loop, for one logical call:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from typing import Any, cast
@@ -97,7 +98,7 @@ class BotProxy:
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
         tools = self.link.tools
-        if tools is None:
+        if tools is None or self.link.stale:
             try:
                 tools = await self.link.refresh()
             except LinkError as exc:
@@ -124,7 +125,11 @@ class BotProxy:
         unknown tool (-32602 ``unknown tool "<name>"``), an unreachable bot,
         or a second transport failure."""
         if self.link.tools is not None and self.link.tool(tool) is None:
-            raise MCPError(INVALID_PARAMS, f'unknown tool "{tool}"')
+            if self.link.stale:
+                with contextlib.suppress(LinkError):
+                    await self.link.refresh()
+            if self.link.tool(tool) is None:
+                raise MCPError(INVALID_PARAMS, f'unknown tool "{tool}"')
         with self.link.relay.track(agent) as tracked:
             try:
                 result = await self._pay_loop(tool, arguments, tracked)

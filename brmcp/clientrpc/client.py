@@ -64,6 +64,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage, InvalidStatus
 from websockets.protocol import State
 
+from .._redact import RedactingLogger
 from .config import BotConfig
 from .errors import (
     ClientrpcConfigError,
@@ -108,6 +109,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("brmcp.clientrpc")
+#: websockets' handshake log with the Basic-auth header's value redacted (SECURITY.md).
+_WS_LOG = RedactingLogger(logging.getLogger("websockets.client"))
 
 #: brclient's per-connection limit of concurrent requests, open streams included (clientrpc.md §2).
 MAX_IN_FLIGHT = 16
@@ -818,6 +821,7 @@ class Client:
                 ping_timeout=None,
                 open_timeout=self._open_timeout,
                 close_timeout=self._close_timeout,
+                logger=_WS_LOG,
             )
         except Exception as exc:
             raise ClientrpcConnectError(self.url, self._describe(exc)) from exc

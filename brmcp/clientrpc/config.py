@@ -2,9 +2,13 @@
 clientrpc address, certificates and Basic-auth credentials (clientrpc.md §6).
 
 Format: one ``key=value`` per line, split at the first ``=``, both sides
-trimmed; lines without ``=`` are skipped; there is no comment syntax (a
-``# a=b`` line is the unknown key ``# a``); unknown keys are kept in
-:attr:`BotConfig.extra` and written back. A missing file is created with
+trimmed. Blank lines and lines starting with ``#`` that hold no ``=`` are
+skipped; any other line without ``=`` is an error naming the file and line
+(bisonbotkit skips it silently, which hides typos). There is no other
+comment syntax (a ``# a=b`` line is the unknown key ``# a``); unknown keys
+are kept in :attr:`BotConfig.extra` and written back, and their line
+numbers in :attr:`BotConfig.extra_lines` so that the daemons can warn about
+them (:func:`BotConfig.unknown_key_warnings`). A missing file is created with
 defaults (random ``rpcuser``/``rpcpass``, certificates under brclient's app-data
 directory), mode 0600. An existing file is never backfilled or overwritten.
 """
@@ -12,6 +16,7 @@ directory), mode 0600. An existing file is never backfilled or overwritten.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import secrets
 import sys
@@ -32,6 +37,8 @@ __all__ = [
 
 DEFAULT_BRRPCURL = "wss://127.0.0.1:7676/ws"
 _INT_KEYS = ("maxlogfiles", "maxbufferlines")
+#: BotConfig fields that are not config keys.
+_NOT_KEYS = frozenset({"extra", "extra_lines"})
 
 
 def brclient_appdata_dir() -> Path:
@@ -55,7 +62,8 @@ class BotConfig:
     ``rpc-client.cert``/``rpc-client.key``; ``rpcuser``/``rpcpass``: Basic auth
     (only checked when brclient sets ``rpcauthmode``); ``debug``, ``logfile``,
     ``maxlogfiles``, ``maxbufferlines``: logging settings (0 = unset).
-    ``extra``: every other key, in file order.
+    ``extra``: every other key, in file order; ``extra_lines``: the line
+    number of each (1-based, the last occurrence; not written back).
     """
 
     datadir: str = ""
@@ -70,6 +78,7 @@ class BotConfig:
     maxlogfiles: int = 0
     maxbufferlines: int = 0
     extra: dict[str, str] = field(default_factory=dict)
+    extra_lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def defaults(cls, datadir: str | os.PathLike[str], name: str) -> BotConfig:
@@ -96,16 +105,25 @@ class BotConfig:
     @classmethod
     def parse(cls, text: str, *, source: str = "<config>") -> BotConfig:
         """Parse file text; raises :class:`ClientrpcConfigError` naming ``source``
-        and the line when a count is not an integer. A repeated key: last wins."""
+        and the line when a count is not an integer or a line is not
+        ``key=value`` (blank lines and ``#`` comments without ``=`` are
+        skipped; the message never repeats the line, which may hold a
+        password). A repeated key: last wins."""
         cfg = cls()
-        known = {f.name for f in fields(cls)} - {"extra"}
+        known = {f.name for f in fields(cls)} - _NOT_KEYS
         for lineno, line in enumerate(text.splitlines(), start=1):
             if "=" not in line:
+                stripped = line.strip()
+                if stripped and not stripped.startswith("#"):
+                    raise ClientrpcConfigError(
+                        f"{source}:{lineno}: not a key=value line (a key, '=', then its value)"
+                    )
                 continue
             key, _, value = line.partition("=")
             key, value = key.strip(), value.strip()
             if key not in known:
                 cfg.extra[key] = value
+                cfg.extra_lines[key] = lineno
             elif key in _INT_KEYS:
                 try:
                     setattr(cfg, key, int(value) if value else 0)
@@ -123,7 +141,7 @@ class BotConfig:
         a value with a line break or a key with ``=``, which the format cannot hold."""
         lines: list[str] = []
         for f in fields(self):
-            if f.name == "extra":
+            if f.name in _NOT_KEYS:
                 continue
             value = getattr(self, f.name)
             if value in ("", 0):
@@ -142,6 +160,19 @@ class BotConfig:
                 )
         return "\n".join(lines) + "\n"
 
+    def unknown_key_warnings(self, source: str) -> list[str]:
+        """One line per unknown key, ``<source>:<line>: unknown key 'x' ignored``
+        (bisonbotkit files may carry keys of other bots, so this is a
+        warning, not an error)."""
+        out = []
+        for key in self.extra:
+            line = self.extra_lines.get(key)
+            where = f"{source}:{line}" if line is not None else source
+            close = difflib.get_close_matches(key, _KNOWN, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            out.append(f"{where}: unknown key {key!r} ignored{hint}")
+        return out
+
     def with_runtime_defaults(self) -> BotConfig:
         """Check what bisonbotkit's ``NewBot`` requires (``brrpcurl``, ``datadir``
         and ``logfile`` non-empty; raises :class:`ClientrpcConfigError`) and fill
@@ -156,7 +187,12 @@ class BotConfig:
             maxbufferlines=self.maxbufferlines or 1000,
             debug=self.debug or "info",
             extra=dict(self.extra),
+            extra_lines=dict(self.extra_lines),
         )
+
+
+#: The keys a bot config file may hold, in bisonbotkit's order.
+_KNOWN = tuple(f.name for f in fields(BotConfig) if f.name not in _NOT_KEYS)
 
 
 def load_bot_config(path: str | os.PathLike[str]) -> BotConfig:

@@ -285,6 +285,15 @@ class Accounts:
                 local=self.local,
             )
         )
+        if new and allowed and atoms > 0 and not credited:
+            log.error(
+                "tip %d from %s (%d matoms) recorded but NOT credited: the balance would pass the "
+                "maximum of %d atoms",
+                sequence_id,
+                peer,
+                amount_matoms,
+                store.MAX_BALANCE_ATOMS,
+            )
         if new and credited and self._billing is not None:
             await self._billing.credit(peer, credited, ref=store._tip_ref(sequence_id, peer, amount_matoms))
             await db.run(

@@ -9,7 +9,8 @@ was processed (at-least-once; clientrpc.md §4.3):
   host's ``on_pm`` hook (dropped without one); then ``AckReceivedPM``. A
   redelivered envelope is harmless: the router reassembles it again and a
   repeated keyed call replays its first outcome (WIRE.md §callKey).
-* Received tips: :meth:`Harness.record_tip` credits the sender once per tip
+* Received tips: a tip whose sequence id or amount is outside 0..2**63-1 is
+  logged, acked and not credited. :meth:`Harness.record_tip` credits the sender once per tip
   (durably, deduplicated by sequence id, sender and amount; only allowed
   senders are credited), then ``AckTipReceived``, then ``on_tip_received``
   for new tips only.
@@ -34,6 +35,7 @@ from ..clientrpc._glue import Acker, call_hook, connection_signals, flush_on_con
 from ..router import Router
 from ..wire import is_envelope
 from .harness import Harness
+from .store import MAX_INT63
 
 __all__ = ["ConnectedHook", "PMHook", "TipProgressHook", "TipReceivedHook", "run_bot"]
 
@@ -139,6 +141,19 @@ async def _tip_loop(
     tips: Subscription[ReceivedTip], harness: Harness, on_tip: TipReceivedHook | None, acker: Acker
 ) -> None:
     async for tip in tips:
+        if not (_fits63(tip.sequence_id) and _fits63(tip.amount_matoms)):
+            # brclient's ids are uint64 and amounts int64: a value outside
+            # 0..2**63-1 cannot be stored (or is negative). Acking it is safe
+            # (we received that id), and keeps it from coming back forever.
+            log.error(
+                "tip %d from %s (%d matoms) out of range (sequence id and amount must be in 0..2**63-1): "
+                "not credited, acked",
+                tip.sequence_id,
+                tip.uid,
+                tip.amount_matoms,
+            )
+            await acker.ack(tip.sequence_id)
+            continue
         outcome = await _record(harness, tip)
         if outcome is None:
             continue  # malformed: not acked, see _record
@@ -175,12 +190,16 @@ def _uncredited_reason(harness: Harness, tip: ReceivedTip) -> str:
     return "nothing to credit"
 
 
+def _fits63(value: int) -> bool:
+    return 0 <= value <= MAX_INT63
+
+
 async def _record(harness: Harness, tip: ReceivedTip) -> tuple[bool, int] | None:
     """Record (and credit) one tip, retrying with backoff until the ledger
     takes it: the tip loop must never ack past a tip it could not record,
     since the ack is cumulative. A tip the ledger cannot represent (e.g. a
-    sequence id beyond 2**63) is logged and skipped without an ack; acking
-    such an id could wipe brclient's log (clientrpc.md §4.3)."""
+    value of the wrong type) is logged and skipped without an ack; out-of-range
+    ids and amounts never get here (the tip loop acks them uncredited)."""
     delay = CREDIT_RETRY_INITIAL
     while True:
         try:

@@ -55,6 +55,7 @@ from mcp.types import (
     ResourceUpdatedNotificationParams,
     ServerNotification,
     SubscribeRequestParams,
+    ToolListChangedNotification,
     UnsubscribeRequestParams,
 )
 
@@ -182,12 +183,18 @@ class Catalog:
         notification = ResourceUpdatedNotification(params=ResourceUpdatedNotificationParams(uri=uri))
         return await self._send([s for s in self._sessions if uri in s.uris], notification)
 
-    async def notify_list_changed(self, kind: Literal["resources", "prompts"]) -> int:
+    async def notify_list_changed(self, kind: Literal["resources", "prompts", "tools"]) -> int:
         """Send ``notifications/<kind>/list_changed`` to every open session
-        that used resources or prompts; returns how many were sent."""
-        notification: ServerNotification = (
-            ResourceListChangedNotification() if kind == "resources" else PromptListChangedNotification()
-        )
+        remembered (one that used resources or prompts, or listed tools
+        when the harness declares ``tools.listChanged``); returns how many
+        were sent."""
+        notification: ServerNotification
+        if kind == "resources":
+            notification = ResourceListChangedNotification()
+        elif kind == "prompts":
+            notification = PromptListChangedNotification()
+        else:
+            notification = ToolListChangedNotification()
         return await self._send(list(self._sessions), notification)
 
     async def _send(self, targets: list[SessionState], notification: ServerNotification) -> int:
@@ -213,7 +220,9 @@ class Catalog:
 
     # -- MCP handlers ----------------------------------------------------------------------
 
-    def _remember(self, ctx: ServerRequestContext[Any]) -> SessionState | None:
+    def remember(self, ctx: ServerRequestContext[Any]) -> SessionState | None:
+        """Remember the request's session for notifications; its state, or
+        None when the connection has no :class:`SessionState`."""
         state = ctx.lifespan_context
         if not isinstance(state, SessionState):
             return None
@@ -242,14 +251,14 @@ class Catalog:
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams
     ) -> ListResourcesResult:
         peer_of(ctx)
-        self._remember(ctx)
+        self.remember(ctx)
         return ListResourcesResult(resources=[spec.to_resource() for spec in self._resources.values()])
 
     async def _list_templates(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams
     ) -> ListResourceTemplatesResult:
         peer_of(ctx)
-        self._remember(ctx)
+        self.remember(ctx)
         return ListResourceTemplatesResult(
             resource_templates=[spec.to_template() for spec in self._templates.values()]
         )
@@ -258,7 +267,7 @@ class Catalog:
         self, ctx: ServerRequestContext[Any], params: ReadResourceRequestParams
     ) -> ReadResourceResult:
         peer = peer_of(ctx)
-        self._remember(ctx)
+        self.remember(ctx)
         uri = params.uri
         spec, variables = self._lookup(uri)
         self._take(peer)
@@ -272,7 +281,7 @@ class Catalog:
 
     async def _subscribe(self, ctx: ServerRequestContext[Any], params: SubscribeRequestParams) -> EmptyResult:
         peer_of(ctx)
-        state = self._remember(ctx)
+        state = self.remember(ctx)
         uri = params.uri
         if len(uri.encode("utf-8", "surrogatepass")) > MAX_SUBSCRIBED_URI_BYTES:
             raise MCPError(
@@ -296,7 +305,7 @@ class Catalog:
         self, ctx: ServerRequestContext[Any], params: UnsubscribeRequestParams
     ) -> EmptyResult:
         peer_of(ctx)
-        state = self._remember(ctx)
+        state = self.remember(ctx)
         if state is not None:
             state.uris.discard(params.uri)
         return EmptyResult()
@@ -305,14 +314,14 @@ class Catalog:
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams
     ) -> ListPromptsResult:
         peer_of(ctx)
-        self._remember(ctx)
+        self.remember(ctx)
         return ListPromptsResult(prompts=[spec.to_prompt() for spec in self._prompts.values()])
 
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: GetPromptRequestParams
     ) -> GetPromptResult:
         peer = peer_of(ctx)
-        self._remember(ctx)
+        self.remember(ctx)
         spec = self._prompts.get(params.name)
         if spec is None:
             raise MCPError(code=INVALID_PARAMS, message=f'unknown prompt "{_shorten(params.name)}"')

@@ -42,10 +42,11 @@ from ..payment import (
 from ..payment import valid_call_key as _is_valid_key
 from ..router import Router, RouterOptions
 from ..sender import PMSender
+from . import store
 from ._accounts import Accounts
 from .billing import Billing
 from .callkeys import REPLAY_WINDOW, CallKeyRegistry, Claim, error_result
-from .catalog import Catalog
+from .catalog import Catalog, SessionState
 from .completions import Completer, CompletionSpec
 from .context import CallContext, peer_of
 from .prompts import PromptHandler, PromptSpec, prompt_from_function
@@ -109,6 +110,8 @@ class HarnessConfig:
     * ``router_options``: transport settings (ttl, chunk size, ...).
     * ``name``/``version``: the MCP server implementation info.
     * ``clock``: unix seconds, for journal expiry.
+    * ``tools_list_changed``: declare ``tools: {"listChanged": true}``
+      (for tool sets that change at run time, e.g. brmcp/gateway).
     * ``hold_seconds`` / ``max_held_calls``: the pay-alongside hold (WIRE.md
       §Pay alongside): an underfunded call marked ``brmcp/payAlongside``
       waits at most ``hold_seconds`` for a credit, with at most
@@ -126,6 +129,10 @@ class HarnessConfig:
     name: str = "brmcp"
     version: str = "0.1.0"
     clock: Callable[[], float] = time.time
+    #: Declare ``tools.listChanged`` and remember sessions that list tools,
+    #: so :meth:`Harness.notify_tool_list_changed` reaches them (the gateway
+    #: sets it; off by default, so a plain harness answers as the Go one).
+    tools_list_changed: bool = False
     hold_seconds: float = HOLD_SECONDS
     max_held_calls: int = MAX_HELD_CALLS
 
@@ -340,6 +347,21 @@ class Harness:
         if spec.name in self._tools:
             raise ValueError(f'tool "{spec.name}" is already registered')
         self._tools[spec.name] = spec
+
+    def add_tool_spec(self, spec: ToolSpec, *, replace: bool = False) -> None:
+        """Register a prepared :class:`~.tools.ToolSpec`; with ``replace``
+        an existing tool of that name is replaced (calls already running
+        finish with the old spec). Raises ValueError for a duplicate name
+        without ``replace``."""
+        if replace:
+            self._tools[spec.name] = spec
+        else:
+            self._add(spec)
+
+    def remove_tool(self, name: str) -> bool:
+        """Unregister ``name`` (absent from the next tools/list, unknown to
+        the next tools/call; running calls finish). Returns whether it existed."""
+        return self._tools.pop(name, None) is not None
 
     def tools(self) -> list[ToolSpec]:
         return list(self._tools.values())
@@ -585,6 +607,25 @@ class Harness:
         session that has used resources or prompts; returns how many."""
         return await self._catalog.notify_list_changed("resources")
 
+    async def notify_tool_list_changed(self) -> int:
+        """Send ``notifications/tools/list_changed`` to every open session
+        that listed tools (needs ``tools_list_changed`` in the config) or
+        used resources or prompts; returns how many."""
+        return await self._catalog.notify_list_changed("tools")
+
+    def track_session(self, ctx: ServerRequestContext[Any]) -> SessionState | None:
+        """Remember the session of a request for later notifications (what
+        the built-in catalog handlers do); returns its per-connection state
+        (``state.uris`` holds its resource subscriptions), or None when the
+        connection has none."""
+        return self._catalog.remember(ctx)
+
+    def take_call_token(self, peer: str) -> bool:
+        """Take one token from ``peer``'s rate-limit bucket (as each
+        tools/call, resources/read and prompts/get does); False when the
+        caller is over its limit."""
+        return self._limiter.take(peer)
+
     async def notify_prompt_list_changed(self) -> int:
         """Send ``notifications/prompts/list_changed`` to every open session
         that has used resources or prompts; returns how many."""
@@ -650,7 +691,9 @@ class Harness:
         # listChanged is declared for resources and prompts (only present
         # once one is registered): the operator may call notify_*_list_changed.
         options = server.create_initialization_options(
-            NotificationOptions(resources_changed=True, prompts_changed=True)
+            NotificationOptions(
+                resources_changed=True, prompts_changed=True, tools_changed=self.config.tools_list_changed
+            )
         )
         await server.run(conn.read_stream, conn.write_stream, options)
 
@@ -663,12 +706,22 @@ class Harness:
     async def credit(self, peer: str, atoms: int, *, memo: str | None = None) -> None:
         """Credit ``atoms`` (> 0) to ``peer`` outside the tip path (operator
         top-ups, tests). Audited as kind ``credit``. Raises ValueError for a
-        non-positive amount."""
+        non-positive amount, and ``store.BalanceLimitError`` (a ValueError;
+        logged, nothing credited) when the built-in ledger's balance would
+        pass ``MAX_BALANCE_ATOMS`` (21 million DCR; SECURITY.md)."""
         if isinstance(atoms, bool) or not isinstance(atoms, int) or atoms <= 0:
             raise ValueError(f"credit amount must be a positive number of atoms, got {atoms!r}")
+        if atoms > store.MAX_BALANCE_ATOMS:
+            exc = store.BalanceLimitError(peer, await self.balance(peer), atoms)
+            log.error("%s", exc)
+            raise exc
         ref = f"credit:{wire.new_id()}{wire.new_id()}"
-        with anyio.CancelScope(shield=True):
-            await self._accounts.credit(peer, atoms, kind="credit", ref=ref)
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._accounts.credit(peer, atoms, kind="credit", ref=ref)
+        except store.BalanceLimitError as exc:
+            log.error("%s", exc)
+            raise
         self._credited(peer)
 
     async def credit_tip(self, peer: str, amount_matoms: int, sequence_id: int) -> int:
@@ -682,7 +735,18 @@ class Harness:
 
     async def record_tip(self, peer: str, amount_matoms: int, sequence_id: int) -> tuple[bool, int]:
         """Like :meth:`credit_tip` but also says whether the tip was new
-        (False: a redelivery, nothing changed)."""
+        (False: a redelivery, nothing changed). Raises ValueError, changing
+        nothing, when the sequence id or the amount is not a signed 64-bit
+        integer (the ledger's type; ids must also be >= 0; a negative
+        amount is recorded, never credited); a tip that would
+        push the built-in ledger's balance past ``MAX_BALANCE_ATOMS`` is
+        recorded as seen, not credited, and logged as an error."""
+        for name, value, low in (
+            ("sequence id", sequence_id, 0),
+            ("amount", amount_matoms, -store.MAX_INT63 - 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= store.MAX_INT63:
+                raise ValueError(f"tip {name} {value!r} out of range (a signed 64-bit integer, ids >= 0)")
         allowed = self.allowed(peer)
         with anyio.CancelScope(shield=True):
             outcome = await self._accounts.credit_tip(
@@ -719,6 +783,8 @@ class Harness:
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
         peer = peer_of(ctx)
+        if self.config.tools_list_changed:
+            self._catalog.remember(ctx)
         return ListToolsResult(
             tools=[spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
         )

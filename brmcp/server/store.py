@@ -41,6 +41,13 @@ DB_FILENAME = "brmcp.sqlite3"
 SCHEMA_VERSION = 2
 #: How many processed tips are remembered for de-duplication.
 TIP_MEMORY = 10_000
+#: The largest balance the built-in ledger holds, in atoms: all the DCR there
+#: will ever be (21 million DCR). A tip or operator credit that would push a
+#: balance past it is refused (SECURITY.md "Money bounds"); refunds are not,
+#: since they return atoms a charge took and refusing one would lose them.
+MAX_BALANCE_ATOMS = 21_000_000 * 100_000_000
+#: Sequence ids and amounts must fit a signed 64-bit SQLite integer.
+MAX_INT63 = (1 << 63) - 1
 
 _SCHEMA = """
 CREATE TABLE balances (
@@ -253,6 +260,19 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> None:
 # -- operations: plain functions of a connection, run inside a transaction ----
 
 
+class BalanceLimitError(ValueError):
+    """A credit would push a balance past :data:`MAX_BALANCE_ATOMS`."""
+
+    def __init__(self, peer: str, current: int, atoms: int) -> None:
+        super().__init__(
+            f"credit of {atoms} atoms to {peer} refused: the balance of {current} atoms would pass "
+            f"the maximum of {MAX_BALANCE_ATOMS} atoms"
+        )
+        self.peer = peer
+        self.current = current
+        self.atoms = atoms
+
+
 def balance(conn: sqlite3.Connection, peer: str) -> int:
     row = conn.execute("SELECT atoms FROM balances WHERE peer = ?", (peer,)).fetchone()
     return int(row[0]) if row else 0
@@ -292,7 +312,12 @@ def record_movement(
 
 
 def credit(conn: sqlite3.Connection, peer: str, atoms: int, *, ts: float, kind: str, ref: str) -> int:
-    """Add ``atoms`` (> 0) to ``peer`` and audit it; returns the new balance."""
+    """Add ``atoms`` (> 0) to ``peer`` and audit it; returns the new balance.
+    Raises :class:`BalanceLimitError` (nothing written) when the balance would
+    pass :data:`MAX_BALANCE_ATOMS`."""
+    current = balance(conn, peer)
+    if current + atoms > MAX_BALANCE_ATOMS:
+        raise BalanceLimitError(peer, current, atoms)
     after = _add_balance(conn, peer, atoms)
     record_movement(conn, ts=ts, peer=peer, kind=kind, atoms=atoms, ref=ref, balance_after=after)
     return after
@@ -579,6 +604,8 @@ def record_tip(
         # append-only audit row still proves it (never credit a tip twice).
         return False, 0
     credited = atoms if credit_it and atoms > 0 else 0
+    if credited and local and balance(conn, peer) + credited > MAX_BALANCE_ATOMS:
+        credited = 0  # refused: recorded as seen, nothing credited (the caller logs it)
     state = "done" if local or credited == 0 else "pending"
     conn.execute(
         "INSERT INTO tips (sequence_id, peer, amount_matoms, atoms, credited, state, ts) "

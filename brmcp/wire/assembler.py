@@ -180,6 +180,10 @@ class Assembler:
     def _drop(self, key: str, msg: _Pending) -> None:
         if self._pending.pop(key, None) is not msg:
             return
+        # The deadline heap may still reference ``msg`` until it is popped or
+        # compacted: release the chunks now, so that the bytes held are the
+        # bytes counted (a finished message keeps only its small header).
+        msg.chunks = {}
         self._bytes -= msg.nbytes
         count = self._per_peer.get(msg.peer, 0)
         if count <= 1:

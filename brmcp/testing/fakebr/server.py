@@ -541,10 +541,12 @@ class FakeBRClient:
 
     # -- events ----------------------------------------------------------------------------
 
-    def _emit(self, kind: str, event: Ev) -> Ev:
+    def _emit(self, kind: str, event: Ev, sequence_id: int | None = None) -> Ev:
         replay = self.logs[kind]
         line = dumps(event.to_wire())  # the stored line, before its id is known
         seq = replay.next_id(len(line.encode("utf-8")))
+        if sequence_id is not None:
+            seq = sequence_id
         stored = dataclasses.replace(event, sequence_id=seq)
         replay.append(seq, stored)
         params = stored.to_wire()
@@ -575,10 +577,15 @@ class FakeBRClient:
             ),
         )
 
-    def emit_received_tip(self, from_uid: str, amount_matoms: int) -> ReceivedTip:
-        """Log a received tip (milliatoms) and broadcast it."""
+    def emit_received_tip(
+        self, from_uid: str, amount_matoms: int, *, sequence_id: int | None = None
+    ) -> ReceivedTip:
+        """Log a received tip (milliatoms) and broadcast it. ``sequence_id``
+        overrides the id the log would give it (hostile-brclient tests)."""
         return self._emit(
-            KIND_TIP_RECEIVED, ReceivedTip(uid=from_uid, amount_matoms=amount_matoms, sequence_id=0)
+            KIND_TIP_RECEIVED,
+            ReceivedTip(uid=from_uid, amount_matoms=amount_matoms, sequence_id=0),
+            sequence_id,
         )
 
     def emit_tip_progress(

@@ -25,6 +25,16 @@ import anyio
 import anyio.abc
 
 from brmcp.clientrpc import BotConfig, Client, ClientrpcError, PublicIdentity, load_bot_config
+from brmcp.gateway import (
+    PRICES_FILE,
+    Gateway,
+    PriceError,
+    PriceTable,
+    UpstreamConfig,
+    UpstreamConfigError,
+    load_prices,
+    load_upstream_block,
+)
 from brmcp.router import Router
 from brmcp.server import Harness, HarnessConfig, run_bot
 
@@ -43,6 +53,8 @@ log = logging.getLogger("brmcp_serve")
 
 #: The MCP implementation info the example serves (go-brmcp.md §5 "Harness").
 IMPLEMENTATION_NAME = "brmcp-example"
+#: The implementation name when selling an upstream MCP server (brmcp/gateway).
+GATEWAY_NAME = "brmcp-gateway"
 IMPLEMENTATION_VERSION = "0.1.0"
 
 
@@ -72,6 +84,8 @@ class ServeApp:
         *,
         client_options: Mapping[str, Any] | None = None,
         rng: random.Random | None = None,
+        upstream: UpstreamConfig | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         self.datadir = Path(datadir)
         self.bot_config = bot_config
@@ -81,11 +95,17 @@ class ServeApp:
                 data_dir=self.datadir,
                 allowed_peers=config.allowed_uids,
                 calls_per_minute=config.rate,
-                name=IMPLEMENTATION_NAME,
+                name=GATEWAY_NAME if upstream is not None else IMPLEMENTATION_NAME,
                 version=IMPLEMENTATION_VERSION,
+                tools_list_changed=upstream is not None,
             )
         )
-        register_tools(self.harness, rng)
+        #: The gateway selling an existing MCP server (``--upstream``), else None.
+        self.gateway: Gateway | None = None
+        if upstream is None:
+            register_tools(self.harness, rng)
+        else:
+            self.gateway = Gateway(self.harness, upstream, prices or PriceTable(), base_dir=self.datadir)
         self.config = config
         self.router: Router | None = None
         self.identity: PublicIdentity | None = None
@@ -99,11 +119,15 @@ class ServeApp:
         client_options: Mapping[str, Any] | None = None,
         rng: random.Random | None = None,
         bot_config: BotConfig | None = None,
+        upstream: UpstreamConfig | None = None,
     ) -> ServeApp:
         """Load ``<datadir>/brmcp-serve.conf`` (unless ``bot_config``, already
-        read from it, is given) and ``<datadir>/brmcp.json``. Raises
-        :class:`ServeConfigError` (a file missing or invalid, naming it),
-        :class:`~brmcp.clientrpc.ClientrpcConfigError` or
+        read from it, is given) and ``<datadir>/brmcp.json``. With an
+        ``upstream`` (the command line's) or an ``upstream`` block in
+        ``brmcp.json``, the app sells that MCP server at the prices of
+        ``<datadir>/prices.json`` instead of serving the example tools.
+        Raises :class:`ServeConfigError` (a file missing or invalid, naming
+        it), :class:`~brmcp.clientrpc.ClientrpcConfigError` or
         :class:`~brmcp.server.HarnessError` (see the class)."""
         root = Path(datadir).expanduser()
         if bot_config is None:
@@ -112,7 +136,18 @@ class ServeApp:
                 raise ServeConfigError(f"{conf}: file not found (run brmcp-serve once to create it)")
             bot_config = load_bot_config(conf)
         config = load_serve_config(root / SERVE_CONFIG_FILE)
-        return cls(root, bot_config, config, client_options=client_options, rng=rng)
+        prices: PriceTable | None = None
+        try:
+            if upstream is None:
+                upstream = load_upstream_block(root / SERVE_CONFIG_FILE)
+            if upstream is not None:
+                upstream.headers(root)  # fail now on a missing variable or headers file
+                prices = load_prices(root / PRICES_FILE)
+        except (UpstreamConfigError, PriceError) as exc:
+            raise ServeConfigError(str(exc)) from None
+        return cls(
+            root, bot_config, config, client_options=client_options, rng=rng, upstream=upstream, prices=prices
+        )
 
     @property
     def config_path(self) -> Path:
@@ -120,12 +155,22 @@ class ServeApp:
         return self.datadir / SERVE_CONFIG_FILE
 
     def reload(self) -> ServeConfig:
-        """Re-read ``brmcp.json`` and apply the allowlist and rate at once
+        """Re-read ``brmcp.json`` (and, when selling an upstream,
+        ``prices.json``) and apply the allowlist, rate and prices at once
         (no restart; sessions already open keep running, but every new
         message is checked against the new allowlist). Raises
-        :class:`ServeConfigError` and keeps the settings in force when the
-        file is invalid. This is what SIGHUP does."""
+        :class:`ServeConfigError` and keeps the settings in force when a
+        file is invalid. The ``upstream`` block is read only at start.
+        This is what SIGHUP does."""
         config = load_serve_config(self.config_path)
+        prices: PriceTable | None = None
+        if self.gateway is not None:
+            try:
+                prices = load_prices(self.datadir / PRICES_FILE)
+            except PriceError as exc:
+                raise ServeConfigError(str(exc)) from None
+            self.gateway.set_prices(prices)
+            log.info("reloaded %s", self.datadir / PRICES_FILE)
         self.harness.set_allowed_peers(config.allowed_uids)
         self.harness.set_calls_per_minute(config.rate)
         self.config = config
@@ -167,14 +212,24 @@ class ServeApp:
         async with self.client, anyio.create_task_group() as tg:
             if handle_signals:
                 await tg.start(self._signals, tg.cancel_scope)
+            if self.gateway is not None:
+                await tg.start(self.gateway.run)
             self.router = await tg.start(
                 partial(run_bot, self.harness, self.client, on_connected=self._on_connected)
             )
-            log.info(
-                "brmcp-serve: echo (free) and fortune (%d atoms); brclient at %s",
-                FORTUNE_PRICE_ATOMS,
-                self.client.url,
-            )
+            if self.gateway is not None:
+                log.info(
+                    "brmcp-serve: selling %d tool(s) of %s; brclient at %s",
+                    len(self.harness.tools()),
+                    self.gateway.config.describe(),
+                    self.client.url,
+                )
+            else:
+                log.info(
+                    "brmcp-serve: echo (free) and fortune (%d atoms); brclient at %s",
+                    FORTUNE_PRICE_ATOMS,
+                    self.client.url,
+                )
             task_status.started(self)
 
     async def _on_connected(self) -> None:

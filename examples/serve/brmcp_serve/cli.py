@@ -2,7 +2,11 @@
 
 ``brmcp-serve --datadir DIR``: on the first run it writes ``brmcp-serve.conf``
 and ``brmcp.json`` into DIR, says what to edit and exits 0; later runs serve
-until SIGINT/SIGTERM, and SIGHUP reloads ``brmcp.json``. Logging follows the
+until SIGINT/SIGTERM, and SIGHUP reloads ``brmcp.json``.
+``brmcp-serve --datadir DIR --upstream CMD ARG...`` (or ``--upstream-url URL``,
+or an ``upstream`` block in ``brmcp.json``) sells an existing MCP server
+instead of the example tools, at the prices of ``DIR/prices.json`` (written
+on first use; SIGHUP reloads it too; brmcp/gateway). Logging follows the
 ``debug``, ``logfile`` and ``maxlogfiles`` keys of ``brmcp-serve.conf``
 (:mod:`brmcp.botlog`); ``--log-level`` replaces ``debug``. Errors are one line
 on stderr with exit status 1.
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -22,10 +27,27 @@ import anyio
 from brmcp._console import add_version, quiet_broken_pipe
 from brmcp.botlog import LEVEL_CHOICES, LogSetupError, bot_logging
 from brmcp.clientrpc import ClientrpcConfigError, load_bot_config
+from brmcp.gateway import (
+    CALLER_UID_KEY,
+    PRICES_FILE,
+    PRICES_TEMPLATE,
+    GatewayError,
+    UpstreamConfig,
+    UpstreamConfigError,
+    load_upstream_block,
+    parse_header_env,
+)
 from brmcp.server import HarnessError
 
 from .app import ServeApp
-from .config import SERVE_CONFIG_FILE, ServeConfigError, bot_config_path, default_datadir, init_datadir
+from .config import (
+    SERVE_CONFIG_FILE,
+    ServeConfigError,
+    bot_config_path,
+    default_datadir,
+    init_datadir,
+    write_serve_config,
+)
 from .reports import ReportError, run_report
 
 __all__ = ["main"]
@@ -51,6 +73,39 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=LEVEL_CHOICES,
         help="logging threshold (default: the debug key of brmcp-serve.conf, else info)",
     )
+    gateway = parser.add_argument_group(
+        "selling an existing MCP server",
+        "Instead of the example tools, sell the tools of an MCP server you already have, at the prices "
+        'of <datadir>/prices.json. Same as an "upstream" block in brmcp.json, which these replace.',
+    )
+    gateway.add_argument(
+        "--upstream-url",
+        metavar="URL",
+        help="a streamable-HTTP MCP server, e.g. http://127.0.0.1:3001/mcp",
+    )
+    gateway.add_argument(
+        "--upstream-header-env",
+        metavar="NAME=VAR",
+        action="append",
+        default=[],
+        help="send HTTP header NAME with the value of environment variable VAR (repeatable)",
+    )
+    gateway.add_argument(
+        "--upstream-headers-file",
+        metavar="FILE",
+        help="send the HTTP headers of FILE ('Name: value' lines)",
+    )
+    gateway.add_argument(
+        "--upstream-send-caller-uid",
+        action="store_true",
+        help=f"pass each caller's Bison Relay uid to the upstream in _meta[{CALLER_UID_KEY!r}]",
+    )
+    gateway.add_argument(
+        "--upstream",
+        metavar="CMD",
+        nargs=argparse.REMAINDER,
+        help="a stdio MCP server: the command and its arguments (must come last)",
+    )
     parser.add_argument("--json", action="store_true", help="reports: print JSON")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("balances", help="every caller's prepaid balance (read-only; safe while the bot runs)")
@@ -60,6 +115,39 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "stats", help="tips, charges and refunds, per tool, reconciled with the ledger (read-only)"
     )
     return parser.parse_args(argv)
+
+
+def _upstream_from_args(args: argparse.Namespace, datadir: Path) -> UpstreamConfig | None:
+    """The upstream of the command line merged over brmcp.json's block, or
+    None (serve the example tools). Raises UpstreamConfigError."""
+    command = list(args.upstream or [])
+    if args.upstream is not None and not command:
+        raise UpstreamConfigError("--upstream needs a command, e.g. --upstream uvx mcp-server-time")
+    if command and args.upstream_url:
+        raise UpstreamConfigError("give --upstream or --upstream-url, not both")
+    path = datadir / SERVE_CONFIG_FILE
+    base = load_upstream_block(path) if path.exists() else None
+    headers_env = dict(parse_header_env(spec) for spec in args.upstream_header_env)
+    if not command and not args.upstream_url:
+        if headers_env or args.upstream_headers_file or args.upstream_send_caller_uid:
+            if base is None:
+                raise UpstreamConfigError("the --upstream-* options need --upstream or --upstream-url")
+        else:
+            return base
+    if base is None:
+        base = UpstreamConfig(command=tuple(command)) if command else UpstreamConfig(url=args.upstream_url)
+    elif command:
+        base = base.with_command(command)
+    elif args.upstream_url:
+        base = base.with_url(args.upstream_url)
+    changes: dict[str, object] = {}
+    if headers_env:
+        changes["headers_env"] = headers_env
+    if args.upstream_headers_file:
+        changes["headers_file"] = args.upstream_headers_file
+    if args.upstream_send_caller_uid:
+        changes["send_caller_uid"] = True
+    return dataclasses.replace(base, **changes) if changes else base  # type: ignore[arg-type]
 
 
 def _first_run_text(datadir: Path, created: list[Path]) -> str:
@@ -79,7 +167,13 @@ def _first_run_text(datadir: Path, created: list[Path]) -> str:
             '     (64 hex characters) of your callers in "allowed_uids"; an empty list refuses',
             '     everyone. "calls_per_minute" limits each caller (0 means 30).',
         ]
-    lines += ["", f"Then start it again: {PROG} --datadir {datadir}"]
+    prices = datadir / PRICES_FILE
+    if prices in created:
+        lines += [
+            f"  3. {prices} sets what each tool of the upstream MCP server costs: atoms per call,",
+            '     "free" or "hidden", per tool under "tools", and "default" for the others.',
+        ]
+    lines += ["", f"Then start it again: {PROG} --datadir {datadir}" + (" ..." if prices in created else "")]
     return "\n".join(lines)
 
 
@@ -102,8 +196,15 @@ def _main(argv: Sequence[str] | None) -> int:
         return 0
     try:
         created = init_datadir(datadir)
+        upstream = _upstream_from_args(args, datadir)
+        if upstream is not None and not (datadir / PRICES_FILE).exists():
+            write_serve_config(datadir / PRICES_FILE, PRICES_TEMPLATE)
+            created.append(datadir / PRICES_FILE)
     except (OSError, ClientrpcConfigError) as exc:
         print(f"{PROG}: cannot prepare {datadir}: {exc}", file=sys.stderr)
+        return 1
+    except UpstreamConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     if created:
         print(_first_run_text(datadir, created), flush=True)
@@ -121,7 +222,7 @@ def _main(argv: Sequence[str] | None) -> int:
             print(f"{PROG}: {exc} (logfile in {conf})", file=sys.stderr)
             return 1
         try:
-            app = ServeApp.from_datadir(datadir, bot_config=bot_config)
+            app = ServeApp.from_datadir(datadir, bot_config=bot_config, upstream=upstream)
         except ClientrpcConfigError as exc:
             print(f"{PROG}: {exc} (see {conf})", file=sys.stderr)
             return 1
@@ -132,4 +233,23 @@ def _main(argv: Sequence[str] | None) -> int:
             anyio.run(partial(app.run, handle_signals=True))
         except KeyboardInterrupt:  # a second Ctrl-C while stopping
             return 0
+        except BaseException as exc:
+            failure = _gateway_error(exc)
+            if failure is None:
+                raise
+            print(f"{PROG}: {failure}", file=sys.stderr)
+            return 1
         return 0
+
+
+def _gateway_error(exc: BaseException) -> GatewayError | None:
+    """The GatewayError inside ``exc`` (possibly wrapped in task-group
+    exception groups), else None."""
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _gateway_error(inner)
+            if found is not None:
+                return found
+    return None

@@ -105,7 +105,8 @@ class ServeConfig:
             raise ServeConfigError(f"{source}: calls_per_minute must be an integer, got {_json_type(rate)}")
         if not 0 <= rate <= _INT64_MAX:
             raise ServeConfigError(f"{source}: calls_per_minute must be >= 0 (0 selects 30), got {rate}")
-        ignored = sorted(set(data) - {"allowed_uids", "calls_per_minute"})
+        # "upstream" is brmcp/gateway's (read by brmcp.gateway.load_upstream_block).
+        ignored = sorted(set(data) - {"allowed_uids", "calls_per_minute", "upstream"})
         if ignored:
             log.info("%s: ignoring keys this example does not use: %s", source, ", ".join(ignored))
         return cls(allowed_uids=uids, calls_per_minute=rate)

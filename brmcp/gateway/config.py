@@ -1,0 +1,263 @@
+"""Which upstream MCP server the gateway sells, and how to reach it.
+
+One design, two spellings: the ``upstream`` block of ``brmcp.json`` ::
+
+    "upstream": {
+      "command": ["uvx", "mcp-server-time", "--local-timezone", "UTC"],
+      "env": {"TZ": "UTC"},
+      "send_caller_uid": false,
+      "call_timeout_seconds": 300
+    }
+
+or, for a streamable-HTTP server, ::
+
+    "upstream": {
+      "url": "http://127.0.0.1:3001/mcp",
+      "headers_env": {"Authorization": "UPSTREAM_AUTHORIZATION"},
+      "headers_file": "upstream-headers.txt"
+    }
+
+and the command-line options ``brmcp-serve --upstream CMD ARG...`` /
+``--upstream-url URL`` (with ``--upstream-header-env NAME=VAR`` and
+``--upstream-headers-file FILE``), which replace the block's ``command`` /
+``url`` (and headers) for that run. Keys:
+
+* ``command``: argv of a stdio server (a list of strings, or one string
+  split like a shell would). The process gets only a minimal environment
+  (``HOME``, ``PATH``, ``USER``, ...; the MCP SDK's default) plus ``env``.
+* ``url``: an ``http(s)://`` streamable-HTTP endpoint. ``headers_env`` maps
+  a header name to the environment variable holding its value;
+  ``headers_file`` is a file of ``Name: value`` lines (``#`` comments;
+  relative to the data directory). Header values are never logged.
+* ``send_caller_uid``: when true, each forwarded call carries the caller's
+  BR uid in ``params._meta`` under :data:`CALLER_UID_KEY`; by default the
+  upstream sees a call exactly as a local MCP client would send it.
+* ``call_timeout_seconds``: longest wait for one upstream answer (default
+  300); a call that times out is refunded.
+
+Exactly one of ``command`` and ``url`` must be given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CALLER_UID_KEY",
+    "DEFAULT_CALL_TIMEOUT",
+    "UpstreamConfig",
+    "UpstreamConfigError",
+    "load_upstream_block",
+    "parse_header_env",
+    "read_headers_file",
+]
+
+#: ``params._meta`` key carrying the caller's BR uid (64 lowercase hex) to
+#: the upstream, only when ``send_caller_uid`` is true.
+CALLER_UID_KEY = "brmcp/callerUid"
+#: Seconds one upstream request may take by default.
+DEFAULT_CALL_TIMEOUT = 300.0
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KEYS = {
+    "command",
+    "url",
+    "env",
+    "cwd",
+    "headers_env",
+    "headers_file",
+    "send_caller_uid",
+    "call_timeout_seconds",
+}
+
+
+class UpstreamConfigError(ValueError):
+    """An invalid upstream setting; the one-line message names where it came
+    from (a file or a command-line option) and the problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    """How to reach the upstream: ``command`` (stdio argv) xor ``url``
+    (streamable HTTP). ``headers_env``: header name → environment variable;
+    ``headers_file``: a ``Name: value`` file. See the module docstring."""
+
+    command: tuple[str, ...] = ()
+    url: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    headers_env: Mapping[str, str] = field(default_factory=dict)
+    headers_file: str | None = None
+    send_caller_uid: bool = False
+    call_timeout: float = DEFAULT_CALL_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if bool(self.command) == (self.url is not None):
+            raise UpstreamConfigError("upstream: give exactly one of a command (stdio) and a url (HTTP)")
+        if self.url is not None and not re.match(r"https?://", self.url, re.IGNORECASE):
+            raise UpstreamConfigError(f"upstream: url must start with http:// or https://, got {self.url!r}")
+        if self.call_timeout <= 0:
+            raise UpstreamConfigError("upstream: call_timeout_seconds must be > 0")
+
+    @property
+    def kind(self) -> str:
+        """``"stdio"`` or ``"http"``."""
+        return "stdio" if self.command else "http"
+
+    def describe(self) -> str:
+        """A one-line description for logs (the command or URL; never headers)."""
+        if self.command:
+            return "stdio: " + shlex.join(self.command)
+        return f"http: {self.url}"
+
+    def with_command(self, command: Sequence[str]) -> UpstreamConfig:
+        return replace(self, command=tuple(command), url=None, headers_env={}, headers_file=None)
+
+    def with_url(self, url: str) -> UpstreamConfig:
+        return replace(self, command=(), url=url, env={}, cwd=None)
+
+    def headers(self, base_dir: str | os.PathLike[str] | None = None) -> dict[str, str]:
+        """The HTTP headers to send: the file's, then the environment's
+        (which win). Raises :class:`UpstreamConfigError` for an unset
+        variable or a bad file (never quoting a header value)."""
+        out: dict[str, str] = {}
+        if self.headers_file is not None:
+            path = Path(self.headers_file).expanduser()
+            if not path.is_absolute() and base_dir is not None:
+                path = Path(base_dir) / path
+            out.update(read_headers_file(path))
+        for name, var in self.headers_env.items():
+            value = os.environ.get(var)
+            if value is None:
+                raise UpstreamConfigError(f"upstream header {name}: environment variable {var} is not set")
+            out[name] = value
+        return out
+
+    @classmethod
+    def from_block(cls, block: Any, *, source: str) -> UpstreamConfig:
+        """Parse the ``upstream`` object of ``brmcp.json``. Raises
+        :class:`UpstreamConfigError` naming ``source`` and the key."""
+        if not isinstance(block, dict):
+            raise UpstreamConfigError(f"{source}: upstream must be an object")
+        unknown = sorted(set(block) - _KEYS)
+        if unknown:
+            raise UpstreamConfigError(f"{source}: upstream: unknown key(s) {', '.join(unknown)}")
+        command: tuple[str, ...] = ()
+        raw = block.get("command")
+        if isinstance(raw, str):
+            try:
+                command = tuple(shlex.split(raw))
+            except ValueError as exc:
+                raise UpstreamConfigError(f"{source}: upstream.command: {exc}") from None
+        elif isinstance(raw, list) and all(isinstance(a, str) for a in raw):
+            command = tuple(raw)
+        elif raw is not None:
+            raise UpstreamConfigError(f"{source}: upstream.command must be a list of strings or a string")
+        url = block.get("url")
+        if url is not None and not isinstance(url, str):
+            raise UpstreamConfigError(f"{source}: upstream.url must be a string")
+        env = _str_map(block.get("env"), "env", source)
+        headers_env = _str_map(block.get("headers_env"), "headers_env", source)
+        for name, var in headers_env.items():
+            _check_header_name(name, f"{source}: upstream.headers_env")
+            if not _ENV_NAME.fullmatch(var):
+                raise UpstreamConfigError(
+                    f"{source}: upstream.headers_env[{name}]: {var!r} is not an environment variable name"
+                )
+        cwd = block.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise UpstreamConfigError(f"{source}: upstream.cwd must be a string")
+        headers_file = block.get("headers_file")
+        if headers_file is not None and not isinstance(headers_file, str):
+            raise UpstreamConfigError(f"{source}: upstream.headers_file must be a string (a path)")
+        send_uid = block.get("send_caller_uid", False)
+        if not isinstance(send_uid, bool):
+            raise UpstreamConfigError(f"{source}: upstream.send_caller_uid must be true or false")
+        timeout = block.get("call_timeout_seconds", DEFAULT_CALL_TIMEOUT)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise UpstreamConfigError(f"{source}: upstream.call_timeout_seconds must be a number > 0")
+        try:
+            return cls(
+                command=command,
+                url=url,
+                env=env,
+                cwd=cwd,
+                headers_env=headers_env,
+                headers_file=headers_file,
+                send_caller_uid=send_uid,
+                call_timeout=float(timeout),
+            )
+        except UpstreamConfigError as exc:
+            raise UpstreamConfigError(f"{source}: {exc}") from None
+
+
+def _str_map(value: Any, key: str, source: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise UpstreamConfigError(f"{source}: upstream.{key} must be an object of strings")
+    return dict(value)
+
+
+def _check_header_name(name: str, where: str) -> None:
+    if not _HEADER_NAME.fullmatch(name):
+        raise UpstreamConfigError(f"{where}: {name!r} is not a valid HTTP header name")
+
+
+def parse_header_env(spec: str) -> tuple[str, str]:
+    """Parse a ``NAME=VAR`` option value (header name, environment variable).
+    Raises :class:`UpstreamConfigError`."""
+    name, sep, var = spec.partition("=")
+    if not sep:
+        raise UpstreamConfigError(f"--upstream-header-env: expected NAME=VAR, got {spec!r}")
+    _check_header_name(name, "--upstream-header-env")
+    if not _ENV_NAME.fullmatch(var):
+        raise UpstreamConfigError(f"--upstream-header-env: {var!r} is not an environment variable name")
+    return name, var
+
+
+def read_headers_file(path: Path) -> dict[str, str]:
+    """``Name: value`` lines (blank lines and ``#`` comments skipped).
+    Raises :class:`UpstreamConfigError` naming the file and line, never
+    quoting a value."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UpstreamConfigError(f"{path}: cannot read the upstream headers file: {reason}") from None
+    headers: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        name, sep, value = stripped.partition(":")
+        name = name.strip()
+        if not sep or not _HEADER_NAME.fullmatch(name):
+            raise UpstreamConfigError(f"{path}:{number}: expected 'Name: value'")
+        headers[name] = value.strip()
+    return headers
+
+
+def load_upstream_block(path: str | os.PathLike[str]) -> UpstreamConfig | None:
+    """The ``upstream`` block of ``brmcp.json`` at ``path``, or None when
+    the file has none, or cannot be read or parsed (brmcp-serve's own
+    loader reports that, naming the file). Raises
+    :class:`UpstreamConfigError` for an invalid block."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("upstream") is None:
+        return None
+    return UpstreamConfig.from_block(data["upstream"], source=str(p))

@@ -1,0 +1,28 @@
+"""brnet: a real Bison Relay network on loopback for tests, the demo and
+benchmarks. :func:`brnet_binary` builds the Go command (``interop/brnet``) into
+a cache; :class:`BrNet` runs it (a real relay, real clients with real
+clientrpc servers, all KX'd, tips through a simulated wallet or brclient's
+no-wallet client). Pytest fixtures live in :mod:`brmcp.testing.brnet.fixtures`.
+"""
+
+from .build import (
+    BrNetBuildError,
+    BrNetUnavailable,
+    brnet_binary,
+    brnet_cache_dir,
+    brnet_source_dir,
+    go_executable,
+)
+from .network import BrNet, BrNetError, BrNetUser
+
+__all__ = [
+    "BrNet",
+    "BrNetBuildError",
+    "BrNetError",
+    "BrNetUnavailable",
+    "BrNetUser",
+    "brnet_binary",
+    "brnet_cache_dir",
+    "brnet_source_dir",
+    "go_executable",
+]

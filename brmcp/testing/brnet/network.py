@@ -1,0 +1,305 @@
+"""Running brnet: a real Bison Relay relay and real clients (bisonrelay's own
+client and clientrpc server code) on loopback, as a subprocess.
+
+``BrNet(root, users=("alice", "bob")).start()`` builds brnet if needed, starts
+it, waits for its ready line and reads ``<root>/brnet.json``. The root is
+persistent: :meth:`BrNet.restart` (or a new :class:`BrNet` on the same root)
+keeps uids, KX, ports and clientrpc replay logs. Every method here blocks;
+from async code call them through ``anyio.to_thread.run_sync``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...clientrpc import BotConfig, Client, load_bot_config
+from .build import brnet_binary
+
+__all__ = ["BrNet", "BrNetError", "BrNetUser"]
+
+READY_PREFIX = "brnet ready "
+
+
+class BrNetError(RuntimeError):
+    """brnet failed to start, exited, or refused a control request (one line,
+    plus the tail of brnet's stderr where it helps)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrNetUser:
+    """One user of a running brnet, as ``brnet.json`` describes it.
+
+    ``uid``: 64 lowercase hex characters; ``brrpcurl``: ``wss://127.0.0.1:PORT/ws``;
+    the certificate paths are brclient's ``rpc.cert``, ``rpc-ca.cert``,
+    ``rpc-client.cert`` and ``rpc-client.key``; ``conf``: a bisonbotkit-style
+    conf naming them (``brmcp-serve.conf`` / ``brmcp-bridge.conf`` as is);
+    ``root``: the user's brclient-style root; ``nowallet``: uses brclient's stock
+    no-wallet payment client (tips never complete).
+    """
+
+    nick: str
+    uid: str
+    brrpcurl: str
+    servercertpath: Path
+    cacertpath: Path
+    clientcertpath: Path
+    clientkeypath: Path
+    rpcuser: str
+    rpcpass: str
+    conf: Path
+    root: Path
+    nowallet: bool
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> BrNetUser:
+        return cls(
+            nick=str(obj["nick"]),
+            uid=str(obj["uid"]),
+            brrpcurl=str(obj["brrpcurl"]),
+            servercertpath=Path(obj["servercertpath"]),
+            cacertpath=Path(obj["cacertpath"]),
+            clientcertpath=Path(obj["clientcertpath"]),
+            clientkeypath=Path(obj["clientkeypath"]),
+            rpcuser=str(obj.get("rpcuser", "")),
+            rpcpass=str(obj.get("rpcpass", "")),
+            conf=Path(obj["conf"]),
+            root=Path(obj["root"]),
+            nowallet=bool(obj.get("nowallet", False)),
+        )
+
+    def bot_config(self) -> BotConfig:
+        """The user's conf, parsed (:func:`brmcp.clientrpc.load_bot_config`)."""
+        return load_bot_config(self.conf)
+
+    def client(self, **kwargs: Any) -> Client:
+        """A clientrpc :class:`~brmcp.clientrpc.Client` for this user
+        (``kwargs``: the client's other constructor arguments)."""
+        return Client.from_config(self.bot_config(), **kwargs)
+
+    def install_conf(self, datadir: Path, name: str) -> Path:
+        """Copy the conf to ``<datadir>/<name>.conf`` with ``datadir`` and
+        ``logfile`` pointing into ``datadir`` (what brmcp-serve / brmcp-bridge
+        read); returns the path."""
+        datadir.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for line in self.conf.read_text().splitlines():
+            key = line.split("=", 1)[0].strip()
+            if key == "datadir":
+                line = f"datadir={datadir}"
+            elif key == "logfile":
+                line = f"logfile={datadir / 'logs' / (name + '.log')}"
+            lines.append(line)
+        path = datadir / f"{name}.conf"
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o600)
+        return path
+
+
+class BrNet:
+    """A brnet subprocess on ``root``.
+
+    Options (brnet flags): ``users`` (nicks), ``latency_ms`` (one-way latency
+    added to each message a user sends), ``nowallet`` (nicks on brclient's stock
+    no-wallet payment client, or ``("all",)``), ``tip_restart_delay`` (seconds
+    ``TipUser`` blocks after a client starts; brclient's default is 60, the
+    default here 1 so tests start fast), ``reconnect_delay`` (seconds, brclient's
+    is 5), ``tip_max_lifetime`` / ``tip_rerequest_delay`` (seconds; brclient:
+    72 h / 24 h), ``extra_args`` (more brnet flags). ``binary``: a brnet
+    executable (default: :func:`~brmcp.testing.brnet.build.brnet_binary`).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        users: Sequence[str] = ("alice", "bob"),
+        latency_ms: float = 0,
+        nowallet: Sequence[str] = (),
+        tip_restart_delay: float = 1.0,
+        reconnect_delay: float = 0.5,
+        tip_max_lifetime: float | None = None,
+        tip_rerequest_delay: float | None = None,
+        extra_args: Sequence[str] = (),
+        binary: str | os.PathLike[str] | None = None,
+        startup_timeout: float = 120.0,
+    ) -> None:
+        self.root = Path(root).resolve()
+        self.users_wanted = tuple(users)
+        self.latency_ms = latency_ms
+        self.nowallet = tuple(nowallet)
+        self.tip_restart_delay = tip_restart_delay
+        self.reconnect_delay = reconnect_delay
+        self.tip_max_lifetime = tip_max_lifetime
+        self.tip_rerequest_delay = tip_rerequest_delay
+        self.extra_args = tuple(extra_args)
+        self._binary = Path(binary) if binary is not None else None
+        self.startup_timeout = startup_timeout
+        self._proc: subprocess.Popen[str] | None = None
+        self._stderr: Any = None
+        self.info: dict[str, Any] = {}
+        self.users: dict[str, BrNetUser] = {}
+        self.start_seconds = 0.0
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def command(self) -> list[str]:
+        """The brnet command line this instance runs."""
+        exe = self._binary if self._binary is not None else brnet_binary()
+
+        def dur(seconds: float) -> str:
+            return f"{round(seconds * 1000)}ms"
+
+        cmd = [
+            str(exe),
+            "-root",
+            str(self.root),
+            "-users",
+            ",".join(self.users_wanted),
+            "-latency",
+            dur(self.latency_ms / 1000),
+            "-tiprestartdelay",
+            dur(self.tip_restart_delay),
+            "-reconnectdelay",
+            dur(self.reconnect_delay),
+        ]
+        if self.nowallet:
+            cmd += ["-nowallet", ",".join(self.nowallet)]
+        if self.tip_max_lifetime is not None:
+            cmd += ["-tipmaxlifetime", dur(self.tip_max_lifetime)]
+        if self.tip_rerequest_delay is not None:
+            cmd += ["-tiprerequestinvoicedelay", dur(self.tip_rerequest_delay)]
+        return cmd + list(self.extra_args)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> BrNet:
+        """Start brnet and wait for its ready line (at most ``startup_timeout``
+        seconds, not counting the build). Raises :class:`BrNetError`."""
+        if self.running:
+            raise BrNetError("brnet is already running")
+        cmd = self.command()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._stderr = open(self.root / "brnet.stderr.log", "a")  # noqa: SIM115 - closed in stop()
+        began = time.monotonic()
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=self._stderr, stdin=subprocess.DEVNULL, text=True
+        )
+        self._proc = proc
+        ready: list[str] = []
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith(READY_PREFIX):
+                    ready.append(line[len(READY_PREFIX) :].strip())
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(self.startup_timeout)
+        if not ready:
+            code = proc.poll()
+            self.stop()
+            why = f"exited with status {code}" if code is not None else "timed out"
+            raise BrNetError(f"brnet {why} before it was ready: {self.stderr_tail()}")
+        self.start_seconds = time.monotonic() - began
+        self._load_info(Path(ready[0]))
+        return self
+
+    def _load_info(self, path: Path) -> None:
+        self.info = json.loads(path.read_text())
+        self.users = {u["nick"]: BrNetUser.from_json(u) for u in self.info["users"]}
+
+    def stderr_tail(self, lines: int = 5) -> str:
+        """The last lines of brnet's stderr log (one line, ``|``-joined)."""
+        try:
+            text = (self.root / "brnet.stderr.log").read_text(errors="replace")
+        except OSError:
+            return "(no stderr log)"
+        tail = [ln for ln in text.splitlines() if ln.strip()][-lines:]
+        return " | ".join(tail) or "(stderr empty)"
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop brnet (SIGTERM, then SIGKILL after ``timeout`` seconds). Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc is not None and proc.stdout is not None:
+            proc.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def restart(self, down_seconds: float = 0.0) -> BrNet:
+        """Stop brnet and start it again on the same root (same uids, KX, ports
+        and replay logs), ``down_seconds`` later."""
+        self.stop()
+        if down_seconds > 0:
+            time.sleep(down_seconds)
+        return self.start()
+
+    def __enter__(self) -> BrNet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- users and control -------------------------------------------------
+
+    def user(self, nick: str) -> BrNetUser:
+        """The named user (``KeyError`` if brnet has no such user)."""
+        return self.users[nick]
+
+    def _control(self, path: str, method: str = "POST") -> dict[str, Any]:
+        if not self.running:
+            raise BrNetError("brnet is not running")
+        req = urllib.request.Request(
+            self.info["control"] + path, method=method, data=b"" if method == "POST" else None
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                result: dict[str, Any] = json.loads(resp.read())
+                return result
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = json.loads(exc.read()).get("error", "")
+            except ValueError:
+                detail = ""
+            raise BrNetError(f"brnet control {path}: HTTP {exc.code} {detail}".strip()) from exc
+
+    def status(self) -> dict[str, Any]:
+        """``{"users": [{"nick", "running", "online", "connected"}, ...]}``."""
+        return self._control("/status", method="GET")
+
+    def offline(self, nick: str) -> None:
+        """Disconnect ``nick``'s client from the relay and keep it off (its
+        clientrpc server stays up; its PM calls block, as a real brclient's do)."""
+        self._control(f"/offline/{nick}")
+
+    def online(self, nick: str) -> None:
+        """Let ``nick``'s client reconnect to the relay (after the reconnect delay)."""
+        self._control(f"/online/{nick}")
+
+    def restart_user(self, nick: str, down_seconds: float = 0.0) -> None:
+        """Restart ``nick``'s client and clientrpc server on the same root and
+        port (a brclient restart), down for ``down_seconds``; returns once it
+        is connected to the relay again."""
+        self._control(f"/restart/{nick}?downms={int(down_seconds * 1000)}")
