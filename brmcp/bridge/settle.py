@@ -33,11 +33,26 @@ from .approvals import ApprovalQueue, PendingPayment
 from .clock import Clock, go_duration
 from .errors import BridgeError
 from .settings import Settings
-from .spend import STATUS_FAILED, STATUS_PAID, STATUS_PENDING, SpendLog, SpendSummary, SpendTicket
+from .spend import (
+    STATUS_FAILED,
+    STATUS_PAID,
+    STATUS_PENDING,
+    BotBalance,
+    SpendLog,
+    SpendSummary,
+    SpendTicket,
+)
 
-__all__ = ["Payer", "Settler", "cap_refusal"]
+__all__ = ["AGENT_GONE", "AGENT_GONE_PAID", "Payer", "Settler", "cap_refusal"]
 
 log = logging.getLogger("brmcp.bridge")
+
+#: Why no payment was made for a call whose agent went away.
+AGENT_GONE = "the agent went away before paying; nothing was paid"
+#: The spend entry's note for a payment completed after its agent went away.
+AGENT_GONE_PAID = (
+    "the agent went away while this payment was in flight; the credit stays at the bot for later calls"
+)
 
 
 @runtime_checkable
@@ -99,7 +114,40 @@ class Settler:
         self._clock = clock
         self._settings = settings
         self._lock = anyio.Lock()
-        self.approvals = ApprovalQueue(clock)
+        self.approvals = ApprovalQueue(clock, on_change=self._changed)
+        self._listeners: list[Callable[[], None]] = []
+        self._balances: dict[str, BotBalance] = {}
+        #: Bumped whenever the approvals or the spend log change.
+        self.version = 0
+
+    def watch(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` (from the event loop) whenever a payment is
+        parked or decided or the spend log changes; returns the function that
+        removes it."""
+        self._listeners.append(listener)
+
+        def unwatch() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unwatch
+
+    def _changed(self) -> None:
+        self.version += 1
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("bridge change listener failed")
+
+    def note_balance(self, bot: str, atoms: int) -> None:
+        """Remember the balance ``bot`` reported for this user (atoms, from a
+        receipt or a ``payment_required`` refusal)."""
+        self._balances[bot.lower()] = BotBalance(atoms=atoms, ts=self._now())
+
+    def balances(self) -> dict[str, BotBalance]:
+        """The latest balance each bot reported, by lowercase uid."""
+        return dict(self._balances)
 
     def _now(self) -> int:
         return math.floor(self._clock.now())
@@ -108,8 +156,11 @@ class Settler:
         """Write the log (pruned) in a worker thread; call with the lock
         held so writes land in mutation order. Raises BridgeError."""
         content = self._spend.prepare(self._now())
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._spend.write, content)
+        try:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._spend.write, content)
+        finally:
+            self._changed()
 
     def summary(self) -> SpendSummary:
         """Entries and the rolling 24-hour total (failed excluded)."""
@@ -125,7 +176,9 @@ class Settler:
             await self._persist()
             return True
 
-    async def settle(self, bot: str, tool: str, refusal: PaymentRequired) -> str | None:
+    async def settle(
+        self, bot: str, tool: str, refusal: PaymentRequired, *, gone: anyio.Event | None = None
+    ) -> str | None:
         """Pay what ``bot`` asked for ``tool``. Returns None once the payment
         is confirmed, else the reason nothing (certain) was paid, as shown
         to the agent after ``<name>: payment not made: ``.
@@ -133,9 +186,14 @@ class Settler:
         The policy is decided on the settings in force when the spend is
         reserved, not on those read when the call arrived: a cap lowered, a
         switch to approval, a de-listed bot or a disabled bridge while this
-        call waited (for the spend lock or for the user) is honoured."""
+        call waited (for the spend lock or for the user) is honoured.
+
+        ``gone`` is set when the agent's request went away: a payment parked
+        for approval is then withdrawn, and none is started. A payment
+        already in flight completes (its credit stays at the bot) and its
+        spend entry says so."""
         amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
-        reason = await self._settle(bot, tool, amount)
+        reason = await self._settle(bot, tool, amount, gone)
         if reason is not None:
             log.info("payment to bot %s for tool %s (%d atoms) not made: %s", bot, tool, amount, reason)
         return reason
@@ -151,7 +209,7 @@ class Settler:
             f"; {hint}" if hint else "",
         )
 
-    async def _settle(self, bot: str, tool: str, amount: int) -> str | None:
+    async def _settle(self, bot: str, tool: str, amount: int, gone: anyio.Event | None) -> str | None:
         if amount <= 0:
             return "bot requested a nonpositive amount"
         approved = False
@@ -161,11 +219,13 @@ class Settler:
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(self._now()))
             if reason is not None:
                 return reason
+            if gone is not None and gone.is_set():
+                return AGENT_GONE
             if not settings.autopay and not approved:
                 timeout = settings.approval_timeout_secs
-                decision = await self.approvals.wait(
-                    bot=bot, tool=tool, atoms=amount, timeout_secs=timeout, on_parked=self._parked
-                )
+                decision = await self._park(bot, tool, amount, timeout, gone)
+                if decision == "gone":
+                    return AGENT_GONE
                 if decision == "denied":
                     return "payment denied by the user"
                 if decision == "timeout":
@@ -179,6 +239,8 @@ class Settler:
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(now))
                 if reason is not None:
                     return reason
+                if gone is not None and gone.is_set():
+                    return AGENT_GONE
                 ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount)
                 try:
                     await self._persist()
@@ -195,10 +257,45 @@ class Settler:
                 tool,
                 "approved" if approved else settings.mode,
             )
-            return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id)
+            # Shielded: once money may move, the agent going away or cancelling
+            # does not interrupt it (the tip wait still bounds it).
+            with anyio.CancelScope(shield=True):
+                return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id, gone)
+
+    async def _park(
+        self, bot: str, tool: str, amount: int, approval_secs: float, gone: anyio.Event | None
+    ) -> str:
+        """Wait for the user's decision, or ``"gone"`` as soon as the agent's
+        request went away (the parked payment is withdrawn)."""
+        if gone is None:
+            return await self.approvals.wait(
+                bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=self._parked
+            )
+        decision = "gone"
+        async with anyio.create_task_group() as tg:
+
+            async def _decide() -> None:
+                nonlocal decision
+                decision = await self.approvals.wait(
+                    bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=self._parked
+                )
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(_decide)
+            await gone.wait()
+            tg.cancel_scope.cancel()
+        if decision == "gone":
+            log.info("payment of %d atoms to %s for %s withdrawn: the agent went away", amount, bot, tool)
+        return decision
 
     async def _pay(
-        self, ticket: SpendTicket, bot: str, amount: int, wait_secs: int, spend_id: str
+        self,
+        ticket: SpendTicket,
+        bot: str,
+        amount: int,
+        wait_secs: int,
+        spend_id: str,
+        gone: anyio.Event | None = None,
     ) -> str | None:
         status, err, reason = STATUS_PENDING, "", None
         try:
@@ -214,6 +311,8 @@ class Settler:
             if scope.cancelled_caught:
                 reason = f"tip not confirmed within {go_duration(wait_secs)}; the attempt keeps running"
         finally:
+            if status == STATUS_PAID and gone is not None and gone.is_set():
+                err = AGENT_GONE_PAID
             if status == STATUS_PAID:
                 log.info("spend %s: paid %d atoms to bot %s", spend_id, amount, bot)
             elif status == STATUS_FAILED:

@@ -29,6 +29,7 @@ __all__ = [
     "STATUS_FAILED",
     "STATUS_PAID",
     "STATUS_PENDING",
+    "BotBalance",
     "SpendEntry",
     "SpendLog",
     "SpendSummary",
@@ -89,6 +90,17 @@ class SpendEntry:
         if self.err:
             out["err"] = self.err
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class BotBalance:
+    """A bot's report of this user's prepaid balance there: ``atoms`` from
+    the latest receipt (``brmcp/balanceAtoms``) or ``payment_required``
+    refusal it sent, at ``ts`` (unix seconds, the bridge clock). Kept in
+    memory only (not part of ``mcpspend.json``)."""
+
+    atoms: int
+    ts: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,13 +206,12 @@ class SpendLog:
         self._rows = [r for r in self._rows if r is not row]
 
     def finish(self, ticket: SpendTicket, status: str, err: str = "") -> None:
-        """Record the outcome of a live payment: ``paid`` (err cleared),
-        ``failed`` with ``err``, or ``pending`` (outcome unknown: it stays
-        counted and becomes claimable by :meth:`resolve`)."""
+        """Record the outcome of a live payment: ``paid`` (``err`` is then a
+        note, e.g. that its agent went away), ``failed`` with ``err``, or
+        ``pending`` (outcome unknown: it stays counted and becomes claimable
+        by :meth:`resolve`; ``err`` says why and whether it may still land)."""
         row = ticket._row
         row.live = False
-        if status == STATUS_PAID:
-            err = ""
         row.entry = dataclasses.replace(row.entry, status=status, err=err)
 
     def resolve(self, payee: str, atoms: int, err: str | None) -> bool:
