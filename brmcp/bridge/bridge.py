@@ -26,6 +26,7 @@ from .admin import ConfigSnippet, admin_handler, config_snippet
 from .approvals import PendingPayment
 from .clock import Clock, SystemClock
 from .errors import BridgeError
+from .funding import Funding
 from .http import MAX_BODY_BYTES, BridgeApp
 from .link import CONNECT_TIMEOUT, BotLink
 from .listener import OwnedListener, parse_listen_address
@@ -374,7 +375,8 @@ class Bridge:
             snapshot=snapshot,
             clock=self._clock.now,
         )
-        proxy = BotProxy(link, self._settler, self._clock, self.config.name)
+        funding = Funding(uid, self._settler, self._current, link.fixed_price, link.spawn)
+        proxy = BotProxy(link, self._settler, self._clock, self.config.name, funding=funding)
         self._links[uid] = link
         self._proxies[uid] = proxy
         return proxy

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -66,6 +66,7 @@ from mcp.types import (
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
 
 from ..conn import Conn
+from ..payment import PRICE_ATOMS_KEY
 from ..router import Router
 from .relay import Relay
 from .snapshots import ERA_HANDSHAKE, ERA_MODERN, BotSnapshot, Era, SnapshotStore
@@ -353,6 +354,24 @@ class BotLink:
 
     def tool(self, name: str) -> Tool | None:
         return self._by_name.get(name)
+
+    def fixed_price(self, name: str) -> int | None:
+        """The fixed price of tool ``name`` in atoms from the snapshot's
+        ``brmcp/priceAtoms`` (a whole number > 0), else None (free,
+        dynamic, unknown)."""
+        tool = self._by_name.get(name)
+        meta = tool.meta if tool is not None else None
+        value = meta.get(PRICE_ATOMS_KEY) if isinstance(meta, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        if isinstance(value, float) and not value.is_integer():
+            return None
+        price = int(value)
+        return price if price > 0 else None
+
+    def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in a task the bridge owns (cancelled when it closes)."""
+        self._tg.start_soon(fn, *args)
 
     @property
     def stale(self) -> bool:

@@ -53,8 +53,9 @@ from mcp.types import (
     TextContent,
 )
 
-from ..payment import CALL_KEY, parse_payment_required
+from ..payment import CALL_KEY, PAY_ALONGSIDE_KEY, parse_payment_required
 from .clock import Clock
+from .funding import Funding
 from .link import BotLink, LinkError
 from .mirror import Mirror, MirrorServer
 from .relay import AgentCall, strip_reserved_meta
@@ -76,11 +77,16 @@ class BotProxy:
     refusal-note prefix); payments go through ``settler``; ``clock`` paces
     the credit polls."""
 
-    def __init__(self, link: BotLink, settler: Settler, clock: Clock, name: str) -> None:
+    def __init__(
+        self, link: BotLink, settler: Settler, clock: Clock, name: str, *, funding: Funding | None = None
+    ) -> None:
         self.link = link
         self._settler = settler
         self._clock = clock
         self._name = name
+        #: The known balance, pay alongside and prepay (:mod:`.funding`);
+        #: None: the bridge only pays when the bot asks.
+        self.funding = funding
         self.server = MirrorServer(
             f"brmcp-{link.uid[:8]}",
             link,
@@ -164,6 +170,10 @@ class BotProxy:
         paid = False
         era_switched = False
         attempt = 0
+        funding = self.funding
+        ahead = funding.alongside(tool) if funding is not None else None
+        if ahead is not None:
+            request = _with_meta(request, {PAY_ALONGSIDE_KEY: ahead.amount})
         while True:
             try:
                 async with self.link.lease() as (session, gen):
@@ -199,9 +209,25 @@ class BotProxy:
                 self.link.require_handshake(gen)
                 request = _with_key(request, secrets.token_hex(16))
                 continue
+            if funding is not None:
+                funding.observe(tool, result)
             refusal = parse_payment_required(result)
             if refusal is None:
+                if funding is not None and not result.is_error:
+                    funding.after_call(tool, result)
                 return result
+            if ahead is not None:
+                # Refused although a payment is on its way (a bot that does
+                # not hold marked calls, or a hold that ran out): wait for
+                # that payment, then reissue as after any payment.
+                reason = await ahead.wait()
+                ahead = None
+                if reason is not None:
+                    note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
+                    return result.model_copy(update={"content": [*result.content, note]})
+                paid = True
+                attempt += 1
+                continue
             if paid:
                 if attempt < POLL_ATTEMPTS:
                     await self._clock.sleep(POLL_INTERVAL)
@@ -212,6 +238,8 @@ class BotProxy:
             if reason is not None:
                 note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
                 return result.model_copy(update={"content": [*result.content, note]})
+            if funding is not None:
+                funding.paid(refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms)
             paid = True
             attempt += 1
 
@@ -226,7 +254,13 @@ def _needs_back_channel(result: CallToolResult) -> bool:
 
 
 def _with_key(request: CallToolRequest, key: str) -> CallToolRequest:
-    params = request.params.model_copy(update={"meta": cast(RequestParamsMeta, {CALL_KEY: key})})
+    return _with_meta(request, {CALL_KEY: key})
+
+
+def _with_meta(request: CallToolRequest, extra: dict[str, Any]) -> CallToolRequest:
+    """``request`` with ``extra`` merged into its ``_meta``."""
+    meta = {**dict(request.params.meta or {}), **extra}
+    params = request.params.model_copy(update={"meta": cast(RequestParamsMeta, meta)})
     return request.model_copy(update={"params": params})
 
 

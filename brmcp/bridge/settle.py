@@ -122,10 +122,25 @@ class Settler:
             await self._persist()
             return True
 
-    async def settle(self, bot: str, tool: str, refusal: PaymentRequired) -> str | None:
+    def precheck(self, bot: str, amount: int) -> str | None:
+        """The reason a payment of ``amount`` atoms to ``bot`` would be
+        refused by the policy in force right now (disabled, de-listed, caps,
+        or approval mode, which never pays unasked), else None. Reserves
+        nothing: :meth:`settle` decides again."""
+        settings = self._settings()
+        if not settings.autopay:
+            return "approval mode"
+        return _policy_refusal(settings, bot, amount, self._spend.day_total(self._now()))
+
+    async def settle(
+        self, bot: str, tool: str, refusal: PaymentRequired, *, prepay: bool = False
+    ) -> str | None:
         """Pay what ``bot`` asked for ``tool``. Returns None once the payment
         is confirmed, else the reason nothing (certain) was paid, as shown
-        to the agent after ``<name>: payment not made: ``.
+        to the agent after ``<name>: payment not made: ``. ``prepay``: a
+        payment ahead of need (BRIDGE.md §Prepay), marked so in the spend
+        log and in the approval queue (``<tool> (prepayment)``); the caps
+        and the approval mode apply as to any payment.
 
         The policy is decided on the settings in force when the spend is
         reserved, not on those read when the call arrived: a cap lowered, a
@@ -143,7 +158,8 @@ class Settler:
                 return reason
             if not settings.autopay and not approved:
                 timeout = settings.approval_timeout_secs
-                decision = await self.approvals.wait(bot=bot, tool=tool, atoms=amount, timeout_secs=timeout)
+                label = f"{tool} (prepayment)" if prepay else tool
+                decision = await self.approvals.wait(bot=bot, tool=label, atoms=amount, timeout_secs=timeout)
                 if decision == "denied":
                     return "payment denied by the user"
                 if decision == "timeout":
@@ -157,7 +173,7 @@ class Settler:
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(now))
                 if reason is not None:
                     return reason
-                ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount)
+                ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount, prepay=prepay)
                 try:
                     await self._persist()
                 except BridgeError as exc:
