@@ -97,9 +97,7 @@ class Rig:
 
 
 @asynccontextmanager
-async def rig(
-    tmp_path: Path, *, harness: Harness | None = None, accept: Any = None
-) -> AsyncIterator[Rig]:
+async def rig(tmp_path: Path, *, harness: Harness | None = None, accept: Any = None) -> AsyncIterator[Rig]:
     """Fabric, a bot at BOT (a ``harness`` or an ``accept`` function) and a
     data directory for bridges started with :meth:`Rig.start_bridge`."""
     data_dir = tmp_path / "bridge"
@@ -369,6 +367,8 @@ async def _echo_tools(
     )
 
 
-async def _echo_call(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+async def _echo_call(
+    ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+) -> types.CallToolResult:
     text = str((params.arguments or {}).get("text", ""))
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)])

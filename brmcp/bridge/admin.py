@@ -179,7 +179,7 @@ async def _set_settings(bridge: Bridge, receive: Receive, send: Send) -> None:
             raise SettingsError(
                 f'mode must be "{MODE_APPROVAL}" or "{MODE_AUTOPAY}", not {json.dumps(candidate.mode)}'
             )
-        applied = await bridge._commit_settings(candidate)
+        applied = await bridge._commit_settings(candidate, source="admin API")
     except SettingsError as exc:
         await send_json(send, 400, {"error": str(exc)})
         return

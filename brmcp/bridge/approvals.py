@@ -6,7 +6,9 @@ Kept in memory only: a restart drops every parked payment, which denies it
 
 from __future__ import annotations
 
+import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -15,6 +17,8 @@ import anyio
 from .clock import Clock
 
 __all__ = ["ApprovalQueue", "Decision", "PendingPayment"]
+
+log = logging.getLogger("brmcp.bridge")
 
 #: How a parked payment ended.
 Decision = Literal["approved", "denied", "timeout"]
@@ -57,6 +61,28 @@ class ApprovalQueue:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._parked: dict[str, _Parked] = {}
+        self._listeners: list[Callable[[], None]] = []
+        #: Bumped on every change of the queue (a payment parked or gone).
+        self.version = 0
+
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` (synchronously, from the event loop) whenever
+        the queue changes; returns the function that unsubscribes it."""
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def _changed(self) -> None:
+        self.version += 1
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("approval listener failed")
 
     def pending(self) -> list[PendingPayment]:
         """Parked payments sorted by ``created``, then ``id``."""
@@ -74,17 +100,31 @@ class ApprovalQueue:
             parked.event.set()
         return True
 
-    async def wait(self, *, bot: str, tool: str, atoms: int, timeout_secs: float) -> Decision:
+    async def wait(
+        self,
+        *,
+        bot: str,
+        tool: str,
+        atoms: int,
+        timeout_secs: float,
+        on_parked: Callable[[PendingPayment], None] | None = None,
+    ) -> Decision:
         """Park a payment and wait for a decision or ``timeout_secs`` seconds on
-        the bridge clock. The entry is removed however the wait ends
-        (including cancellation of the calling task)."""
+        the bridge clock; ``on_parked`` is called with the payment once it is
+        listed, and every listener added with :meth:`subscribe` hears of the
+        change. The entry is removed however the wait ends (including
+        cancellation of the calling task)."""
         payment_id = secrets.token_hex(8)
         while payment_id in self._parked:
             payment_id = secrets.token_hex(8)
         payment = PendingPayment(payment_id, bot, tool, atoms, int(self._clock.now()))
         parked = _Parked(payment)
         self._parked[payment_id] = parked
+        outcome = "withdrawn (the call ended)"
         try:
+            if on_parked is not None:
+                on_parked(payment)
+            self._changed()
             decided = False
             async with anyio.create_task_group() as tg:
 
@@ -100,7 +140,11 @@ class ApprovalQueue:
             if not decided and parked.event.is_set():
                 decided = True
             if not decided:
+                outcome = "timed out"
                 return "timeout"
+            outcome = "approved" if parked.approved else "denied"
             return "approved" if parked.approved else "denied"
         finally:
             self._parked.pop(payment_id, None)
+            log.info("payment %s %s", payment_id, outcome)
+            self._changed()

@@ -31,7 +31,8 @@ from .http import MAX_BODY_BYTES, BridgeApp
 from .link import CONNECT_TIMEOUT, BotLink
 from .listener import OwnedListener, parse_listen_address
 from .proxy import BotProxy
-from .settings import SETTINGS_FILE, Settings, load_settings, mint_token, save_settings
+from .retry import RetryPolicy
+from .settings import SETTINGS_FILE, Settings, describe_changes, load_settings, mint_token, save_settings
 from .settle import Payer, Settler
 from .snapshots import BotSnapshot, SnapshotStore
 from .spend import SPEND_FILE, SpendLog, SpendSummary
@@ -64,8 +65,12 @@ class BridgeConfig:
     * ``clock``: time source for timestamps, the spending window, approval
       timeouts and credit polls.
     * ``max_body_bytes``: largest MCP request body accepted (413 above).
-    * ``connect_timeout``: seconds allowed for initialize and for the
-      ``tools/list`` snapshot.
+    * ``connect_timeout``: seconds allowed for initialize (re-sent on the
+      backoff meanwhile) and for the ``tools/list`` snapshot.
+    * ``retry``: re-send timing and the initialize answer timeout
+      (BRIDGE.md §Deadlines and re-sends).
+    * ``uid``: this bridge's own BR uid, named in the hint an agent gets
+      when a bot does not answer (None: not known).
     """
 
     data_dir: str | os.PathLike[str]
@@ -77,6 +82,8 @@ class BridgeConfig:
     clock: Clock = field(default_factory=SystemClock)
     max_body_bytes: int = MAX_BODY_BYTES
     connect_timeout: float = CONNECT_TIMEOUT
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    uid: str | None = None
 
 
 def _http_url(bound: tuple[str, int] | None, address: str) -> str:
@@ -117,7 +124,13 @@ class Bridge:
         self._settings_path = self._data_dir / SETTINGS_FILE
         self._settings = load_settings(self._settings_path)
         spend = SpendLog.load(self._data_dir / SPEND_FILE)
-        self._settler = Settler(spend=spend, payer=config.payer, clock=config.clock, settings=self._current)
+        self._settler = Settler(
+            spend=spend,
+            payer=config.payer,
+            clock=config.clock,
+            settings=self._current,
+            approval_hint=self._approval_hint,
+        )
         self._router = Router(config.sender, allow=self._allow_peer, options=config.router_options)
         self._client_info = Implementation(name=config.name, version="1")
         self._snapshot_store = SnapshotStore(self._data_dir)
@@ -237,6 +250,11 @@ class Bridge:
     def _current(self) -> Settings:
         return self._settings
 
+    def _approval_hint(self, payment_id: str) -> str:
+        """How the user decides a parked payment (logged when it parks)."""
+        command = f"brmcp-bridge --datadir {self._data_dir} approvals"
+        return f"approve with: {command} approve {payment_id} (or: {command} deny {payment_id})"
+
     def _allow_peer(self, peer: str) -> bool:
         return self._settings.allows(peer)
 
@@ -252,7 +270,7 @@ class Bridge:
         (write failed) with the prior settings still in force; a
         :class:`BridgeError` from binding the listener leaves the new
         settings applied and persisted."""
-        applied = await self._commit_settings(settings)
+        applied = await self._commit_settings(settings, source="apply_settings")
         await self._reconcile()
         return applied
 
@@ -262,11 +280,11 @@ class Bridge:
         :class:`BridgeError` for a malformed file (nothing changes)."""
         loaded = await anyio.to_thread.run_sync(load_settings, self._settings_path)
         async with self._commit_lock:
-            self._install(loaded)
+            self._install(loaded, source=f"reload of {self._settings_path}")
         await self._reconcile()
         return loaded
 
-    async def _commit_settings(self, candidate: Settings) -> Settings:
+    async def _commit_settings(self, candidate: Settings, *, source: str) -> Settings:
         settings = candidate.normalized()
         settings.validate()
         if settings.enabled and not settings.token:
@@ -275,12 +293,15 @@ class Bridge:
             # Shielded: once the file is written, memory must follow it.
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(save_settings, self._settings_path, settings)
-                self._install(settings)
+                self._install(settings, source=source)
         return settings
 
-    def _install(self, settings: Settings) -> None:
+    def _install(self, settings: Settings, *, source: str) -> None:
         previous = self._settings
         self._settings = settings
+        changes = describe_changes(previous, settings)
+        if changes:
+            log.info("settings changed (%s): %s", source, changes)
         for uid in list(self._links):
             if not settings.allows(uid):
                 self._app.drop(uid)
@@ -374,6 +395,8 @@ class Bridge:
             store=self._snapshot_store,
             snapshot=snapshot,
             clock=self._clock.now,
+            retry=self.config.retry,
+            own_uid=self.config.uid,
         )
         funding = Funding(uid, self._settler, self._current, link.fixed_price, link.spawn)
         proxy = BotProxy(link, self._settler, self._clock, self.config.name, funding=funding)

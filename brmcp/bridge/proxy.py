@@ -20,14 +20,18 @@ Every local HTTP session for a bot talks to the same low-level
 The payment loop, for one logical call:
 
 1. the bridge mints one callKey (16 random bytes as 32 hex) and sends it on
-   every reissue; the agent's own ``_meta`` is not forwarded;
-2. a transport error resets the link; the first attempt is retried once on a
-   fresh session, later ones surface as JSON-RPC errors;
+   every reissue and re-sent copy; the agent's own ``_meta`` is not forwarded;
+2. every request is sent by :meth:`BotLink.exchange`: re-sent on an
+   RTT-sized backoff until a reply or its deadline (the message TTL); at the
+   deadline the agent gets a JSON-RPC error saying what was paid;
 3. ``payment_required`` before paying runs :meth:`Settler.settle`; a refusal
    appends ``<name>: payment not made: <reason>``; success reissues;
 4. ``payment_required`` after paying is polled: up to 6 reissues after the
-   payment with 3 s waits between them (5 waits), then the bot's refusal is
-   returned unchanged.
+   payment with 3 s waits between them (5 waits); if the bot still asks (its
+   credit was used by another call, or never arrived) the call goes round
+   the payment loop again, within the caps, at most :data:`MAX_PAYMENTS`
+   payments in all, then ends with a note. The bot's refusal is never
+   returned bare after the bridge paid.
 """
 
 from __future__ import annotations
@@ -56,20 +60,24 @@ from mcp.types import (
 from ..payment import CALL_KEY, PAY_ALONGSIDE_KEY, parse_payment_required
 from .clock import Clock
 from .funding import Funding
-from .link import BotLink, LinkError
+from .link import BotLink, DeadlineError, LinkError
 from .mirror import Mirror, MirrorServer
 from .relay import AgentCall, strip_reserved_meta
 from .settle import Settler
 from .snapshots import ERA_MODERN
 
-__all__ = ["POLL_ATTEMPTS", "POLL_INTERVAL", "BotProxy", "strip_reserved_meta"]
+__all__ = ["MAX_PAYMENTS", "POLL_ATTEMPTS", "POLL_INTERVAL", "BotProxy", "strip_reserved_meta"]
 
 log = logging.getLogger("brmcp.bridge")
 
 #: Seconds between reissues while a payment's credit lands at the bot.
 POLL_INTERVAL = 3.0
-#: The loop stops reissuing after a payment once ``attempt`` reaches this.
+#: Reissues after each payment (with :data:`POLL_INTERVAL` waits between
+#: them) before the call goes round the payment loop again.
 POLL_ATTEMPTS = 6
+#: Most payments one logical call makes: a call whose credit another call
+#: used pays again (within the caps) up to this, then ends with a note.
+MAX_PAYMENTS = 3
 
 
 class BotProxy:
@@ -160,6 +168,7 @@ class BotProxy:
         self, tool: str, arguments: dict[str, Any] | None, tracked: AgentCall | None
     ) -> CallToolResult:
         progress = tracked.progress if tracked is not None and tracked.wants_progress else None
+        gone = tracked.gone if tracked is not None else None
         key = secrets.token_hex(16)
         request = CallToolRequest(
             params=CallToolRequestParams(
@@ -167,46 +176,35 @@ class BotProxy:
             )
         )
         bot = self.link.uid
-        paid = False
+        paid_atoms = 0
+        payments = 0
+        polls = 0
         era_switched = False
-        attempt = 0
         funding = self.funding
         ahead = funding.alongside(tool) if funding is not None else None
         if ahead is not None:
             request = _with_meta(request, {PAY_ALONGSIDE_KEY: ahead.amount})
         while True:
             try:
-                async with self.link.lease() as (session, gen):
-                    try:
-                        result = await session.send_request(
-                            request, CallToolResult, progress_callback=progress
-                        )
-                    except Exception as exc:
-                        if self.link.era_refused(exc, gen) and not era_switched:
-                            era_switched = True
-                            continue  # the bot wants the handshake era: same key, new session
-                        self.link.reset(gen)
-                        if attempt == 0:
-                            log.info("call %s on bot %s failed (%s); retrying once", tool, bot[:8], exc)
-                            attempt += 1
-                            continue
-                        if isinstance(exc, MCPError):
-                            raise
-                        raise MCPError(INTERNAL_ERROR, f"call to bot failed: {exc}") from None
+                result = await self.link.exchange(request, CallToolResult, progress=progress)
+            except DeadlineError as exc:
+                raise MCPError(INTERNAL_ERROR, f"{exc}; {_charged(paid_atoms, payments)}") from None
             except LinkError as exc:
-                raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
+                raise MCPError(
+                    INTERNAL_ERROR, f"bot unavailable: {exc}; {_charged(paid_atoms, payments)}"
+                ) from None
             result = _clean_result(result)
             if (
                 not era_switched
                 and result.is_error
                 and _needs_back_channel(result)
-                and self.link.session_era(gen) == ERA_MODERN
+                and self.link.era == ERA_MODERN
             ):
                 # A modern session has no channel for the bot's sampling or
                 # elicitation requests: the failed (refunded) call runs
                 # again, under a new key, on a handshake session.
                 era_switched = True
-                self.link.require_handshake(gen)
+                self.link.require_handshake()
                 request = _with_key(request, secrets.token_hex(16))
                 continue
             if funding is not None:
@@ -220,28 +218,58 @@ class BotProxy:
                 # Refused although a payment is on its way (a bot that does
                 # not hold marked calls, or a hold that ran out): wait for
                 # that payment, then reissue as after any payment.
-                reason = await ahead.wait()
-                ahead = None
-                if reason is not None:
-                    note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
+                failed = await ahead.wait()
+                amount, ahead = ahead.amount, None
+                if failed is not None:
+                    note = TextContent(type="text", text=f"{self._name}: payment not made: {failed}")
                     return result.model_copy(update={"content": [*result.content, note]})
-                paid = True
-                attempt += 1
-                continue
-            if paid:
-                if attempt < POLL_ATTEMPTS:
-                    await self._clock.sleep(POLL_INTERVAL)
-                    attempt += 1
+                payments += 1
+                paid_atoms += amount
+                polls = 0
+                if gone is None or not gone.is_set():
                     continue
-                return result
-            reason = await self._settler.settle(bot, tool, refusal)
-            if reason is not None:
-                note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
-                return result.model_copy(update={"content": [*result.content, note]})
-            if funding is not None:
-                funding.paid(refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms)
-            paid = True
-            attempt += 1
+            if payments and polls < POLL_ATTEMPTS - 1 and (gone is None or not gone.is_set()):
+                # Paid: the credit may still be on its way to the bot.
+                await self._clock.sleep(POLL_INTERVAL)
+                polls += 1
+                continue
+            reason: str | None
+            if payments >= MAX_PAYMENTS:
+                reason = (
+                    f"already paid {paid_atoms} atoms for this call in {payments} payments and the bot"
+                    " still asks for payment; that credit stays at the bot for later calls"
+                )
+            else:
+                reason = await self._settler.settle(bot, tool, refusal, gone=gone)
+                if reason is None:
+                    payments += 1
+                    amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
+                    paid_atoms += amount
+                    if funding is not None:
+                        funding.paid(amount)
+                    polls = 0
+                    if gone is not None and gone.is_set():
+                        # Nobody is left to receive the result: do not run the
+                        # tool; the credit stays at the bot for later calls.
+                        reason = f"the agent went away; the {paid_atoms} atoms paid stay at the bot as credit"
+                    else:
+                        continue
+                elif payments:
+                    reason += (
+                        f" (already paid {paid_atoms} atoms for this call; that credit stays at the bot)"
+                    )
+            note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
+            return result.model_copy(update={"content": [*result.content, note]})
+
+
+def _charged(paid_atoms: int, payments: int) -> str:
+    """What a failed call cost, for the agent's error message."""
+    if payments == 0:
+        return "nothing was paid for this call"
+    return (
+        f"paid {paid_atoms} atoms for this call ({payments} payment(s)); credit the bot did not use"
+        " stays there for later calls"
+    )
 
 
 #: The MCP SDK's tool error when a modern-era session cannot carry a request

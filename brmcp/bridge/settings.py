@@ -18,6 +18,7 @@ implementation reads what the other wrote::
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import secrets
 from collections.abc import Iterable
@@ -187,6 +188,29 @@ def _go_quote(value: Any) -> str:
     if not isinstance(value, str):
         value = str(value)
     return _gojson.dumps(value).replace("\\u003c", "<").replace("\\u003e", ">").replace("\\u0026", "&")
+
+
+def describe_changes(before: Settings, after: Settings) -> str:
+    """The differences between two settings as ``key old→new`` items joined
+    by ``, `` (empty when equal). The token is never shown: a change reads
+    ``token changed`` (or ``token minted``/``token cleared``)."""
+    items: list[str] = []
+    old, new = before.to_dict(), after.to_dict()
+    for key in setting_names():
+        if old[key] == new[key]:
+            continue
+        if key == "token":
+            verb = "minted" if not old[key] else "cleared" if not new[key] else "changed"
+            items.append(f"token {verb}")
+        elif key == "allowed_bots":
+            was = {b.lower() for b in old[key] or ()}
+            now = {b.lower() for b in new[key] or ()}
+            added, removed = sorted(now - was), sorted(was - now)
+            parts = [f"+{b}" for b in added] + [f"-{b}" for b in removed]
+            items.append(f"allowed_bots {' '.join(parts) if parts else 'reordered'}")
+        else:
+            items.append(f"{key} {json.dumps(old[key])}→{json.dumps(new[key])}")
+    return ", ".join(items)
 
 
 def setting_names() -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -28,15 +29,22 @@ import anyio
 import anyio.to_thread
 
 from ..payment import PaymentRequired
-from .approvals import ApprovalQueue
+from .approvals import ApprovalQueue, PendingPayment
 from .clock import Clock, go_duration
 from .errors import BridgeError
 from .settings import Settings
 from .spend import STATUS_FAILED, STATUS_PAID, STATUS_PENDING, SpendLog, SpendSummary, SpendTicket
 
-__all__ = ["Payer", "Settler", "cap_refusal"]
+__all__ = ["AGENT_GONE", "AGENT_GONE_PAID", "Payer", "Settler", "cap_refusal"]
 
 log = logging.getLogger("brmcp.bridge")
+
+#: Why no payment was made for a call whose agent went away.
+AGENT_GONE = "the agent went away before paying; nothing was paid"
+#: The spend entry's note for a payment completed after its agent went away.
+AGENT_GONE_PAID = (
+    "the agent went away while this payment was in flight; the credit stays at the bot for later calls"
+)
 
 
 @runtime_checkable
@@ -90,8 +98,10 @@ class Settler:
         payer: Payer,
         clock: Clock,
         settings: Callable[[], Settings],
+        approval_hint: Callable[[str], str] | None = None,
     ) -> None:
         self._spend = spend
+        self._approval_hint = approval_hint
         self._payer = payer
         self._clock = clock
         self._settings = settings
@@ -133,7 +143,13 @@ class Settler:
         return _policy_refusal(settings, bot, amount, self._spend.day_total(self._now()))
 
     async def settle(
-        self, bot: str, tool: str, refusal: PaymentRequired, *, prepay: bool = False
+        self,
+        bot: str,
+        tool: str,
+        refusal: PaymentRequired,
+        *,
+        gone: anyio.Event | None = None,
+        prepay: bool = False,
     ) -> str | None:
         """Pay what ``bot`` asked for ``tool``. Returns None once the payment
         is confirmed, else the reason nothing (certain) was paid, as shown
@@ -145,8 +161,32 @@ class Settler:
         The policy is decided on the settings in force when the spend is
         reserved, not on those read when the call arrived: a cap lowered, a
         switch to approval, a de-listed bot or a disabled bridge while this
-        call waited (for the spend lock or for the user) is honoured."""
+        call waited (for the spend lock or for the user) is honoured.
+
+        ``gone`` is set when the agent's request went away: a payment parked
+        for approval is then withdrawn, and none is started. A payment
+        already in flight completes (its credit stays at the bot) and its
+        spend entry says so."""
         amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
+        reason = await self._settle(bot, tool, amount, gone, prepay)
+        if reason is not None:
+            log.info("payment to bot %s for tool %s (%d atoms) not made: %s", bot, tool, amount, reason)
+        return reason
+
+    def _parked(self, payment: PendingPayment) -> None:
+        hint = self._approval_hint(payment.id) if self._approval_hint is not None else ""
+        log.info(
+            "payment %s waits for approval: %d atoms to bot %s for tool %s%s",
+            payment.id,
+            payment.atoms,
+            payment.bot,
+            payment.tool,
+            f"; {hint}" if hint else "",
+        )
+
+    async def _settle(
+        self, bot: str, tool: str, amount: int, gone: anyio.Event | None, prepay: bool = False
+    ) -> str | None:
         if amount <= 0:
             return "bot requested a nonpositive amount"
         approved = False
@@ -156,10 +196,14 @@ class Settler:
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(self._now()))
             if reason is not None:
                 return reason
+            if gone is not None and gone.is_set():
+                return AGENT_GONE
             if not settings.autopay and not approved:
                 timeout = settings.approval_timeout_secs
                 label = f"{tool} (prepayment)" if prepay else tool
-                decision = await self.approvals.wait(bot=bot, tool=label, atoms=amount, timeout_secs=timeout)
+                decision = await self._park(bot, label, amount, timeout, gone)
+                if decision == "gone":
+                    return AGENT_GONE
                 if decision == "denied":
                     return "payment denied by the user"
                 if decision == "timeout":
@@ -173,6 +217,8 @@ class Settler:
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(now))
                 if reason is not None:
                     return reason
+                if gone is not None and gone.is_set():
+                    return AGENT_GONE
                 ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount, prepay=prepay)
                 try:
                     await self._persist()
@@ -180,9 +226,55 @@ class Settler:
                     self._spend.withdraw(ticket)
                     log.error("spend log not written, payment to %s not made: %s", bot, exc)
                     return f"could not record the spend, so nothing was paid: {exc}"
-            return await self._pay(ticket, bot, amount, settings.tip_wait_secs)
+            spend_id = secrets.token_hex(4)
+            log.info(
+                "spend %s: paying %d atoms to bot %s for tool %s (%s; recorded pending in the spend log)",
+                spend_id,
+                amount,
+                bot,
+                tool,
+                "approved" if approved else settings.mode,
+            )
+            # Shielded: once money may move, the agent going away or cancelling
+            # does not interrupt it (the tip wait still bounds it).
+            with anyio.CancelScope(shield=True):
+                return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id, gone)
 
-    async def _pay(self, ticket: SpendTicket, bot: str, amount: int, wait_secs: int) -> str | None:
+    async def _park(
+        self, bot: str, tool: str, amount: int, approval_secs: float, gone: anyio.Event | None
+    ) -> str:
+        """Wait for the user's decision, or ``"gone"`` as soon as the agent's
+        request went away (the parked payment is withdrawn)."""
+        if gone is None:
+            return await self.approvals.wait(
+                bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=self._parked
+            )
+        decision = "gone"
+        async with anyio.create_task_group() as tg:
+
+            async def _decide() -> None:
+                nonlocal decision
+                decision = await self.approvals.wait(
+                    bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=self._parked
+                )
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(_decide)
+            await gone.wait()
+            tg.cancel_scope.cancel()
+        if decision == "gone":
+            log.info("payment of %d atoms to %s for %s withdrawn: the agent went away", amount, bot, tool)
+        return decision
+
+    async def _pay(
+        self,
+        ticket: SpendTicket,
+        bot: str,
+        amount: int,
+        wait_secs: int,
+        spend_id: str,
+        gone: anyio.Event | None = None,
+    ) -> str | None:
         status, err, reason = STATUS_PENDING, "", None
         try:
             with anyio.move_on_after(wait_secs) as scope:
@@ -197,6 +289,20 @@ class Settler:
             if scope.cancelled_caught:
                 reason = f"tip not confirmed within {go_duration(wait_secs)}; the attempt keeps running"
         finally:
+            if status == STATUS_PAID and gone is not None and gone.is_set():
+                err = AGENT_GONE_PAID
+            if status == STATUS_PAID:
+                log.info("spend %s: paid %d atoms to bot %s", spend_id, amount, bot)
+            elif status == STATUS_FAILED:
+                log.info("spend %s: payment of %d atoms to bot %s failed: %s", spend_id, amount, bot, err)
+            else:
+                log.info(
+                    "spend %s: outcome of %d atoms to bot %s unknown (%s); it stays pending and counted",
+                    spend_id,
+                    amount,
+                    bot,
+                    reason or "cancelled",
+                )
             with anyio.CancelScope(shield=True):
                 async with self._lock:
                     self._spend.finish(ticket, status, err)

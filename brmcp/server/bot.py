@@ -161,15 +161,33 @@ async def _tip_loop(
         await acker.ack(tip.sequence_id)
         if new:
             if credited:
-                log.info("tip %d: credited %d atoms to %s", tip.sequence_id, credited, tip.uid)
+                log.info(
+                    "tip %d: credited %d atoms to %s (%d matoms received)",
+                    tip.sequence_id,
+                    credited,
+                    tip.uid,
+                    tip.amount_matoms,
+                )
             else:
                 log.info(
-                    "tip %d: %d matoms from %s not credited (sender not allowed, or under 1 atom)",
+                    "tip %d: %d matoms from %s not credited: %s",
                     tip.sequence_id,
                     tip.amount_matoms,
                     tip.uid,
+                    _uncredited_reason(harness, tip),
                 )
             await call_hook(on_tip, tip.uid, tip.atoms, what="on_tip_received")
+        else:
+            log.debug("tip %d from %s already recorded; ignored", tip.sequence_id, tip.uid)
+
+
+def _uncredited_reason(harness: Harness, tip: ReceivedTip) -> str:
+    """Why a new tip credited nothing (for the log)."""
+    if not harness.allowed(tip.uid):
+        return "the sender is not an allowed caller (add its uid to the allowlist to credit its tips)"
+    if tip.amount_matoms < 1000:
+        return "under 1 atom (1,000 matoms)"
+    return "nothing to credit"
 
 
 def _fits63(value: int) -> bool:

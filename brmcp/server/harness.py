@@ -24,6 +24,7 @@ from mcp.types import (
     Annotations,
     CallToolRequestParams,
     CallToolResult,
+    JSONRPCResponse,
     ListToolsResult,
     PaginatedRequestParams,
     PromptArgument,
@@ -72,9 +73,9 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: Outcomes whose JSON is at most this many bytes are kept in the journal
 #: and replayed after a restart (go-brmcp.md §3.9).
 OUTCOME_CAP = 64 * 1024
-#: Bytes reserved for the JSON-RPC envelope around a result
-#: (``{"jsonrpc":"2.0","id":…,"result":…}``) when checking it fits the transport.
-_RESPONSE_OVERHEAD = 1024
+#: The JSON-RPC id assumed when the request's own is unknown (a direct
+#: :meth:`Harness.call`): the longest an int64 id prints.
+_WORST_ID = -(2**63)
 #: Default bound on how long a call marked ``brmcp/payAlongside`` is held
 #: waiting for its tip's credit (seconds; WIRE.md §Pay alongside).
 HOLD_SECONDS = 30.0
@@ -904,7 +905,7 @@ class Harness:
             # debit still open).
             text = _result_json(result) if charged > 0 or claim is not None else None
             if text is not None:
-                self._check_deliverable(text)
+                self._check_deliverable(text, getattr(request, "request_id", None))
         except Exception as exc:
             failed = True
             log.info(
@@ -940,7 +941,18 @@ class Harness:
                 "ledger unavailable",
             ) from None
         if not ok:
+            log.info(
+                "payment required: %s called %s for %d atoms with a balance of %d", peer, tool, price, balance
+            )
             raise _Refused(payment_required_result(tool, price, balance), "payment required")
+        log.info(
+            "charged %d atoms to %s for %s (call %s, balance now %s)",
+            price,
+            peer,
+            tool,
+            call_id,
+            balance if balance >= 0 else "kept by the billing store",
+        )
         return balance
 
     async def _charge_or_hold(
@@ -991,14 +1003,21 @@ class Harness:
             else:
                 del self._held[peer]
 
-    def _check_deliverable(self, text: str) -> None:
+    def _check_deliverable(self, text: str, request_id: Any = None) -> None:
         """Raise ValueError when a result's JSON cannot fit in one transport
         message (64 parts of ``chunk_size`` bytes, WIRE.md §Chunking): the
         transport would replace it with an error, so the caller must not be
-        charged for it (the failure refunds the price)."""
-        limit = wire.MAX_PARTS * self.config.router_options.chunk_size
-        size = len(text.encode())
-        if size + _RESPONSE_OVERHEAD > limit:
+        charged for it (the failure refunds the price).
+
+        The allowance is the real JSON-RPC response wrapper
+        (``{"jsonrpc":"2.0","id":<id>,"result":…}``) for ``request_id`` (the
+        longest int64 when unknown), and the part count is what
+        :func:`brmcp.wire.encode` would need at this chunk size, so the check
+        is exact for every chunk size."""
+        chunk_size = self.config.router_options.chunk_size
+        limit = wire.MAX_PARTS * chunk_size
+        size = len(text.encode()) + response_overhead(request_id if request_id is not None else _WORST_ID)
+        if -(-size // chunk_size) > wire.MAX_PARTS:
             raise ValueError(f"result of {size} bytes exceeds the transport limit of {limit} bytes")
 
     async def _settle(
@@ -1034,8 +1053,24 @@ class Harness:
                 # The journal row stays 'charged': the next start refunds it
                 # exactly once. The caller still gets its result.
                 log.error("could not journal completion of call %s for %s: %s", call_id, peer, exc)
+            else:
+                if failed:
+                    log.info(
+                        "refunded %d atoms to %s (call %s): the call failed: %s",
+                        charged,
+                        peer,
+                        call_id,
+                        _first_text(result),
+                    )
         if claim is not None:
             self._calls.finish(claim, result, size, text)
+
+
+def response_overhead(request_id: Any) -> int:
+    """Bytes the JSON-RPC response wrapper adds around a result's JSON for a
+    request with id ``request_id``, as the transport writes it (compact)."""
+    empty = JSONRPCResponse(jsonrpc="2.0", id=request_id, result={})
+    return len(empty.model_dump_json(by_alias=True, exclude_unset=True).encode()) - len(b"{}")
 
 
 def _with_receipt(result: CallToolResult, receipt: Receipt) -> CallToolResult:
@@ -1043,6 +1078,15 @@ def _with_receipt(result: CallToolResult, receipt: Receipt) -> CallToolResult:
     meta = dict(result.meta or {})
     meta.update(receipt.to_meta())
     return result.model_copy(update={"meta": meta})
+
+
+def _first_text(result: CallToolResult, limit: int = 200) -> str:
+    """The first text item of ``result`` (shortened), for a log line."""
+    for item in result.content:
+        text = getattr(item, "text", None)
+        if isinstance(text, str):
+            return text if len(text) <= limit else text[:limit] + "…"
+    return "no text"
 
 
 def _refusal_balance(refusal: _Refused) -> int:
