@@ -20,9 +20,9 @@ anything; None counts as empty.
   credit there: 2 PMs, no tip on its path. A prepayment is an ordinary
   payment (caps, approval mode, spend log), marked ``"prepay": true``.
 
-One payment ahead of need is in flight per bot at a time; a call that finds
-one under way is marked with its amount and waits for it instead of paying
-again.
+One prepayment is in flight per bot at a time; a call that finds one under
+way is marked with its amount and waits for it instead of paying again. Each
+call that pays alongside pays its own shortfall.
 """
 
 from __future__ import annotations
@@ -61,6 +61,11 @@ class Payment:
     @property
     def done(self) -> bool:
         return self._done.is_set()
+
+    @property
+    def settled(self) -> anyio.Event:
+        """Set once the payment is confirmed or failed."""
+        return self._done
 
     async def wait(self) -> str | None:
         await self._done.wait()
@@ -119,21 +124,21 @@ class Funding:
 
     # -- payments ahead of need -------------------------------------------------------
 
-    def alongside(self, tool: str) -> Payment | None:
+    def alongside(self, tool: str, gone: anyio.Event | None = None) -> Payment | None:
         """The payment to make alongside a first send of ``tool``: the one
         already in flight, or a new one for the shortfall when the price is
         fixed, the known balance short and the policy lets it go unasked.
         None: send the call unmarked."""
         inflight = self._inflight
         if inflight is not None and not inflight.done:
-            return inflight
+            return inflight  # a prepayment on its way: this call waits for it
         price = self._price_of(tool)
         if not price:
             return None
         have = self.balance or 0
         if have >= price:
             return None
-        return self._start(tool, price, have, prepay=False)
+        return self._start(tool, price, have, prepay=False, gone=gone)
 
     def after_call(self, tool: str, result: Any) -> None:
         """A call of ``tool`` succeeded: top the balance up for the next one
@@ -149,22 +154,29 @@ class Funding:
             return
         self._start(tool, price, self.balance, prepay=True)
 
-    def _start(self, tool: str, price: int, have: int, *, prepay: bool) -> Payment | None:
+    def _start(
+        self, tool: str, price: int, have: int, *, prepay: bool, gone: anyio.Event | None = None
+    ) -> Payment | None:
         amount = price - have
         if self._settler.precheck(self.bot, amount) is not None:
             return None
         payment = Payment(amount, prepay=prepay)
-        self._inflight = payment
+        if prepay:
+            # Only a prepayment is shared: an alongside payment's credit is
+            # its own call's (another call may find it already spent).
+            self._inflight = payment
         self.started += 1
         refusal = PaymentRequired(tool=tool, price_atoms=price, balance_atoms=have, shortfall_atoms=amount)
-        self._spawn(self._pay, tool, refusal, payment)
+        self._spawn(self._pay, tool, refusal, payment, gone)
         return payment
 
-    async def _pay(self, tool: str, refusal: PaymentRequired, payment: Payment) -> None:
+    async def _pay(
+        self, tool: str, refusal: PaymentRequired, payment: Payment, gone: anyio.Event | None
+    ) -> None:
         observed = self._observed
         reason: str | None = "payment abandoned"
         try:
-            reason = await self._settler.settle(self.bot, tool, refusal, prepay=payment.prepay)
+            reason = await self._settler.settle(self.bot, tool, refusal, gone=gone, prepay=payment.prepay)
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             log.error("payment ahead of need to %s failed: %s", self.bot[:8], reason)

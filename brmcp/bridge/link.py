@@ -246,6 +246,7 @@ class BotLink:
         result_type: type[_T],
         *,
         progress: ProgressFn | None = None,
+        quiet: anyio.Event | None = None,
     ) -> _T:
         """Send ``request`` and return the bot's reply, re-sending the same
         request (same params, so the same callKey) on the RTT-sized backoff
@@ -260,6 +261,9 @@ class BotLink:
         bot answered is final, except the first one, which resets the link
         and is tried once more on a fresh session (a bot that forgot the
         session answers with an error).
+
+        ``quiet``: while this event is unset no copy is sent (the bot is
+        expected to hold the request, e.g. until a payment lands).
 
         Raises :class:`DeadlineError` at the deadline, :class:`LinkError`
         when the link is closed, and :class:`MCPError` for the bot's error."""
@@ -359,6 +363,10 @@ class BotLink:
                     continue
                 if now < due:
                     continue
+                if quiet is not None and not quiet.is_set():
+                    # A call the bot holds for a payment under way (WIRE.md
+                    # §Pay alongside): its silence is expected until then.
+                    heard = now
                 if heard > due - gap:
                     due = heard + gap  # the bot is working on it: no copy yet
                     continue

@@ -41,6 +41,7 @@ import logging
 import secrets
 from typing import Any, cast
 
+import anyio
 from mcp.server import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
@@ -57,9 +58,9 @@ from mcp.types import (
     TextContent,
 )
 
-from ..payment import CALL_KEY, PAY_ALONGSIDE_KEY, parse_payment_required
+from ..payment import CALL_KEY, PAY_ALONGSIDE_KEY, parse_payment_required, payment_required_result
 from .clock import Clock
-from .funding import Funding
+from .funding import Funding, Payment
 from .link import BotLink, DeadlineError, LinkError
 from .mirror import Mirror, MirrorServer
 from .relay import AgentCall, strip_reserved_meta
@@ -164,6 +165,43 @@ class BotProxy:
                 await tracked.settle()
             return result
 
+    async def _send(
+        self, request: CallToolRequest, progress: Any, ahead: Payment | None, gone: anyio.Event | None
+    ) -> CallToolResult | None:
+        """:meth:`BotLink.exchange` of ``request``; while a payment made
+        alongside is still under way, the call is abandoned if that payment
+        fails first or the agent goes away (the bot is told the request is
+        cancelled, so a held call ends without a charge) and None is
+        returned."""
+        if ahead is None or ahead.done:
+            return await self.link.exchange(request, CallToolResult, progress=progress)
+        outcome: list[CallToolResult | BaseException] = []
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                if await ahead.wait() is not None:
+                    tg.cancel_scope.cancel()
+
+            async def watch_agent(event: anyio.Event) -> None:
+                await event.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            if gone is not None:
+                tg.start_soon(watch_agent, gone)
+            try:
+                outcome.append(
+                    await self.link.exchange(request, CallToolResult, progress=progress, quiet=ahead.settled)
+                )
+            except Exception as exc:
+                outcome.append(exc)
+            tg.cancel_scope.cancel()
+        if not outcome:
+            return None
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
     async def _pay_loop(
         self, tool: str, arguments: dict[str, Any] | None, tracked: AgentCall | None
     ) -> CallToolResult:
@@ -181,12 +219,32 @@ class BotProxy:
         polls = 0
         era_switched = False
         funding = self.funding
-        ahead = funding.alongside(tool) if funding is not None else None
+        ahead = funding.alongside(tool, gone) if funding is not None else None
+        plain = request
         if ahead is not None:
+            # Only the first send is marked; reissues are plain.
             request = _with_meta(request, {PAY_ALONGSIDE_KEY: ahead.amount})
         while True:
             try:
-                result = await self.link.exchange(request, CallToolResult, progress=progress)
+                sent = await self._send(request, progress, ahead, gone)
+                if sent is None:
+                    # The payment made alongside failed first, or the agent
+                    # went away: the held call was withdrawn (cancelled at the
+                    # bot, nothing charged).
+                    assert ahead is not None
+                    failed = await ahead.wait()
+                    if failed is None:
+                        amount = ahead.amount
+                        raise MCPError(
+                            INTERNAL_ERROR,
+                            f"the agent went away; the {amount} atoms paid stay at the bot as credit",
+                        )
+                    known = funding.balance if funding is not None else None
+                    refused = payment_required_result(tool, ahead.amount + (known or 0), known or 0)
+                    note = TextContent(type="text", text=f"{self._name}: payment not made: {failed}")
+                    return refused.model_copy(update={"content": [*refused.content, note]})
+                result = sent
+                request = plain
             except DeadlineError as exc:
                 raise MCPError(INTERNAL_ERROR, f"{exc}; {_charged(paid_atoms, payments)}") from None
             except LinkError as exc:
@@ -205,7 +263,7 @@ class BotProxy:
                 # again, under a new key, on a handshake session.
                 era_switched = True
                 self.link.require_handshake()
-                request = _with_key(request, secrets.token_hex(16))
+                request = plain = _with_key(plain, secrets.token_hex(16))
                 continue
             if funding is not None:
                 funding.observe(tool, result)

@@ -197,19 +197,19 @@ def describe_changes(before: Settings, after: Settings) -> str:
     items: list[str] = []
     old, new = before.to_dict(), after.to_dict()
     for key in setting_names():
-        if old[key] == new[key]:
+        if old.get(key) == new.get(key):
             continue
         if key == "token":
             verb = "minted" if not old[key] else "cleared" if not new[key] else "changed"
             items.append(f"token {verb}")
-        elif key == "allowed_bots":
-            was = {b.lower() for b in old[key] or ()}
-            now = {b.lower() for b in new[key] or ()}
+        elif key in ("allowed_bots", "prepay_bots"):
+            was = {b.lower() for b in old.get(key) or ()}
+            now = {b.lower() for b in new.get(key) or ()}
             added, removed = sorted(now - was), sorted(was - now)
             parts = [f"+{b}" for b in added] + [f"-{b}" for b in removed]
-            items.append(f"allowed_bots {' '.join(parts) if parts else 'reordered'}")
+            items.append(f"{key} {' '.join(parts) if parts else 'reordered'}")
         else:
-            items.append(f"{key} {json.dumps(old[key])}→{json.dumps(new[key])}")
+            items.append(f"{key} {json.dumps(old.get(key))}→{json.dumps(new.get(key))}")
     return ", ".join(items)
 
 
