@@ -142,8 +142,9 @@ async def test_credit_used_by_a_concurrent_call_pays_again_instead_of_a_bare_ref
     gets its result: every payment matched by an execution."""
     async with bridge_env(tmp_path) as env, env.session() as first, env.session() as second:
         # The reference order (refusal, payment, reissue), which lets the other
-        # call take the credit first; a held call would take it itself.
-        env.harness.config.hold_seconds = 0
+        # call take the credit first: no payment alongside for this bot.
+        await session_ready(env, first)
+        env.bridge._proxies[BOT].funding = None
         stolen: list[str] = []
 
         async def pay_and_lose_the_credit(payee: str, atoms: int) -> None:
@@ -162,6 +163,11 @@ async def test_credit_used_by_a_concurrent_call_pays_again_instead_of_a_bare_ref
         assert env.payer.calls == [(BOT, 500), (BOT, 500)]
         assert env.executions == {"paid": 2}
         assert await env.harness.balance(CLIENT) == 0
+
+
+async def session_ready(env: Any, session: Any) -> None:
+    """The bot's proxy exists once a session reached it (its pre-flight)."""
+    await until(lambda: BOT in env.bridge._proxies)
 
 
 async def _open_session(http: httpx2.AsyncClient) -> str:
