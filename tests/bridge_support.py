@@ -163,7 +163,15 @@ def joined(result: CallToolResult) -> str:
 
 def build_harness(data_dir: Path, executions: dict[str, int]) -> Harness:
     harness = Harness(
-        HarnessConfig(data_dir=data_dir, allowed_peers={CLIENT}, calls_per_minute=100_000, name="fixture-bot")
+        HarnessConfig(
+            data_dir=data_dir,
+            allowed_peers={CLIENT},
+            calls_per_minute=100_000,
+            name="fixture-bot",
+            # A marked call waits this long for a credit the test may never
+            # let land (late-credit and failing-payer tests).
+            hold_seconds=2.0,
+        )
     )
 
     async def paid(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:

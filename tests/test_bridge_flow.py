@@ -258,6 +258,8 @@ async def test_call_key_reused_on_reissue(tmp_path: Path) -> None:
         async with bridge_env(tmp_path) as env:
             bot_router = env.harness.router
             assert bot_router is not None
+            # Without holding, the call paid alongside is refused and reissued.
+            env.harness.config.hold_seconds = 0
 
             def spy(peer: str, text: str) -> None:
                 part = wire.parse(text)
@@ -280,10 +282,12 @@ async def test_call_key_reused_on_reissue(tmp_path: Path) -> None:
     assert key != "agent-chosen-key"
     assert len(key) == 32
     assert int(key, 16) >= 0
-    # Besides the key, only the modern era's own envelope keys (io.modelcontextprotocol/*).
-    assert all(
-        {k for k in m if not k.startswith("io.modelcontextprotocol/")} == {"brmcp/callKey"} for m in seen
-    )
+    # Besides the key: the modern era's envelope keys (io.modelcontextprotocol/*)
+    # and the bridge's own pay-alongside mark.
+    own = [
+        {k for k in m if not k.startswith("io.modelcontextprotocol/")} - {"brmcp/payAlongside"} for m in seen
+    ]
+    assert all(keys == {"brmcp/callKey"} for keys in own)
 
 
 async def test_mirror_fidelity(tmp_path: Path) -> None:

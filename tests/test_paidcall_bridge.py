@@ -83,6 +83,9 @@ async def test_bot_offline_past_the_deadline_gets_a_clear_error_and_runs_nothing
     the credit stays at the bot."""
     options = RouterOptions(ttl=3.0)
     async with bridge_env(tmp_path, retry=FAST, router_options=options) as env, env.session() as session:
+        # The reference order (refusal, payment, reissue): a held call paid
+        # alongside would run as soon as the credit lands, before the bot vanishes.
+        env.harness.config.hold_seconds = 0
 
         async def pay_then_vanish(payee: str, atoms: int) -> None:
             await env.payer.credit(payee, atoms)
@@ -138,6 +141,10 @@ async def test_credit_used_by_a_concurrent_call_pays_again_instead_of_a_bare_ref
     runs on that credit. A polls, then goes round the payment loop again and
     gets its result: every payment matched by an execution."""
     async with bridge_env(tmp_path) as env, env.session() as first, env.session() as second:
+        # The reference order (refusal, payment, reissue), which lets the other
+        # call take the credit first: no payment alongside for this bot.
+        await session_ready(env, first)
+        env.bridge._proxies[BOT].funding = None
         stolen: list[str] = []
 
         async def pay_and_lose_the_credit(payee: str, atoms: int) -> None:
@@ -156,6 +163,11 @@ async def test_credit_used_by_a_concurrent_call_pays_again_instead_of_a_bare_ref
         assert env.payer.calls == [(BOT, 500), (BOT, 500)]
         assert env.executions == {"paid": 2}
         assert await env.harness.balance(CLIENT) == 0
+
+
+async def session_ready(env: Any, session: Any) -> None:
+    """The bot's proxy exists once a session reached it (its pre-flight)."""
+    await until(lambda: BOT in env.bridge._proxies)
 
 
 async def _open_session(http: httpx2.AsyncClient) -> str:

@@ -27,6 +27,7 @@ from .admin import ConfigSnippet, admin_handler, config_snippet
 from .approvals import PendingPayment
 from .clock import Clock, SystemClock
 from .errors import BridgeError
+from .funding import Funding
 from .http import MAX_BODY_BYTES, BridgeApp
 from .link import CONNECT_TIMEOUT, BotLink
 from .listener import ListenerLimits, OwnedListener, parse_listen_address
@@ -408,7 +409,8 @@ class Bridge:
             retry=self.config.retry,
             own_uid=self.config.uid,
         )
-        proxy = BotProxy(link, self._settler, self._clock, self.config.name)
+        funding = Funding(uid, self._settler, self._current, link.fixed_price, link.spawn)
+        proxy = BotProxy(link, self._settler, self._clock, self.config.name, funding=funding)
         self._links[uid] = link
         self._proxies[uid] = proxy
         return proxy

@@ -335,7 +335,7 @@ def _parse_pairs(pairs: Sequence[str]) -> dict[str, Any]:
                 changes[key] = int(value)
             except ValueError:
                 raise CLIError(f"{key}={value!r}: not an integer number of {_unit(key)}") from None
-        elif key == "allowed_bots":
+        elif key in ("allowed_bots", "prepay_bots"):
             changes[key] = [uid.strip() for uid in value.split(",") if uid.strip()]
         else:
             changes[key] = value

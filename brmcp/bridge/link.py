@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar, cast
 
@@ -68,6 +68,7 @@ from mcp_types.version import LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
 from pydantic import BaseModel
 
 from ..conn import Conn, send_deadline
+from ..payment import PRICE_ATOMS_KEY
 from ..router import Router
 from .relay import Relay
 from .retry import RetryPolicy, RttEstimator
@@ -245,6 +246,7 @@ class BotLink:
         result_type: type[_T],
         *,
         progress: ProgressFn | None = None,
+        quiet: anyio.Event | None = None,
     ) -> _T:
         """Send ``request`` and return the bot's reply, re-sending the same
         request (same params, so the same callKey) on the RTT-sized backoff
@@ -259,6 +261,9 @@ class BotLink:
         bot answered is final, except the first one, which resets the link
         and is tried once more on a fresh session (a bot that forgot the
         session answers with an error).
+
+        ``quiet``: while this event is unset no copy is sent (the bot is
+        expected to hold the request, e.g. until a payment lands).
 
         Raises :class:`DeadlineError` at the deadline, :class:`LinkError`
         when the link is closed, and :class:`MCPError` for the bot's error."""
@@ -358,6 +363,10 @@ class BotLink:
                     continue
                 if now < due:
                     continue
+                if quiet is not None and not quiet.is_set():
+                    # A call the bot holds for a payment under way (WIRE.md
+                    # §Pay alongside): its silence is expected until then.
+                    heard = now
                 if heard > due - gap:
                     due = heard + gap  # the bot is working on it: no copy yet
                     continue
@@ -562,6 +571,24 @@ class BotLink:
 
     def tool(self, name: str) -> Tool | None:
         return self._by_name.get(name)
+
+    def fixed_price(self, name: str) -> int | None:
+        """The fixed price of tool ``name`` in atoms from the snapshot's
+        ``brmcp/priceAtoms`` (a whole number > 0), else None (free,
+        dynamic, unknown)."""
+        tool = self._by_name.get(name)
+        meta = tool.meta if tool is not None else None
+        value = meta.get(PRICE_ATOMS_KEY) if isinstance(meta, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        if isinstance(value, float) and not value.is_integer():
+            return None
+        price = int(value)
+        return price if price > 0 else None
+
+    def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in a task the bridge owns (cancelled when it closes)."""
+        self._tg.start_soon(fn, *args)
 
     @property
     def stale(self) -> bool:

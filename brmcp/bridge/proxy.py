@@ -41,6 +41,7 @@ import logging
 import secrets
 from typing import Any, cast
 
+import anyio
 from mcp.server import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
@@ -57,8 +58,15 @@ from mcp.types import (
     TextContent,
 )
 
-from ..payment import CALL_KEY, parse_payment_required, parse_receipt
+from ..payment import (
+    CALL_KEY,
+    PAY_ALONGSIDE_KEY,
+    parse_payment_required,
+    parse_receipt,
+    payment_required_result,
+)
 from .clock import Clock
+from .funding import Funding, Payment
 from .link import BotLink, DeadlineError, LinkError
 from .mirror import Mirror, MirrorServer
 from .relay import AgentCall, strip_reserved_meta
@@ -84,11 +92,16 @@ class BotProxy:
     refusal-note prefix); payments go through ``settler``; ``clock`` paces
     the credit polls."""
 
-    def __init__(self, link: BotLink, settler: Settler, clock: Clock, name: str) -> None:
+    def __init__(
+        self, link: BotLink, settler: Settler, clock: Clock, name: str, *, funding: Funding | None = None
+    ) -> None:
         self.link = link
         self._settler = settler
         self._clock = clock
         self._name = name
+        #: The known balance, pay alongside and prepay (:mod:`.funding`);
+        #: None: the bridge only pays when the bot asks.
+        self.funding = funding
         self.server = MirrorServer(
             f"brmcp-{link.uid[:8]}",
             link,
@@ -158,6 +171,43 @@ class BotProxy:
                 await tracked.settle()
             return result
 
+    async def _send(
+        self, request: CallToolRequest, progress: Any, ahead: Payment | None, gone: anyio.Event | None
+    ) -> CallToolResult | None:
+        """:meth:`BotLink.exchange` of ``request``; while a payment made
+        alongside is still under way, the call is abandoned if that payment
+        fails first or the agent goes away (the bot is told the request is
+        cancelled, so a held call ends without a charge) and None is
+        returned."""
+        if ahead is None or ahead.done:
+            return await self.link.exchange(request, CallToolResult, progress=progress)
+        outcome: list[CallToolResult | BaseException] = []
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                if await ahead.wait() is not None:
+                    tg.cancel_scope.cancel()
+
+            async def watch_agent(event: anyio.Event) -> None:
+                await event.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            if gone is not None:
+                tg.start_soon(watch_agent, gone)
+            try:
+                outcome.append(
+                    await self.link.exchange(request, CallToolResult, progress=progress, quiet=ahead.settled)
+                )
+            except Exception as exc:
+                outcome.append(exc)
+            tg.cancel_scope.cancel()
+        if not outcome:
+            return None
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
     async def _pay_loop(
         self, tool: str, arguments: dict[str, Any] | None, tracked: AgentCall | None
     ) -> CallToolResult:
@@ -174,9 +224,33 @@ class BotProxy:
         payments = 0
         polls = 0
         era_switched = False
+        funding = self.funding
+        ahead = funding.alongside(tool, gone) if funding is not None else None
+        plain = request
+        if ahead is not None:
+            # Only the first send is marked; reissues are plain.
+            request = _with_meta(request, {PAY_ALONGSIDE_KEY: ahead.amount})
         while True:
             try:
-                result = await self.link.exchange(request, CallToolResult, progress=progress)
+                sent = await self._send(request, progress, ahead, gone)
+                if sent is None:
+                    # The payment made alongside failed first, or the agent
+                    # went away: the held call was withdrawn (cancelled at the
+                    # bot, nothing charged).
+                    assert ahead is not None
+                    failed = await ahead.wait()
+                    if failed is None:
+                        amount = ahead.amount
+                        raise MCPError(
+                            INTERNAL_ERROR,
+                            f"the agent went away; the {amount} atoms paid stay at the bot as credit",
+                        )
+                    known = funding.balance if funding is not None else None
+                    refused = payment_required_result(tool, ahead.amount + (known or 0), known or 0)
+                    note = TextContent(type="text", text=f"{self._name}: payment not made: {failed}")
+                    return refused.model_copy(update={"content": [*refused.content, note]})
+                result = sent
+                request = plain
             except DeadlineError as exc:
                 raise MCPError(INTERNAL_ERROR, f"{exc}; {_charged(paid_atoms, payments)}") from None
             except LinkError as exc:
@@ -196,16 +270,34 @@ class BotProxy:
                 # again, under a new key, on a handshake session.
                 era_switched = True
                 self.link.require_handshake()
-                request = _with_key(request, secrets.token_hex(16))
+                request = plain = _with_key(plain, secrets.token_hex(16))
                 continue
+            if funding is not None:
+                funding.observe(tool, result)
             refusal = parse_payment_required(result)
             if receipt is not None:
                 self._settler.note_balance(bot, receipt.balance_atoms)
             elif refusal is not None:
                 self._settler.note_balance(bot, refusal.balance_atoms)
             if refusal is None:
+                if funding is not None and not result.is_error:
+                    funding.after_call(tool, result)
                 return result
-            if payments and polls < POLL_ATTEMPTS - 1:
+            if ahead is not None:
+                # Refused although a payment is on its way (a bot that does
+                # not hold marked calls, or a hold that ran out): wait for
+                # that payment, then reissue as after any payment.
+                failed = await ahead.wait()
+                amount, ahead = ahead.amount, None
+                if failed is not None:
+                    note = TextContent(type="text", text=f"{self._name}: payment not made: {failed}")
+                    return result.model_copy(update={"content": [*result.content, note]})
+                payments += 1
+                paid_atoms += amount
+                polls = 0
+                if gone is None or not gone.is_set():
+                    continue
+            if payments and polls < POLL_ATTEMPTS - 1 and (gone is None or not gone.is_set()):
                 # Paid: the credit may still be on its way to the bot.
                 await self._clock.sleep(POLL_INTERVAL)
                 polls += 1
@@ -220,9 +312,10 @@ class BotProxy:
                 reason = await self._settler.settle(bot, tool, refusal, gone=gone)
                 if reason is None:
                     payments += 1
-                    paid_atoms += (
-                        refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
-                    )
+                    amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
+                    paid_atoms += amount
+                    if funding is not None:
+                        funding.paid(amount)
                     polls = 0
                     if gone is not None and gone.is_set():
                         # Nobody is left to receive the result: do not run the
@@ -258,7 +351,13 @@ def _needs_back_channel(result: CallToolResult) -> bool:
 
 
 def _with_key(request: CallToolRequest, key: str) -> CallToolRequest:
-    params = request.params.model_copy(update={"meta": cast(RequestParamsMeta, {CALL_KEY: key})})
+    return _with_meta(request, {CALL_KEY: key})
+
+
+def _with_meta(request: CallToolRequest, extra: dict[str, Any]) -> CallToolRequest:
+    """``request`` with ``extra`` merged into its ``_meta``."""
+    meta = {**dict(request.params.meta or {}), **extra}
+    params = request.params.model_copy(update={"meta": cast(RequestParamsMeta, meta)})
     return request.model_copy(update={"params": params})
 
 

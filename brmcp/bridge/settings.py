@@ -67,6 +67,7 @@ _FIELDS: dict[str, _gojson.Kind] = {
     "allowed_bots": "strings",
     "approval_timeout_secs": "int64",
     "tip_wait_secs": "int64",
+    "prepay_bots": "strings",
 }
 
 
@@ -89,6 +90,9 @@ class Settings:
       as given); None is written as ``null``. Empty denies every bot.
     * ``approval_timeout_secs``: how long a parked payment waits (≤ 0: 120).
     * ``tip_wait_secs``: how long a payment may take (≤ 0: 180).
+    * ``prepay_bots``: bot uids whose balance the bridge keeps topped up
+      ahead of need (BRIDGE.md §Prepay); None or empty: prepay is off.
+      Written only when set (the Go reference has no such key and ignores it).
     """
 
     enabled: bool = False
@@ -99,13 +103,15 @@ class Settings:
     allowed_bots: tuple[str, ...] | None = None
     approval_timeout_secs: int = DEFAULT_APPROVAL_TIMEOUT_SECS
     tip_wait_secs: int = DEFAULT_TIP_WAIT_SECS
+    prepay_bots: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        bots: Any = self.allowed_bots
-        if bots is not None and not isinstance(bots, tuple):
-            if isinstance(bots, str) or not isinstance(bots, Iterable):
-                raise SettingsError("allowed_bots must be a list of uids")
-            object.__setattr__(self, "allowed_bots", tuple(bots))
+        for name in ("allowed_bots", "prepay_bots"):
+            bots: Any = getattr(self, name)
+            if bots is not None and not isinstance(bots, tuple):
+                if isinstance(bots, str) or not isinstance(bots, Iterable):
+                    raise SettingsError(f"{name} must be a list of uids")
+                object.__setattr__(self, name, tuple(bots))
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (field names as keyword arguments)."""
@@ -141,11 +147,19 @@ class Settings:
         for bot in self.allowed_bots or ():
             if not isinstance(bot, str) or not is_uid(bot):
                 raise SettingsError(f"allowed bot {_go_quote(bot)} is not a 64-hex uid")
+        for bot in self.prepay_bots or ():
+            if not isinstance(bot, str) or not is_uid(bot):
+                raise SettingsError(f"prepay bot {_go_quote(bot)} is not a 64-hex uid")
 
     def allows(self, uid: str) -> bool:
         """True when ``uid`` is on ``allowed_bots`` (case-insensitive)."""
         wanted = uid.lower()
         return any(bot.lower() == wanted for bot in self.allowed_bots or ())
+
+    def prepays(self, uid: str) -> bool:
+        """True when prepay is on for ``uid`` (on ``prepay_bots``, case-insensitive)."""
+        wanted = uid.lower()
+        return any(bot.lower() == wanted for bot in self.prepay_bots or ())
 
     @property
     def autopay(self) -> bool:
@@ -162,7 +176,7 @@ class Settings:
             "allowed_bots": list(self.allowed_bots) if self.allowed_bots is not None else None,
             "approval_timeout_secs": self.approval_timeout_secs,
             "tip_wait_secs": self.tip_wait_secs,
-        }
+        } | ({"prepay_bots": list(self.prepay_bots)} if self.prepay_bots else {})
 
     def to_json(self) -> str:
         """The file content: Go's ``MarshalIndent`` with two spaces."""
@@ -183,19 +197,19 @@ def describe_changes(before: Settings, after: Settings) -> str:
     items: list[str] = []
     old, new = before.to_dict(), after.to_dict()
     for key in setting_names():
-        if old[key] == new[key]:
+        if old.get(key) == new.get(key):
             continue
         if key == "token":
             verb = "minted" if not old[key] else "cleared" if not new[key] else "changed"
             items.append(f"token {verb}")
-        elif key == "allowed_bots":
-            was = {b.lower() for b in old[key] or ()}
-            now = {b.lower() for b in new[key] or ()}
+        elif key in ("allowed_bots", "prepay_bots"):
+            was = {b.lower() for b in old.get(key) or ()}
+            now = {b.lower() for b in new.get(key) or ()}
             added, removed = sorted(now - was), sorted(was - now)
             parts = [f"+{b}" for b in added] + [f"-{b}" for b in removed]
-            items.append(f"allowed_bots {' '.join(parts) if parts else 'reordered'}")
+            items.append(f"{key} {' '.join(parts) if parts else 'reordered'}")
         else:
-            items.append(f"{key} {json.dumps(old[key])}→{json.dumps(new[key])}")
+            items.append(f"{key} {json.dumps(old.get(key))}→{json.dumps(new.get(key))}")
     return ", ".join(items)
 
 
@@ -225,10 +239,11 @@ def settings_from_json(text: str | bytes, *, base: Settings | None = None) -> Se
     # Go: explicit null for a slice sets it to nil.
     if isinstance(parsed, list):
         for key, value in parsed:
-            if value is None and key.lower() == "allowed_bots":
-                result = result.replace(allowed_bots=None)
-    if "allowed_bots" in fields:
-        fields["allowed_bots"] = tuple(fields["allowed_bots"])
+            if value is None and key.lower() in ("allowed_bots", "prepay_bots"):
+                result = result.replace(**{key.lower(): None})
+    for name in ("allowed_bots", "prepay_bots"):
+        if name in fields:
+            fields[name] = tuple(fields[name])
     return result.replace(**fields)
 
 

@@ -176,12 +176,31 @@ class Settler:
             await self._persist()
             return True
 
+    def precheck(self, bot: str, amount: int) -> str | None:
+        """The reason a payment of ``amount`` atoms to ``bot`` would be
+        refused by the policy in force right now (disabled, de-listed, caps,
+        or approval mode, which never pays unasked), else None. Reserves
+        nothing: :meth:`settle` decides again."""
+        settings = self._settings()
+        if not settings.autopay:
+            return "approval mode"
+        return _policy_refusal(settings, bot, amount, self._spend.day_total(self._now()))
+
     async def settle(
-        self, bot: str, tool: str, refusal: PaymentRequired, *, gone: anyio.Event | None = None
+        self,
+        bot: str,
+        tool: str,
+        refusal: PaymentRequired,
+        *,
+        gone: anyio.Event | None = None,
+        prepay: bool = False,
     ) -> str | None:
         """Pay what ``bot`` asked for ``tool``. Returns None once the payment
         is confirmed, else the reason nothing (certain) was paid, as shown
-        to the agent after ``<name>: payment not made: ``.
+        to the agent after ``<name>: payment not made: ``. ``prepay``: a
+        payment ahead of need (BRIDGE.md §Prepay), marked so in the spend
+        log and in the approval queue (``<tool> (prepayment)``); the caps
+        and the approval mode apply as to any payment.
 
         The policy is decided on the settings in force when the spend is
         reserved, not on those read when the call arrived: a cap lowered, a
@@ -193,7 +212,7 @@ class Settler:
         already in flight completes (its credit stays at the bot) and its
         spend entry says so."""
         amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
-        reason = await self._settle(bot, tool, amount, gone)
+        reason = await self._settle(bot, tool, amount, gone, prepay)
         if reason is not None:
             log.info("payment to bot %s for tool %s (%d atoms) not made: %s", bot, tool, amount, reason)
         return reason
@@ -209,7 +228,9 @@ class Settler:
             f"; {hint}" if hint else "",
         )
 
-    async def _settle(self, bot: str, tool: str, amount: int, gone: anyio.Event | None) -> str | None:
+    async def _settle(
+        self, bot: str, tool: str, amount: int, gone: anyio.Event | None, prepay: bool = False
+    ) -> str | None:
         if amount <= 0:
             return "bot requested a nonpositive amount"
         approved = False
@@ -223,7 +244,8 @@ class Settler:
                 return AGENT_GONE
             if not settings.autopay and not approved:
                 timeout = settings.approval_timeout_secs
-                decision = await self._park(bot, tool, amount, timeout, gone)
+                label = f"{tool} (prepayment)" if prepay else tool
+                decision = await self._park(bot, label, amount, timeout, gone)
                 if decision == "gone":
                     return AGENT_GONE
                 if decision == "denied":
@@ -241,7 +263,7 @@ class Settler:
                     return reason
                 if gone is not None and gone.is_set():
                     return AGENT_GONE
-                ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount)
+                ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount, prepay=prepay)
                 try:
                     await self._persist()
                 except BridgeError as exc:

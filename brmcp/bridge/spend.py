@@ -53,6 +53,7 @@ _FIELDS: dict[str, _gojson.Kind] = {
     "atoms": "int64",
     "status": "string",
     "err": "string",
+    "prepay": "bool",
 }
 
 
@@ -60,7 +61,10 @@ _FIELDS: dict[str, _gojson.Kind] = {
 class SpendEntry:
     """One payment attempt: ``ts`` unix seconds when it was launched,
     ``bot`` the payee uid, ``tool`` the tool that asked, ``rail`` ``"tip"``,
-    ``atoms`` the amount, ``status`` and ``err`` as in the module docs."""
+    ``atoms`` the amount, ``status`` and ``err`` as in the module docs;
+    ``prepay`` marks a prepayment (BRIDGE.md §Prepay): money sent ahead of
+    need, written ``"prepay": true`` (omitted otherwise; the Go reference
+    ignores the key)."""
 
     ts: int
     bot: str
@@ -69,6 +73,7 @@ class SpendEntry:
     atoms: int = 0
     status: str = ""
     err: str = ""
+    prepay: bool = False
 
     @property
     def counts(self) -> bool:
@@ -89,6 +94,8 @@ class SpendEntry:
             out["status"] = self.status
         if self.err:
             out["err"] = self.err
+        if self.prepay:
+            out["prepay"] = True
         return out
 
 
@@ -170,6 +177,7 @@ class SpendLog:
                 atoms=item.get("atoms", 0),
                 status=item.get("status", ""),
                 err=item.get("err", ""),
+                prepay=item.get("prepay", False),
             )
             for item in raw
         ]
@@ -191,11 +199,15 @@ class SpendLog:
     def summary(self, now: int) -> SpendSummary:
         return SpendSummary(self.entries, self.day_total(now))
 
-    def launch(self, *, ts: int, bot: str, tool: str, atoms: int) -> SpendTicket:
+    def launch(self, *, ts: int, bot: str, tool: str, atoms: int, prepay: bool = False) -> SpendTicket:
         """Append a ``pending`` tip entry for a payment this process is about
-        to make; it stays invisible to :meth:`resolve` until :meth:`finish`."""
+        to make (``prepay``: a prepayment); it stays invisible to
+        :meth:`resolve` until :meth:`finish`."""
         row = _Row(
-            SpendEntry(ts=ts, bot=bot, tool=tool, rail="tip", atoms=atoms, status=STATUS_PENDING), True
+            SpendEntry(
+                ts=ts, bot=bot, tool=tool, rail="tip", atoms=atoms, status=STATUS_PENDING, prepay=prepay
+            ),
+            True,
         )
         self._rows.append(row)
         return SpendTicket(row)

@@ -1,0 +1,191 @@
+"""Paying before the bot asks: the known balance, pay alongside and prepay
+(BRIDGE.md §Pay alongside and prepay).
+
+Per bot, the bridge keeps the caller's **known balance** at the bot: the
+``brmcp/balanceAtoms`` of the last receipt or refusal, plus payments
+confirmed since (WIRE.md §Receipts). It is None until the bot said
+anything; None counts as empty.
+
+* **Pay alongside.** When a tool has a fixed price (``brmcp/priceAtoms`` in
+  the snapshot) and the known balance is short, the call's first send goes
+  out marked ``brmcp/payAlongside`` while the shortfall is paid at the same
+  time (autopay within the caps only: approval mode never pays unasked). A
+  harness that understands the mark holds the call until the credit lands
+  (WIRE.md §Pay alongside): 2 PMs plus the tip. One that does not answers
+  ``payment_required``; the call then waits for that payment and reissues
+  the same call, as after any payment, without paying again.
+* **Prepay.** For a bot on ``prepay_bots``, after each paid call whose
+  receipt leaves the balance below the tool's price, the bridge tips the
+  difference in the background, so the next call of that tool finds its
+  credit there: 2 PMs, no tip on its path. A prepayment is an ordinary
+  payment (caps, approval mode, spend log), marked ``"prepay": true``.
+
+One prepayment is in flight per bot at a time; a call that finds one under
+way is marked with its amount and waits for it instead of paying again. Each
+call that pays alongside pays its own shortfall.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from ..payment import PaymentRequired, parse_payment_required, parse_receipt
+from .settings import Settings
+from .settle import Settler
+
+__all__ = ["Funding", "Payment"]
+
+log = logging.getLogger("brmcp.bridge")
+
+
+class Payment:
+    """One payment ahead of need: ``amount`` atoms; :meth:`wait` returns
+    None once it is confirmed, else the reason nothing (certain) was paid."""
+
+    __slots__ = ("_done", "_reason", "amount", "prepay")
+
+    def __init__(self, amount: int, *, prepay: bool) -> None:
+        self.amount = amount
+        self.prepay = prepay
+        self._done = anyio.Event()
+        self._reason: str | None = "not finished"
+
+    def _finish(self, reason: str | None) -> None:
+        self._reason = reason
+        self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def settled(self) -> anyio.Event:
+        """Set once the payment is confirmed or failed."""
+        return self._done
+
+    async def wait(self) -> str | None:
+        await self._done.wait()
+        return self._reason
+
+
+class Funding:
+    """The known balance at one bot and the payments made ahead of need.
+    ``price_of(tool)`` reads the snapshot; ``spawn(fn, *args)`` starts a task
+    the bridge owns (a payment outlives the call that started it)."""
+
+    def __init__(
+        self,
+        bot: str,
+        settler: Settler,
+        settings: Callable[[], Settings],
+        price_of: Callable[[str], int | None],
+        spawn: Callable[..., None],
+    ) -> None:
+        self.bot = bot
+        self._settler = settler
+        self._settings = settings
+        self._price_of = price_of
+        self._spawn = spawn
+        #: The caller's balance at the bot as far as known (atoms), None: never told.
+        self.balance: int | None = None
+        self._observed = 0  # bumped by every receipt or refusal
+        self._inflight: Payment | None = None
+        #: Payments started ahead of need (alongside or prepay), for tests and metrics.
+        self.started = 0
+
+    # -- the known balance --------------------------------------------------------
+
+    def observe(self, tool: str, result: Any) -> None:
+        """Learn the balance from a tool result: a receipt or a refusal sets
+        it; a successful result without a receipt from a fixed-price tool
+        (a Go bot) lowers a known balance by the price."""
+        receipt = parse_receipt(getattr(result, "meta", None))
+        refusal = parse_payment_required(result)
+        if receipt is not None:
+            self._set(receipt.balance_atoms)
+        elif refusal is not None:
+            self._set(max(0, refusal.balance_atoms))
+        elif not getattr(result, "is_error", False) and self.balance is not None:
+            price = self._price_of(tool)
+            if price:
+                self._set(max(0, self.balance - price))
+
+    def _set(self, balance: int) -> None:
+        self.balance = balance
+        self._observed += 1
+
+    def paid(self, amount: int) -> None:
+        """A payment of ``amount`` made in answer to a refusal was confirmed."""
+        self.balance = (self.balance or 0) + amount
+
+    # -- payments ahead of need -------------------------------------------------------
+
+    def alongside(self, tool: str, gone: anyio.Event | None = None) -> Payment | None:
+        """The payment to make alongside a first send of ``tool``: the one
+        already in flight, or a new one for the shortfall when the price is
+        fixed, the known balance short and the policy lets it go unasked.
+        None: send the call unmarked."""
+        inflight = self._inflight
+        if inflight is not None and not inflight.done:
+            return inflight  # a prepayment on its way: this call waits for it
+        price = self._price_of(tool)
+        if not price:
+            return None
+        have = self.balance or 0
+        if have >= price:
+            return None
+        return self._start(tool, price, have, prepay=False, gone=gone)
+
+    def after_call(self, tool: str, result: Any) -> None:
+        """A call of ``tool`` succeeded: top the balance up for the next one
+        when prepay is on for this bot (see the module docstring)."""
+        if not self._settings().prepays(self.bot):
+            return
+        inflight = self._inflight
+        if inflight is not None and not inflight.done:
+            return
+        receipt = parse_receipt(getattr(result, "meta", None))
+        price = self._price_of(tool) or (receipt.charged_atoms if receipt is not None else 0)
+        if price <= 0 or self.balance is None or self.balance >= price:
+            return
+        self._start(tool, price, self.balance, prepay=True)
+
+    def _start(
+        self, tool: str, price: int, have: int, *, prepay: bool, gone: anyio.Event | None = None
+    ) -> Payment | None:
+        amount = price - have
+        if self._settler.precheck(self.bot, amount) is not None:
+            return None
+        payment = Payment(amount, prepay=prepay)
+        if prepay:
+            # Only a prepayment is shared: an alongside payment's credit is
+            # its own call's (another call may find it already spent).
+            self._inflight = payment
+        self.started += 1
+        refusal = PaymentRequired(tool=tool, price_atoms=price, balance_atoms=have, shortfall_atoms=amount)
+        self._spawn(self._pay, tool, refusal, payment, gone)
+        return payment
+
+    async def _pay(
+        self, tool: str, refusal: PaymentRequired, payment: Payment, gone: anyio.Event | None
+    ) -> None:
+        observed = self._observed
+        reason: str | None = "payment abandoned"
+        try:
+            reason = await self._settler.settle(self.bot, tool, refusal, gone=gone, prepay=payment.prepay)
+        except Exception as exc:
+            reason = str(exc) or type(exc).__name__
+            log.error("payment ahead of need to %s failed: %s", self.bot[:8], reason)
+        finally:
+            if reason is None and self._observed == observed:
+                # Nothing told us the balance since: it now includes this credit.
+                self.balance = (self.balance or 0) + payment.amount
+            if reason is not None and payment.prepay:
+                log.info("prepayment of %d atoms to %s not made: %s", payment.amount, self.bot[:8], reason)
+            if self._inflight is payment:
+                self._inflight = None
+            payment._finish(reason)

@@ -1,0 +1,71 @@
+"""Issue 15 against the Go reference: the Go bridge ignores our receipts and
+pays once; our bridge falls back to the handshake era with the Go harness,
+remembers it, and pays alongside without paying twice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mcp.types import TextContent
+
+from brmcp.payment import BALANCE_ATOMS_KEY, CHARGED_ATOMS_KEY
+from brmcp.testing import Fabric
+
+from .live import BOT, CLIENT, FORTUNE_PRICE, Tap, agent, go_bridge, go_harness, py_bridge, py_harness
+
+
+async def test_go_bridge_passes_our_receipts_through_and_pays_once(
+    tmp_path: Path, goref_binary: Path
+) -> None:
+    tap = Tap()
+    async with Fabric() as fabric:
+        fabric.add_tap(tap)
+        async with (
+            py_harness(fabric, tmp_path / "bot") as harness,
+            go_bridge(fabric, goref_binary, tmp_path / "bridge", harness) as bridge,
+            agent(bridge.url) as s,
+        ):
+            result = await s.call_tool("fortune", {})
+            assert not result.is_error
+            assert bridge.pays == [(BOT, FORTUNE_PRICE)]
+            assert harness.executions("fortune") == 1
+            assert await harness.balance(CLIENT) == 0
+            # The receipt reached the agent through the Go bridge unchanged.
+            assert result.meta is not None
+            assert (result.meta[CHARGED_ATOMS_KEY], result.meta[BALANCE_ATOMS_KEY]) == (FORTUNE_PRICE, 0)
+            # The bot's answers on the wire carry it; the refusal does not.
+            answers = [m for m in tap.json(BOT, CLIENT) if "result" in m and "content" in m["result"]]
+            assert "_meta" not in answers[0]["result"]
+            assert json.loads(answers[0]["result"]["content"][0]["text"])["error"] == "payment_required"
+            assert answers[-1]["result"]["_meta"] == {CHARGED_ATOMS_KEY: FORTUNE_PRICE, BALANCE_ATOMS_KEY: 0}
+
+
+async def test_our_bridge_with_the_go_harness_falls_back_and_pays_once(
+    tmp_path: Path, goref_binary: Path
+) -> None:
+    tap = Tap()
+    async with Fabric() as fabric:
+        fabric.add_tap(tap)
+        async with (
+            go_harness(fabric, goref_binary, tmp_path / "bot") as harness,
+            py_bridge(fabric, tmp_path / "bridge", harness) as bridge,
+            agent(bridge.url) as s,
+        ):
+            link = bridge.bridge.link(BOT)
+            assert link is not None
+            assert link.era == "handshake"
+            methods = [m.get("method") for m in tap.json(CLIENT, BOT)]
+            assert methods[:4] == ["tools/list", "initialize", "notifications/initialized", "tools/list"]
+            fortune = await s.call_tool("fortune", {})
+            assert not fortune.is_error, [c.text for c in fortune.content if isinstance(c, TextContent)]
+            # Paid alongside: the Go harness ignored the mark and refused; the
+            # bridge waited for its payment and reissued; one payment, one run.
+            assert bridge.pays == [(BOT, FORTUNE_PRICE)]
+            assert harness.executions("fortune") == 1
+            assert await harness.balance(CLIENT) == 0
+            calls = tap.calls("fortune")
+            assert calls[0]["params"]["_meta"]["brmcp/payAlongside"] == FORTUNE_PRICE
+            assert len({c["params"]["_meta"]["brmcp/callKey"] for c in calls}) == 1
+        snapshot = json.loads((tmp_path / "bridge" / "mcpsnapshots" / f"{BOT}.json").read_text())
+        assert snapshot["era"] == "handshake"

@@ -1,0 +1,197 @@
+"""Paying before the bot asks (issue 15; BRIDGE.md §Pay alongside and
+prepay): a first paid call with an empty balance in one round trip plus the
+tip, steady paid calls with no tip on their path when prepay is on, and the
+books checked to the atom. PM counts, not times."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from bridge_support import BOT, CLIENT, Env, bridge_env, call, fixture_settings, texts, until
+
+from brmcp.bridge import Settings
+from brmcp.bridge.cli import _parse_pairs
+from brmcp.bridge.errors import SettingsError
+from brmcp.bridge.settings import settings_from_json
+from brmcp.payment import PAY_ALONGSIDE_KEY, parse_receipt
+
+
+def pms(env: Env) -> int:
+    return env.fabric.link(CLIENT, BOT).pms + env.fabric.link(BOT, CLIENT).pms
+
+
+def spend(env: Env) -> list[dict[str, Any]]:
+    return [e.to_dict() for e in env.bridge.spend_log().entries]
+
+
+async def test_first_paid_call_pays_alongside_in_one_round_trip(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path) as env, env.session() as session:
+            before = pms(env)
+            result = await call(session, "paid", {"text": "x"})
+            assert result.structured_content == {"n": 1}
+            assert pms(env) - before == 2  # the marked call and its result; the tip is no PM
+            assert env.harness.holds == 1
+            assert env.payer.calls == [(BOT, 500)]
+            receipt = parse_receipt(result.meta)
+            assert receipt is not None
+            assert (receipt.charged_atoms, receipt.balance_atoms) == (500, 0)
+            # Books: one payment, one execution, nothing left over.
+            await until(lambda: [e["status"] for e in spend(env)] == ["paid"])
+            assert await env.harness.balance(CLIENT) == 0
+            assert env.executions == {"paid": 1}
+            assert env.bridge.spend_log().day_total_atoms == 500
+
+
+async def test_a_harness_that_ignores_the_mark_is_paid_once(tmp_path: Path) -> None:
+    """A bot without holding (the Go reference, or holding off) answers
+    payment_required at once: the bridge waits for the payment already
+    under way and reissues the same call; it never pays twice."""
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path) as env, env.session() as session:
+            env.harness.config.hold_seconds = 0
+            seen: list[dict[str, Any]] = []
+            original = env.harness.call
+
+            async def spy(*args: Any, **kwargs: Any) -> Any:
+                seen.append({"key": args[4], "alongside": kwargs.get("alongside")})
+                return await original(*args, **kwargs)
+
+            env.harness.call = spy  # type: ignore[method-assign]
+            before = pms(env)
+            result = await call(session, "paid", {"text": "x"})
+            assert result.structured_content == {"n": 1}
+            assert pms(env) - before == 4  # refused, then the reissue after the tip
+            assert env.payer.calls == [(BOT, 500)]
+            assert len(seen) == 2
+            assert seen[0]["key"] == seen[1]["key"]
+            assert seen[0]["alongside"] == 500
+            assert env.harness.holds == 0
+            assert await env.harness.balance(CLIENT) == 0
+            assert env.executions == {"paid": 1}
+
+
+async def test_no_payment_alongside_in_approval_mode_or_for_dynamic_prices(tmp_path: Path) -> None:
+    settings = fixture_settings(mode="approval", approval_timeout_secs=1)
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path, settings=settings, auto_clock=False) as env, env.session() as session:
+            requests: list[Any] = []
+            original = env.harness.call
+
+            async def spy(*args: Any, **kwargs: Any) -> Any:
+                requests.append(kwargs.get("alongside"))
+                return await original(*args, **kwargs)
+
+            env.harness.call = spy  # type: ignore[method-assign]
+            results: list[Any] = []
+            async with anyio.create_task_group() as tg:
+
+                async def one() -> None:
+                    results.append(await call(session, "paid", {"text": "x"}))
+
+                tg.start_soon(one)
+                await until(lambda: len(env.bridge.pending_payments()) == 1)
+                (pending,) = env.bridge.pending_payments()
+                env.bridge.resolve_payment(pending.id, False)
+            assert requests == [0]  # unmarked: the user decides before anything is paid
+            assert env.payer.calls == []
+            assert "payment denied by the user" in texts(results[0])[-1]
+    with anyio.fail_after(30):
+        (tmp_path / "dyn").mkdir()
+        async with bridge_env(tmp_path / "dyn") as env, env.session() as session:
+            before = pms(env)
+            result = await call(session, "dyn", {})
+            assert result.structured_content == {"dyn": True}
+            assert pms(env) - before == 4  # no fixed price known: the reference flow
+            assert env.payer.calls == [(BOT, 7)]
+
+
+async def test_prepay_keeps_steady_calls_at_two_pms_with_no_tip_on_their_path(tmp_path: Path) -> None:
+    settings = fixture_settings(prepay_bots=(BOT,))
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path, settings=settings) as env, env.session() as session:
+            first = await call(session, "paid", {"text": "x"})
+            assert first.structured_content == {"n": 1}
+            # The receipt said 0 left: the next call's price is prepaid in the background.
+            await until(lambda: len(spend(env)) == 2 and spend(env)[1]["status"] == "paid")
+            assert spend(env)[1]["prepay"] is True
+            assert "prepay" not in spend(env)[0]
+            marks: list[int] = []
+            original = env.harness.call
+
+            async def spy(*args: Any, **kwargs: Any) -> Any:
+                marks.append(kwargs.get("alongside", 0))
+                return await original(*args, **kwargs)
+
+            env.harness.call = spy  # type: ignore[method-assign]
+
+            def funding() -> Any:
+                return env.bridge._proxies[BOT].funding
+
+            for n in (2, 3, 4):
+                # Topped up before the call: the prepayment is confirmed and known.
+                await until(lambda n=n: len(env.payer.calls) == n and funding().balance == 500)
+                before, holds = pms(env), env.harness.holds
+                result = await call(session, "paid", {"text": "x"})
+                assert result.structured_content == {"n": n}
+                assert pms(env) - before == 2
+                assert env.harness.holds == holds  # charged at once, never held
+            assert marks == [0, 0, 0]  # no payment alongside: nothing to wait for
+            await until(lambda: len(env.payer.calls) == 5)
+            await until(lambda: all(e["status"] == "paid" for e in spend(env)))
+            # Books: 5 payments of 500; 4 executions; the 5th is at the bot as credit.
+            assert env.payer.calls == [(BOT, 500)] * 5
+            assert env.executions == {"paid": 4}
+            assert await env.harness.balance(CLIENT) == 500
+            assert env.bridge.spend_log().day_total_atoms == 2500
+            assert [e.get("prepay", False) for e in spend(env)] == [False, True, True, True, True]
+
+
+async def test_prepayments_count_against_the_caps(tmp_path: Path) -> None:
+    settings = fixture_settings(prepay_bots=(BOT,), per_day_cap_atoms=1000)
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path, settings=settings) as env, env.session() as session:
+            assert (await call(session, "paid", {"text": "x"})).structured_content == {"n": 1}
+            await until(lambda: len(spend(env)) == 2 and spend(env)[1]["status"] == "paid")
+            # The prepayment filled the daily cap; the call it paid for still runs.
+            assert (await call(session, "paid", {"text": "x"})).structured_content == {"n": 2}
+            await anyio.sleep(0.2)
+            assert len(spend(env)) == 2  # no prepayment past the cap
+            third = await call(session, "paid", {"text": "x"})
+            assert third.is_error
+            assert texts(third)[-1] == (
+                "brclientd: payment not made: 500 atoms would exceed the daily cap (1000 spent of 1000)"
+            )
+            assert env.payer.calls == [(BOT, 500), (BOT, 500)]
+            assert env.executions == {"paid": 2}
+            assert await env.harness.balance(CLIENT) == 0
+
+
+async def test_prepay_is_off_by_default(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path) as env, env.session() as session:
+            assert (await call(session, "paid", {"text": "x"})).structured_content == {"n": 1}
+            await anyio.sleep(0.3)
+            assert env.payer.calls == [(BOT, 500)]
+            assert len(spend(env)) == 1
+
+
+def test_prepay_setting_file_cli_and_validation(tmp_path: Path) -> None:
+    base = Settings()
+    # Unset: the file keeps exactly the Go reference's keys.
+    assert "prepay_bots" not in json.loads(base.to_json())
+    on = settings_from_json(json.dumps({"prepay_bots": [BOT.upper()]}), base=base).normalized()
+    on.validate()
+    assert on.prepays(BOT)
+    assert not on.prepays(CLIENT)
+    assert json.loads(on.to_json())["prepay_bots"] == [BOT.upper()]
+    assert list(json.loads(on.to_json()))[-1] == "prepay_bots"
+    assert settings_from_json('{"prepay_bots": null}', base=on).prepay_bots is None
+    with pytest.raises(SettingsError, match='prepay bot "nope" is not a 64-hex uid'):
+        base.replace(prepay_bots=("nope",)).validate()
+    assert _parse_pairs([f"prepay_bots={BOT},{CLIENT}"]) == {"prepay_bots": [BOT, CLIENT]}
+    assert PAY_ALONGSIDE_KEY == "brmcp/payAlongside"
