@@ -171,6 +171,39 @@ async def test_prepayments_count_against_the_caps(tmp_path: Path) -> None:
             assert await env.harness.balance(CLIENT) == 0
 
 
+async def test_prepay_in_approval_mode_waits_for_the_user(tmp_path: Path) -> None:
+    settings = fixture_settings(prepay_bots=(BOT,), mode="approval")
+    with anyio.fail_after(30):
+        async with (
+            bridge_env(tmp_path, settings=settings, auto_clock=False) as env,
+            env.session() as session,
+        ):
+            results: list[Any] = []
+            async with anyio.create_task_group() as tg:
+
+                async def one() -> None:
+                    results.append(await call(session, "paid", {"text": "x"}))
+
+                tg.start_soon(one)
+                await until(lambda: len(env.bridge.pending_payments()) == 1)
+                (asked,) = env.bridge.pending_payments()
+                assert asked.tool == "paid"  # the refusal's payment: not alongside
+                env.bridge.resolve_payment(asked.id, True)
+            assert results[0].structured_content == {"n": 1}
+            # The receipt left 0: a prepayment is proposed, and waits for the user.
+            await until(lambda: len(env.bridge.pending_payments()) == 1)
+            (prepay,) = env.bridge.pending_payments()
+            assert (prepay.tool, prepay.atoms) == ("paid (prepayment)", 500)
+            assert len(env.payer.calls) == 1
+            env.bridge.resolve_payment(prepay.id, True)
+            await until(lambda: len(spend(env)) == 2 and spend(env)[1]["status"] == "paid")
+            assert spend(env)[1]["prepay"] is True
+            before = pms(env)
+            assert (await call(session, "paid", {"text": "x"})).structured_content == {"n": 2}
+            assert pms(env) - before == 2
+            assert env.payer.calls == [(BOT, 500), (BOT, 500)]
+
+
 async def test_prepay_is_off_by_default(tmp_path: Path) -> None:
     with anyio.fail_after(30):
         async with bridge_env(tmp_path) as env, env.session() as session:

@@ -18,7 +18,8 @@ anything; None counts as empty.
   receipt leaves the balance below the tool's price, the bridge tips the
   difference in the background, so the next call of that tool finds its
   credit there: 2 PMs, no tip on its path. A prepayment is an ordinary
-  payment (caps, approval mode, spend log), marked ``"prepay": true``.
+  payment (caps, spend log; in approval mode it waits for the user's
+  decision, labelled ``<tool> (prepayment)``), marked ``"prepay": true``.
 
 One prepayment is in flight per bot at a time; a call that finds one under
 way is marked with its amount and waits for it instead of paying again. Each
@@ -158,7 +159,9 @@ class Funding:
         self, tool: str, price: int, have: int, *, prepay: bool, gone: anyio.Event | None = None
     ) -> Payment | None:
         amount = price - have
-        if self._settler.precheck(self.bot, amount) is not None:
+        # A prepayment may wait for the user's approval (it is not on any
+        # call's path); a payment alongside a call may not.
+        if self._settler.precheck(self.bot, amount, unasked=not prepay) is not None:
             return None
         payment = Payment(amount, prepay=prepay)
         if prepay:

@@ -176,13 +176,14 @@ class Settler:
             await self._persist()
             return True
 
-    def precheck(self, bot: str, amount: int) -> str | None:
+    def precheck(self, bot: str, amount: int, *, unasked: bool = True) -> str | None:
         """The reason a payment of ``amount`` atoms to ``bot`` would be
-        refused by the policy in force right now (disabled, de-listed, caps,
-        or approval mode, which never pays unasked), else None. Reserves
-        nothing: :meth:`settle` decides again."""
+        refused by the policy in force right now (disabled, de-listed, caps;
+        with ``unasked``, approval mode, where nothing is paid without a
+        decision on the spot), else None. Reserves nothing: :meth:`settle`
+        decides again."""
         settings = self._settings()
-        if not settings.autopay:
+        if unasked and not settings.autopay:
             return "approval mode"
         return _policy_refusal(settings, bot, amount, self._spend.day_total(self._now()))
 
