@@ -7,7 +7,8 @@ relay and two fake brclients, each serving real TLS clientrpc), the
 demo). It then acts as a stock MCP agent with the official SDK's
 streamable-HTTP client against the bridge endpoint: it lists the tools with
 their prices, calls the free ``echo`` and the paid ``fortune``
-(payment_required → tip → credit → reissue with the same callKey → result),
+(pay alongside: the tip and the marked call together → credit → result; or
+payment_required → tip → credit → reissue with the same callKey → result),
 and prints a transcript: each step, the relay PMs it took, the bot's ledger
 and the bridge's spend log. Facts that must hold (one execution, one
 charge, consistent books) are checked; any failure names its step.
@@ -269,6 +270,8 @@ class _Demo:
                 if marker in line:
                     self.printer.detail(f"  {text}")
                     del inserts[marker]
+        for text in inserts.values():  # no line had its marker: shown last
+            self.printer.detail(f"  {text}")
 
     # -- the run -----------------------------------------------------------------------
 
@@ -391,7 +394,8 @@ class _Demo:
             )
             self._pms_line(
                 "fortune",
-                "the bridge pays after payment_required and reissues with the same callKey",
+                "the bridge tips while the marked call waits at the bot (pay alongside); a bot"
+                " that answers payment_required instead gets the same call again, same callKey",
                 extra={"payment_required": tip_line} if tips else None,
             )
             if fortune.is_error:

@@ -37,16 +37,18 @@ async def test_demo_transcript_facts(tmp_path: Path) -> None:
     ]
     assert report.spend_total == 10_000 <= DEMO_PER_CALL_CAP
     # Relay PM costs: tools/list is served locally, a free call is one round
-    # trip, the first paid call is call + payment_required + reissue + result
-    # (more only when the credit raced the reissue and the bridge polled).
+    # trip, the first paid call is paid alongside: the marked call waits at
+    # the bot for the tip, then its result (more only when the hold ran out
+    # and the bridge reissued).
     assert report.pms["list"] == 0
     assert report.pms["echo"] == 2
-    assert report.pms["fortune"] >= 4
+    assert report.pms["fortune"] >= 2
     assert report.pms["fortune"] % 2 == 0
     # The transcript shows every step, the PMs, the ledger and the spend log.
     for n in range(1, 9):
         assert f"[{n}/8]" in text
-    assert "payment_required: price 10000, balance 0, shortfall 10000 atoms" in text
+    if report.pms["fortune"] > 2:
+        assert "payment_required: price 10000, balance 0, shortfall 10000 atoms" in text
     assert "tip of 10000 atoms" in text
     charge_lines = [line for line in text.splitlines() if "bot ledger, alice: charge" in line]
     assert len(charge_lines) == 1
