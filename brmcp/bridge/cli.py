@@ -165,6 +165,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", action="store_true", help="commands: print the daemon's JSON answer")
     parser.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        default=None,
+        help="daemon: serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, "
+        "e.g. 127.0.0.1:9465)",
+    )
+    parser.add_argument(
         "--notify-command",
         default=None,
         metavar="COMMAND",
@@ -673,6 +680,8 @@ def _serve(args: argparse.Namespace, datadir: Path, cfg: BotConfig, created: boo
             config_created=created,
             notify_command=args.notify_command,
         )
+        if args.metrics:
+            daemon.enable_metrics(args.metrics)
     except ClientrpcConfigError as exc:
         print(f"{PROG}: {exc} (see {conf})", file=sys.stderr)
         return 1

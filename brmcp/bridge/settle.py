@@ -23,12 +23,15 @@ import logging
 import math
 import secrets
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import anyio
 import anyio.to_thread
 
 from ..payment import PaymentRequired
+
+if TYPE_CHECKING:
+    from ..metrics import BridgeMetrics
 from .approvals import ApprovalQueue, PendingPayment
 from .clock import Clock, go_duration
 from .errors import BridgeError
@@ -110,6 +113,8 @@ class Settler:
         self.approvals = ApprovalQueue(clock, on_change=self._changed)
         self._listeners: list[Callable[[], None]] = []
         self._balances: dict[str, BotBalance] = {}
+        #: Prometheus metrics to update (:class:`brmcp.metrics.BridgeMetrics`), or None.
+        self.metrics: BridgeMetrics | None = None
         #: Bumped whenever the approvals or the spend log change.
         self.version = 0
 
@@ -179,9 +184,11 @@ class Settler:
         switch to approval, a de-listed bot or a disabled bridge while this
         call waited (for the spend lock or for the user) is honoured."""
         amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
-        reason = await self._settle(bot, tool, amount)
+        reason, attempted = await self._settle(bot, tool, amount)
         if reason is not None:
             log.info("payment to bot %s for tool %s (%d atoms) not made: %s", bot, tool, amount, reason)
+            if not attempted and self.metrics is not None:
+                self.metrics.payments.labels("refused").inc()
         return reason
 
     def _parked(self, payment: PendingPayment) -> None:
@@ -195,25 +202,26 @@ class Settler:
             f"; {hint}" if hint else "",
         )
 
-    async def _settle(self, bot: str, tool: str, amount: int) -> str | None:
+    async def _settle(self, bot: str, tool: str, amount: int) -> tuple[str | None, bool]:
+        """The refusal reason (None: paid) and whether the payer ran."""
         if amount <= 0:
-            return "bot requested a nonpositive amount"
+            return "bot requested a nonpositive amount", False
         approved = False
         while True:
             settings = self._settings()
             async with self._lock:
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(self._now()))
             if reason is not None:
-                return reason
+                return reason, False
             if not settings.autopay and not approved:
                 timeout = settings.approval_timeout_secs
                 decision = await self.approvals.wait(
                     bot=bot, tool=tool, atoms=amount, timeout_secs=timeout, on_parked=self._parked
                 )
                 if decision == "denied":
-                    return "payment denied by the user"
+                    return "payment denied by the user", False
                 if decision == "timeout":
-                    return f"approval timed out after {go_duration(timeout)}"
+                    return f"approval timed out after {go_duration(timeout)}", False
                 approved = True
             async with self._lock:
                 settings = self._settings()
@@ -222,14 +230,14 @@ class Settler:
                 now = self._now()
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(now))
                 if reason is not None:
-                    return reason
+                    return reason, False
                 ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount)
                 try:
                     await self._persist()
                 except BridgeError as exc:
                     self._spend.withdraw(ticket)
                     log.error("spend log not written, payment to %s not made: %s", bot, exc)
-                    return f"could not record the spend, so nothing was paid: {exc}"
+                    return f"could not record the spend, so nothing was paid: {exc}", False
             spend_id = secrets.token_hex(4)
             log.info(
                 "spend %s: paying %d atoms to bot %s for tool %s (%s; recorded pending in the spend log)",
@@ -239,7 +247,7 @@ class Settler:
                 tool,
                 "approved" if approved else settings.mode,
             )
-            return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id)
+            return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id), True
 
     async def _pay(
         self, ticket: SpendTicket, bot: str, amount: int, wait_secs: int, spend_id: str
@@ -258,6 +266,11 @@ class Settler:
             if scope.cancelled_caught:
                 reason = f"tip not confirmed within {go_duration(wait_secs)}; the attempt keeps running"
         finally:
+            if self.metrics is not None:
+                outcome = {STATUS_PAID: "paid", STATUS_FAILED: "failed"}.get(status, "unknown")
+                self.metrics.payments.labels(outcome).inc()
+                if status == STATUS_PAID:
+                    self.metrics.paid_atoms.inc(amount)
             if status == STATUS_PAID:
                 log.info("spend %s: paid %d atoms to bot %s", spend_id, amount, bot)
             elif status == STATUS_FAILED:

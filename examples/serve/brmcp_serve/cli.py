@@ -106,6 +106,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         nargs=argparse.REMAINDER,
         help="a stdio MCP server: the command and its arguments (must come last)",
     )
+    parser.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        default=None,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, e.g. 127.0.0.1:9464)",
+    )
     parser.add_argument("--json", action="store_true", help="reports: print JSON")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("balances", help="every caller's prepaid balance (read-only; safe while the bot runs)")
@@ -223,6 +229,11 @@ def _main(argv: Sequence[str] | None) -> int:
             return 1
         try:
             app = ServeApp.from_datadir(datadir, bot_config=bot_config, upstream=upstream)
+            if args.metrics:
+                app.enable_metrics(args.metrics)
+        except ValueError as exc:
+            print(f"{PROG}: --metrics: {exc}", file=sys.stderr)
+            return 1
         except ClientrpcConfigError as exc:
             print(f"{PROG}: {exc} (see {conf})", file=sys.stderr)
             return 1
