@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +26,15 @@ from .sender import SendError
 if TYPE_CHECKING:
     from .router import Router
 
-__all__ = ["Conn"]
+__all__ = ["Conn", "send_deadline"]
 
 log = logging.getLogger("brmcp.transport")
+
+#: When set (unix seconds on the router's clock), messages written from this
+#: context carry ``exp`` no later than it, so every re-sent copy of a request
+#: expires with the first one (BRIDGE.md §Deadlines and re-sends): a bot that
+#: comes online after the caller's deadline drops all of them.
+send_deadline: ContextVar[float | None] = ContextVar("brmcp_send_deadline", default=None)
 
 
 class _WriteStream:
@@ -170,6 +177,9 @@ class Conn:
         message = item.message
         payload = message.model_dump_json(by_alias=True, exclude_unset=True).encode()
         exp = math.floor(now + router.options.ttl)
+        cap = send_deadline.get()
+        if cap is not None:
+            exp = max(1, min(exp, math.floor(cap)))
         chunk_size = router.options.chunk_size
         try:
             parts = wire.encode(payload, sid=self.sid, exp=exp, chunk_size=chunk_size)

@@ -200,8 +200,10 @@ async def bridge_env(
     write_settings: bool = True,
     spend_entries: list[dict[str, Any]] | None = None,
     clock: ManualClock | None = None,
+    **config: Any,
 ) -> AsyncIterator[Env]:
-    """The fixture, entered: fabric, harness at BOT, bridge at CLIENT."""
+    """The fixture, entered: fabric, harness at BOT, bridge at CLIENT;
+    ``config`` adds :class:`BridgeConfig` fields."""
     data_dir = tmp_path / "bridge"
     data_dir.mkdir(exist_ok=True)
     if write_settings:
@@ -228,6 +230,7 @@ async def bridge_env(
                 listen=listen,
                 name=NAME,
                 clock=clock,
+                **config,
             )
         )
         fabric.attach(CLIENT, bridge.handle_pm)

@@ -32,6 +32,7 @@ from .http import MAX_BODY_BYTES, BridgeApp
 from .link import CONNECT_TIMEOUT, BotLink
 from .listener import OwnedListener, parse_listen_address
 from .proxy import BotProxy
+from .retry import RetryPolicy
 from .settings import SETTINGS_FILE, Settings, describe_changes, load_settings, mint_token, save_settings
 from .settle import Payer, Settler
 from .spend import SPEND_FILE, BotBalance, SpendLog, SpendSummary
@@ -68,8 +69,12 @@ class BridgeConfig:
     * ``clock``: time source for timestamps, the spending window, approval
       timeouts and credit polls.
     * ``max_body_bytes``: largest MCP request body accepted (413 above).
-    * ``connect_timeout``: seconds allowed for initialize and for the
-      ``tools/list`` snapshot.
+    * ``connect_timeout``: seconds allowed for initialize (re-sent on the
+      backoff meanwhile) and for the ``tools/list`` snapshot.
+    * ``retry``: re-send timing and the initialize answer timeout
+      (BRIDGE.md §Deadlines and re-sends).
+    * ``uid``: this bridge's own BR uid, named in the hint an agent gets
+      when a bot does not answer (None: not known).
     """
 
     data_dir: str | os.PathLike[str]
@@ -81,6 +86,8 @@ class BridgeConfig:
     clock: Clock = field(default_factory=SystemClock)
     max_body_bytes: int = MAX_BODY_BYTES
     connect_timeout: float = CONNECT_TIMEOUT
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    uid: str | None = None
 
 
 def _http_url(bound: tuple[str, int] | None, address: str) -> str:
@@ -389,6 +396,8 @@ class Bridge:
             self._task_group(),
             self._client_info,
             connect_timeout=self.config.connect_timeout,
+            retry=self.config.retry,
+            own_uid=self.config.uid,
         )
         proxy = BotProxy(link, self._settler, self._clock, self.config.name)
         self._links[uid] = link

@@ -33,13 +33,13 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.types import INVALID_REQUEST, PARSE_ERROR
+from mcp.types import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR
 from starlette.types import Message, Receive, Scope, Send
 
 from ._asgi import (
@@ -162,6 +162,23 @@ def not_allowed_hint(uid: str) -> str:
 
 async def _send_jsonrpc_error(send: Send, status: int, code: int, message: str) -> None:
     await send_json(send, status, {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
+
+
+async def _send_unavailable(send: Send, exc: BaseException, message: dict[str, Any] | None) -> None:
+    """503 for a bot that cannot be reached. When it did not answer (the
+    hint of :func:`~brmcp.bridge.link.no_answer_hint`), the hint is the
+    answer: a JSON-RPC error for the request (SDK clients show its message)
+    or the plain-text body."""
+    text = str(exc)
+    if not text.startswith("no answer from bot"):
+        await send_text(send, 503, "bot unavailable")
+        return
+    request_id = message.get("id") if message is not None else None
+    if message is not None and isinstance(request_id, str | int) and not isinstance(request_id, bool):
+        error = {"code": INTERNAL_ERROR, "message": text}
+        await send_json(send, 503, {"jsonrpc": "2.0", "id": request_id, "error": error})
+        return
+    await send_text(send, 503, text)
 
 
 class _Endpoint:
@@ -337,17 +354,21 @@ class BridgeApp:
         if method not in _MCP_METHODS:
             await send_text(send, 405, "method not allowed", [(b"allow", b"GET, POST, DELETE")])
             return
+        message: dict[str, Any] | None = None
         if method == "POST":
-            replay = await self._check_post(scope, receive, send)
-            if replay is None:
+            checked = await self._check_post(scope, receive, send)
+            if checked is None:
                 return
-            receive = replay
+            receive, message = checked
         try:
             endpoint = await self._endpoint(uid)
             await endpoint.proxy.link.refresh()
         except (LinkError, RuntimeError) as exc:
             log.info("bot %s unavailable: %s", uid[:8], exc)
-            await send_text(send, 503, "bot unavailable")
+            await _send_unavailable(send, exc, message)
+            return
+        if method == "POST" and message is not None and message.get("method") == "tools/call":
+            await self._serve_call(endpoint, scope, receive, send, message)
             return
         if method != "DELETE":
             await endpoint.manager.handle_request(scope, receive, send)
@@ -367,9 +388,36 @@ class BridgeApp:
         if 200 <= status < 300 and len(ended) == 1:
             endpoint.proxy.link.forget_agent(ended[0].decode("latin-1"))
 
-    async def _check_post(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+    @staticmethod
+    async def _serve_call(
+        endpoint: _Endpoint, scope: Scope, receive: Receive, send: Send, message: dict[str, Any]
+    ) -> None:
+        """Serve a ``tools/call`` POST, and when its connection closes before
+        the answer was written, tell the link the agent went away (issue 11
+        §3: a parked approval is withdrawn, no payment is started)."""
+        finished = False
+
+        async def watch(event: Message) -> None:
+            nonlocal finished
+            if event["type"] == "http.response.body" and not event.get("more_body", False):
+                finished = True
+            await send(event)
+
+        try:
+            await endpoint.manager.handle_request(scope, receive, watch)
+        finally:
+            sessions = header_values(scope, b"mcp-session-id")
+            if not finished and len(sessions) == 1 and "id" in message:
+                session_id = sessions[0].decode("latin-1")
+                if endpoint.proxy.link.relay.abandon(session_id, message["id"]):
+                    log.info("agent connection closed with call %r in flight", message["id"])
+
+    async def _check_post(
+        self, scope: Scope, receive: Receive, send: Send
+    ) -> tuple[Receive, dict[str, Any]] | None:
         """Validate a POST body before it can reach a session; returns a
-        receive callable that replays it, or None after answering."""
+        receive callable that replays it and the parsed message, or None
+        after answering."""
         ctype = header_values(scope, b"content-type")
         if not ctype or not ctype[0].decode("latin-1").lower().startswith("application/json"):
             await send_text(send, 415, "unsupported media type: Content-Type must be application/json")
@@ -401,4 +449,4 @@ class BridgeApp:
         if not isinstance(message, dict):
             await _send_jsonrpc_error(send, 400, INVALID_REQUEST, "Invalid Request")
             return None
-        return replay_body(body, receive)
+        return replay_body(body, receive), message

@@ -18,13 +18,15 @@ URI agents still watch.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.abc
 from mcp import ClientSession
 from mcp.client.session import IncomingMessage
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     CONNECTION_CLOSED,
@@ -45,13 +47,25 @@ from mcp.types import (
     UnsubscribeRequest,
     UnsubscribeRequestParams,
 )
+from pydantic import BaseModel
 
-from ..conn import Conn
+from ..conn import Conn, send_deadline
 from ..router import Router
 from .relay import Relay
+from .retry import RetryPolicy, RttEstimator
 from .subscriptions import Subscriptions
 
-__all__ = ["MAX_PENDING_DROPS", "TRANSPORT_ERROR_CODES", "BotLink", "LinkError"]
+__all__ = [
+    "MAX_PENDING_DROPS",
+    "TRANSPORT_ERROR_CODES",
+    "BotLink",
+    "DeadlineError",
+    "LinkError",
+    "no_answer_hint",
+]
+
+_T = TypeVar("_T", bound=BaseModel)
+ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 
 log = logging.getLogger("brmcp.bridge")
 
@@ -70,6 +84,26 @@ MAX_PENDING_DROPS = 32
 
 class LinkError(Exception):
     """The bot could not be reached: dialing, initialize or tools/list failed."""
+
+
+class DeadlineError(LinkError):
+    """No reply to a request (nor to any re-sent copy) before its deadline.
+    ``sends`` counts the copies sent, ``seconds`` the time waited."""
+
+    def __init__(self, message: str, *, sends: int, seconds: float) -> None:
+        super().__init__(message)
+        self.sends = sends
+        self.seconds = seconds
+
+
+def no_answer_hint(bot: str, seconds: float, own_uid: str | None) -> str:
+    """The message an agent gets when a bot does not answer ``initialize``
+    (issue 11 §6): the two usual causes, named."""
+    mine = own_uid if own_uid else "(this bridge's uid)"
+    return (
+        f"no answer from bot {bot} in {seconds:g} s: "
+        f"is it online, and is your uid {mine} on its allowed_uids?"
+    )
 
 
 class _Session:
@@ -100,12 +134,20 @@ class BotLink:
         client_info: Implementation,
         *,
         connect_timeout: float = CONNECT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        own_uid: str | None = None,
     ) -> None:
         self.uid = uid
         self._router = router
         self._tg = task_group
         self._client_info = client_info
         self._connect_timeout = connect_timeout
+        self._retry = retry or RetryPolicy()
+        self._own_uid = own_uid
+        #: Round trips measured to this bot (paces re-sends).
+        self.rtt = RttEstimator(self._retry)
+        #: Copies sent again because no reply came in time (observability).
+        self.resends = 0
         self._current: _Session | None = None
         self._gen = 0
         self._lock = anyio.Lock()
@@ -140,6 +182,141 @@ class BotLink:
             if state.retired and state.users == 0:
                 state.stop.set()
 
+    async def exchange(
+        self,
+        request: Any,
+        result_type: type[_T],
+        *,
+        progress: ProgressFn | None = None,
+    ) -> _T:
+        """Send ``request`` and return the bot's reply, re-sending the same
+        request (same params, so the same callKey) on the RTT-sized backoff
+        of :mod:`.retry` until a reply arrives or the deadline passes. The
+        deadline is the router's message TTL from the first send, and every
+        copy's ``exp`` is capped at it, so the bot never runs a copy the
+        bridge stopped waiting for. The first reply wins; the others are
+        dropped (the bot replays one outcome per callKey).
+
+        A copy that fails in transport resets the link (the next copy dials
+        a fresh session) and is followed at once by another. An error the
+        bot answered is final, except the first one, which resets the link
+        and is tried once more on a fresh session (a bot that forgot the
+        session answers with an error).
+
+        Raises :class:`DeadlineError` at the deadline, :class:`LinkError`
+        when the link is closed, and :class:`MCPError` for the bot's error."""
+        ttl = self._router.options.ttl
+        start = anyio.current_time()
+        end = start + ttl
+        # A bot accepts a part until floor(now) > exp (WIRE.md §Deadlines), up
+        # to a second past exp: cap exp one second early so no copy can start
+        # after the bridge stopped waiting.
+        cap = self._router._clock() + (ttl - 1 if ttl > 2 else ttl)
+        replies: list[_T | MCPError] = []
+        done = anyio.Event()
+        sends = 0
+        bot_errors = 0
+        heard = start
+        last: list[BaseException] = []
+        wakes = [anyio.Event()]
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            # Only asked for when the agent wants progress (the bot is not
+            # asked for progress nobody reads); it also proves the bot is working.
+            nonlocal heard
+            heard = anyio.current_time()
+            if progress is not None:
+                await progress(value, total, message)
+
+        callback = cast(ProgressFnT, on_progress) if progress is not None else None
+
+        async def attempt() -> None:
+            nonlocal sends, bot_errors
+            token = send_deadline.set(cap)
+            try:
+                async with self.lease() as (session, gen):
+                    sends += 1
+                    first = sends == 1
+                    sent = anyio.current_time()
+                    try:
+                        reply = await session.send_request(
+                            request,
+                            result_type,
+                            progress_callback=callback,
+                        )
+                    except MCPError as exc:
+                        if exc.error.code in TRANSPORT_ERROR_CODES:
+                            self.reset(gen)
+                            last.append(exc)
+                            wakes[-1].set()
+                            return
+                        bot_errors += 1
+                        if bot_errors == 1:
+                            log.info("bot %s answered %s; trying a fresh session", self.uid[:8], exc)
+                            self.reset(gen)
+                            last.append(exc)
+                            wakes[-1].set()
+                            return
+                        replies.append(exc)
+                        done.set()
+                        return
+                    if first and sends == 1:
+                        self.rtt.sample(anyio.current_time() - sent)
+                    replies.append(reply)
+                    done.set()
+            except LinkError as exc:
+                last.append(exc)
+                if self._closed:
+                    replies.append(exc)  # type: ignore[arg-type]
+                    done.set()
+            finally:
+                send_deadline.reset(token)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(attempt)
+            gap = self.rtt.rto
+            due = start + gap
+            last_send = start
+            while not done.is_set():
+                now = anyio.current_time()
+                if now >= end:
+                    break
+                with anyio.move_on_after(max(0.0, min(due, end) - now)):
+                    await _first_of(done, wakes[-1])
+                if done.is_set():
+                    break
+                now = anyio.current_time()
+                if now >= end:
+                    break
+                if wakes[-1].is_set():
+                    # A copy failed in transport: send the next one soon, not at once.
+                    wakes[-1] = anyio.Event()
+                    due = min(due, max(now, last_send + self._retry.minimum))
+                    continue
+                if now < due:
+                    continue
+                if heard > due - gap:
+                    due = heard + gap  # the bot is working on it: no copy yet
+                    continue
+                self.resends += 1
+                tg.start_soon(attempt)
+                last_send = now
+                gap = self.rtt.clamp(gap * 2)
+                due = now + gap
+            tg.cancel_scope.cancel()
+        if replies:
+            reply = replies[0]
+            if isinstance(reply, LinkError | MCPError):
+                raise reply
+            return reply
+        waited = anyio.current_time() - start
+        why = f" (last failure: {_describe(last[-1])})" if last else ""
+        raise DeadlineError(
+            f"no reply from bot {self.uid[:8]} within {waited:.0f} s after {sends} send(s){why}",
+            sends=sends,
+            seconds=waited,
+        )
+
     async def _acquire(self) -> _Session:
         async with self._lock:
             if self._closed:
@@ -159,7 +336,13 @@ class BotLink:
                 self._current = state
                 self._stale = True
                 self._tg.start_soon(self._run, state, name=f"brmcp-bridge-link-{self.uid[:8]}")
-            await state.ready.wait()
+            answer = min(self._retry.answer_timeout, self._connect_timeout)
+            with anyio.move_on_after(answer):
+                await state.ready.wait()
+            if not state.ready.is_set():
+                # The dial goes on in the background (re-sending initialize);
+                # the next request joins it.
+                raise LinkError(no_answer_hint(self.uid, answer, self._own_uid))
             if state.session is None:
                 if self._current is state:
                     self._current = None
@@ -180,8 +363,7 @@ class BotLink:
                 elicitation_callback=relay.on_elicitation,
                 message_handler=self._on_bot_message,
             ) as s:
-                with anyio.fail_after(self._connect_timeout):
-                    result = await s.initialize()
+                result = await self._initialize(s)
                 if self._current is state:
                     self._capabilities = result.capabilities
                 state.session = s
@@ -197,6 +379,27 @@ class BotLink:
             conn.close()
             state.ready.set()
             state.done.set()
+
+    async def _initialize(self, session: ClientSession) -> Any:
+        """``initialize``, sent again on the RTT-sized backoff until answered
+        (the bot answers every copy; a lost PM or a bot that was offline is
+        covered), for at most ``connect_timeout`` seconds (TimeoutError)."""
+        start = anyio.current_time()
+        end = start + self._connect_timeout
+        gap = self.rtt.rto
+        first = True
+        while True:
+            now = anyio.current_time()
+            if now >= end:
+                raise TimeoutError
+            with anyio.move_on_after(min(gap, end - now)):
+                result = await session.initialize()
+                if first:
+                    self.rtt.sample(anyio.current_time() - now)
+                return result
+            self.resends += 1
+            first = False
+            gap = self.rtt.clamp(gap * 2)
 
     def _retire(self, state: _Session) -> None:
         state.retired = True
@@ -359,6 +562,18 @@ class BotLink:
                         log.info("bot %s: re-subscribing to %s refused: %s", self.uid[:8], uri, exc)
         except Exception as exc:
             log.info("bot %s: re-subscribing resources failed: %s", self.uid[:8], _describe(exc))
+
+
+async def _first_of(*events: anyio.Event) -> None:
+    """Return once any of ``events`` is set."""
+    async with anyio.create_task_group() as tg:
+
+        async def _wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        for event in events:
+            tg.start_soon(_wait, event)
 
 
 def _can_subscribe(capabilities: ServerCapabilities | None) -> bool:

@@ -20,14 +20,18 @@ Every local HTTP session for a bot talks to the same low-level
 The payment loop, for one logical call:
 
 1. the bridge mints one callKey (16 random bytes as 32 hex) and sends it on
-   every reissue; the agent's own ``_meta`` is not forwarded;
-2. a transport error resets the link; the first attempt is retried once on a
-   fresh session, later ones surface as JSON-RPC errors;
+   every reissue and re-sent copy; the agent's own ``_meta`` is not forwarded;
+2. every request is sent by :meth:`BotLink.exchange`: re-sent on an
+   RTT-sized backoff until a reply or its deadline (the message TTL); at the
+   deadline the agent gets a JSON-RPC error saying what was paid;
 3. ``payment_required`` before paying runs :meth:`Settler.settle`; a refusal
    appends ``<name>: payment not made: <reason>``; success reissues;
 4. ``payment_required`` after paying is polled: up to 6 reissues after the
-   payment with 3 s waits between them (5 waits), then the bot's refusal is
-   returned unchanged.
+   payment with 3 s waits between them (5 waits); if the bot still asks (its
+   credit was used by another call, or never arrived) the call goes round
+   the payment loop again, within the caps, at most :data:`MAX_PAYMENTS`
+   payments in all, then ends with a note. The bot's refusal is never
+   returned bare after the bridge paid.
 """
 
 from __future__ import annotations
@@ -56,19 +60,23 @@ from mcp.types import (
 
 from ..payment import CALL_KEY, parse_payment_required, parse_receipt
 from .clock import Clock
-from .link import BotLink, LinkError
+from .link import BotLink, DeadlineError, LinkError
 from .mirror import Mirror, MirrorServer
 from .relay import AgentCall, strip_reserved_meta
 from .settle import Settler
 
-__all__ = ["POLL_ATTEMPTS", "POLL_INTERVAL", "BotProxy", "strip_reserved_meta"]
+__all__ = ["MAX_PAYMENTS", "POLL_ATTEMPTS", "POLL_INTERVAL", "BotProxy", "strip_reserved_meta"]
 
 log = logging.getLogger("brmcp.bridge")
 
 #: Seconds between reissues while a payment's credit lands at the bot.
 POLL_INTERVAL = 3.0
-#: The loop stops reissuing after a payment once ``attempt`` reaches this.
+#: Reissues after each payment (with :data:`POLL_INTERVAL` waits between
+#: them) before the call goes round the payment loop again.
 POLL_ATTEMPTS = 6
+#: Most payments one logical call makes: a call whose credit another call
+#: used pays again (within the caps) up to this, then ends with a note.
+MAX_PAYMENTS = 3
 
 
 class BotProxy:
@@ -157,6 +165,7 @@ class BotProxy:
         self, tool: str, arguments: dict[str, Any] | None, tracked: AgentCall | None
     ) -> CallToolResult:
         progress = tracked.progress if tracked is not None and tracked.wants_progress else None
+        gone = tracked.gone if tracked is not None else None
         key = secrets.token_hex(16)
         request = CallToolRequest(
             params=CallToolRequestParams(
@@ -164,26 +173,18 @@ class BotProxy:
             )
         )
         bot = self.link.uid
-        paid = False
-        attempt = 0
+        paid_atoms = 0
+        payments = 0
+        polls = 0
         while True:
             try:
-                async with self.link.lease() as (session, gen):
-                    try:
-                        result = await session.send_request(
-                            request, CallToolResult, progress_callback=progress
-                        )
-                    except Exception as exc:
-                        self.link.reset(gen)
-                        if attempt == 0:
-                            log.info("call %s on bot %s failed (%s); retrying once", tool, bot[:8], exc)
-                            attempt += 1
-                            continue
-                        if isinstance(exc, MCPError):
-                            raise
-                        raise MCPError(INTERNAL_ERROR, f"call to bot failed: {exc}") from None
+                result = await self.link.exchange(request, CallToolResult, progress=progress)
+            except DeadlineError as exc:
+                raise MCPError(INTERNAL_ERROR, f"{exc}; {_charged(paid_atoms, payments)}") from None
             except LinkError as exc:
-                raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
+                raise MCPError(
+                    INTERNAL_ERROR, f"bot unavailable: {exc}; {_charged(paid_atoms, payments)}"
+                ) from None
             receipt = parse_receipt(result.meta)
             result = _clean_result(result)
             refusal = parse_payment_required(result)
@@ -193,18 +194,47 @@ class BotProxy:
                 self._settler.note_balance(bot, refusal.balance_atoms)
             if refusal is None:
                 return result
-            if paid:
-                if attempt < POLL_ATTEMPTS:
-                    await self._clock.sleep(POLL_INTERVAL)
-                    attempt += 1
-                    continue
-                return result
-            reason = await self._settler.settle(bot, tool, refusal)
-            if reason is not None:
-                note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
-                return result.model_copy(update={"content": [*result.content, note]})
-            paid = True
-            attempt += 1
+            if payments and polls < POLL_ATTEMPTS - 1:
+                # Paid: the credit may still be on its way to the bot.
+                await self._clock.sleep(POLL_INTERVAL)
+                polls += 1
+                continue
+            reason: str | None
+            if payments >= MAX_PAYMENTS:
+                reason = (
+                    f"already paid {paid_atoms} atoms for this call in {payments} payments and the bot"
+                    " still asks for payment; that credit stays at the bot for later calls"
+                )
+            else:
+                reason = await self._settler.settle(bot, tool, refusal, gone=gone)
+                if reason is None:
+                    payments += 1
+                    paid_atoms += (
+                        refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
+                    )
+                    polls = 0
+                    if gone is not None and gone.is_set():
+                        # Nobody is left to receive the result: do not run the
+                        # tool; the credit stays at the bot for later calls.
+                        reason = f"the agent went away; the {paid_atoms} atoms paid stay at the bot as credit"
+                    else:
+                        continue
+                elif payments:
+                    reason += (
+                        f" (already paid {paid_atoms} atoms for this call; that credit stays at the bot)"
+                    )
+            note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
+            return result.model_copy(update={"content": [*result.content, note]})
+
+
+def _charged(paid_atoms: int, payments: int) -> str:
+    """What a failed call cost, for the agent's error message."""
+    if payments == 0:
+        return "nothing was paid for this call"
+    return (
+        f"paid {paid_atoms} atoms for this call ({payments} payment(s)); credit the bot did not use"
+        " stays there for later calls"
+    )
 
 
 def _clean_result(result: CallToolResult) -> CallToolResult:

@@ -90,7 +90,7 @@ class AgentCall:
     request's SDK context; relays to it are counted so the call can wait
     for them (:meth:`settle`) before its result is written."""
 
-    __slots__ = ("_idle", "_last_progress", "_pending", "agent", "ctx", "seq")
+    __slots__ = ("_idle", "_last_progress", "_pending", "agent", "ctx", "gone", "seq")
 
     def __init__(self, ctx: ServerRequestContext[Any], seq: int) -> None:
         self.ctx = ctx
@@ -102,6 +102,14 @@ class AgentCall:
         self._idle = anyio.Event()
         self._idle.set()
         self._last_progress: float | None = None
+        #: Set when the agent's request went away without cancelling it (its
+        #: HTTP connection closed): nobody is left to receive the outcome.
+        self.gone = anyio.Event()
+
+    @property
+    def request_id(self) -> Any:
+        """The agent's JSON-RPC request id."""
+        return self.ctx.request_id
 
     @property
     def wants_progress(self) -> bool:
@@ -181,6 +189,17 @@ class Relay:
     @property
     def in_flight(self) -> int:
         return len(self._calls)
+
+    def abandon(self, session_id: str, request_id: Any) -> bool:
+        """The agent's connection for request ``request_id`` of HTTP session
+        ``session_id`` closed before the answer was written: mark that call
+        :attr:`AgentCall.gone`. Returns True when such a call was in flight."""
+        found = False
+        for call in self._calls.values():
+            if call.agent == session_id and str(call.request_id) == str(request_id):
+                call.gone.set()
+                found = True
+        return found
 
     def set_level(self, ctx: ServerRequestContext[Any], level: LoggingLevel) -> None:
         """Remember the agent session's minimum log level (``logging/setLevel``)."""

@@ -46,9 +46,16 @@ from .spend import (
     SpendTicket,
 )
 
-__all__ = ["Payer", "Settler", "cap_refusal"]
+__all__ = ["AGENT_GONE", "AGENT_GONE_PAID", "Payer", "Settler", "cap_refusal"]
 
 log = logging.getLogger("brmcp.bridge")
+
+#: Why no payment was made for a call whose agent went away.
+AGENT_GONE = "the agent went away before paying; nothing was paid"
+#: The spend entry's note for a payment completed after its agent went away.
+AGENT_GONE_PAID = (
+    "the agent went away while this payment was in flight; the credit stays at the bot for later calls"
+)
 
 
 @runtime_checkable
@@ -174,7 +181,9 @@ class Settler:
             await self._persist()
             return True
 
-    async def settle(self, bot: str, tool: str, refusal: PaymentRequired) -> str | None:
+    async def settle(
+        self, bot: str, tool: str, refusal: PaymentRequired, *, gone: anyio.Event | None = None
+    ) -> str | None:
         """Pay what ``bot`` asked for ``tool``. Returns None once the payment
         is confirmed, else the reason nothing (certain) was paid, as shown
         to the agent after ``<name>: payment not made: ``.
@@ -182,9 +191,14 @@ class Settler:
         The policy is decided on the settings in force when the spend is
         reserved, not on those read when the call arrived: a cap lowered, a
         switch to approval, a de-listed bot or a disabled bridge while this
-        call waited (for the spend lock or for the user) is honoured."""
+        call waited (for the spend lock or for the user) is honoured.
+
+        ``gone`` is set when the agent's request went away: a payment parked
+        for approval is then withdrawn, and none is started. A payment
+        already in flight completes (its credit stays at the bot) and its
+        spend entry says so."""
         amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
-        reason, attempted = await self._settle(bot, tool, amount)
+        reason, attempted = await self._settle(bot, tool, amount, gone)
         if reason is not None:
             log.info("payment to bot %s for tool %s (%d atoms) not made: %s", bot, tool, amount, reason)
             if not attempted and self.metrics is not None:
@@ -202,7 +216,9 @@ class Settler:
             f"; {hint}" if hint else "",
         )
 
-    async def _settle(self, bot: str, tool: str, amount: int) -> tuple[str | None, bool]:
+    async def _settle(
+        self, bot: str, tool: str, amount: int, gone: anyio.Event | None
+    ) -> tuple[str | None, bool]:
         """The refusal reason (None: paid) and whether the payer ran."""
         if amount <= 0:
             return "bot requested a nonpositive amount", False
@@ -213,11 +229,13 @@ class Settler:
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(self._now()))
             if reason is not None:
                 return reason, False
+            if gone is not None and gone.is_set():
+                return AGENT_GONE, False
             if not settings.autopay and not approved:
                 timeout = settings.approval_timeout_secs
-                decision = await self.approvals.wait(
-                    bot=bot, tool=tool, atoms=amount, timeout_secs=timeout, on_parked=self._parked
-                )
+                decision = await self._park(bot, tool, amount, timeout, gone)
+                if decision == "gone":
+                    return AGENT_GONE, False
                 if decision == "denied":
                     return "payment denied by the user", False
                 if decision == "timeout":
@@ -231,6 +249,8 @@ class Settler:
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(now))
                 if reason is not None:
                     return reason, False
+                if gone is not None and gone.is_set():
+                    return AGENT_GONE, False
                 ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount)
                 try:
                     await self._persist()
@@ -247,10 +267,45 @@ class Settler:
                 tool,
                 "approved" if approved else settings.mode,
             )
-            return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id), True
+            # Shielded: once money may move, the agent going away or cancelling
+            # does not interrupt it (the tip wait still bounds it).
+            with anyio.CancelScope(shield=True):
+                return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id, gone), True
+
+    async def _park(
+        self, bot: str, tool: str, amount: int, approval_secs: float, gone: anyio.Event | None
+    ) -> str:
+        """Wait for the user's decision, or ``"gone"`` as soon as the agent's
+        request went away (the parked payment is withdrawn)."""
+        if gone is None:
+            return await self.approvals.wait(
+                bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=self._parked
+            )
+        decision = "gone"
+        async with anyio.create_task_group() as tg:
+
+            async def _decide() -> None:
+                nonlocal decision
+                decision = await self.approvals.wait(
+                    bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=self._parked
+                )
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(_decide)
+            await gone.wait()
+            tg.cancel_scope.cancel()
+        if decision == "gone":
+            log.info("payment of %d atoms to %s for %s withdrawn: the agent went away", amount, bot, tool)
+        return decision
 
     async def _pay(
-        self, ticket: SpendTicket, bot: str, amount: int, wait_secs: int, spend_id: str
+        self,
+        ticket: SpendTicket,
+        bot: str,
+        amount: int,
+        wait_secs: int,
+        spend_id: str,
+        gone: anyio.Event | None = None,
     ) -> str | None:
         status, err, reason = STATUS_PENDING, "", None
         try:
@@ -271,6 +326,8 @@ class Settler:
                 self.metrics.payments.labels(outcome).inc()
                 if status == STATUS_PAID:
                     self.metrics.paid_atoms.inc(amount)
+            if status == STATUS_PAID and gone is not None and gone.is_set():
+                err = AGENT_GONE_PAID
             if status == STATUS_PAID:
                 log.info("spend %s: paid %d atoms to bot %s", spend_id, amount, bot)
             elif status == STATUS_FAILED:

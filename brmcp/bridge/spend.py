@@ -206,13 +206,12 @@ class SpendLog:
         self._rows = [r for r in self._rows if r is not row]
 
     def finish(self, ticket: SpendTicket, status: str, err: str = "") -> None:
-        """Record the outcome of a live payment: ``paid`` (err cleared),
-        ``failed`` with ``err``, or ``pending`` (outcome unknown: it stays
-        counted and becomes claimable by :meth:`resolve`)."""
+        """Record the outcome of a live payment: ``paid`` (``err`` is then a
+        note, e.g. that its agent went away), ``failed`` with ``err``, or
+        ``pending`` (outcome unknown: it stays counted and becomes claimable
+        by :meth:`resolve`; ``err`` says why and whether it may still land)."""
         row = ticket._row
         row.live = False
-        if status == STATUS_PAID:
-            err = ""
         row.entry = dataclasses.replace(row.entry, status=status, err=err)
 
     def resolve(self, payee: str, atoms: int, err: str | None) -> bool:

@@ -18,7 +18,9 @@ What the upstream declares is mirrored to BR callers:
 * in-call traffic: progress is relayed to the caller by its own token; the
   upstream's log messages go to the caller whose call is the only one in
   flight (an upstream cannot say which request a log belongs to over
-  stdio), otherwise to our own log at debug level.
+  stdio), otherwise to our own log at debug level; its sampling and
+  elicitation requests go to that caller too, and are refused (-32600)
+  when no call or several calls are running.
 
 By default the upstream sees a call as a local MCP client would send it:
 no BR uid, no callKey. With ``send_caller_uid`` the caller's uid travels
@@ -34,9 +36,10 @@ from typing import Any, TextIO, TypeVar, cast
 
 import anyio
 import anyio.abc
-from mcp.client.session import ClientSession
+from mcp.client.session import ClientRequestContext, ClientSession
 from mcp.server import ServerRequestContext
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
 from mcp.types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -47,7 +50,14 @@ from mcp.types import (
     CompleteRequest,
     CompleteRequestParams,
     CompleteResult,
+    CreateMessageRequest,
+    CreateMessageRequestParams,
+    CreateMessageResult,
+    ElicitRequest,
+    ElicitRequestParams,
+    ElicitResult,
     EmptyResult,
+    ErrorData,
     GetPromptRequest,
     GetPromptRequestParams,
     GetPromptResult,
@@ -60,6 +70,7 @@ from mcp.types import (
     ListResourceTemplatesResult,
     ListToolsRequest,
     ListToolsResult,
+    LoggingMessageNotification,
     LoggingMessageNotificationParams,
     PaginatedRequestParams,
     PromptListChangedNotification,
@@ -140,6 +151,8 @@ class Gateway:
             on_connected=self._on_connected,
             on_notification=self._on_notification,
             on_log=self._on_log,
+            on_sampling=self._on_sampling,
+            on_elicitation=self._on_elicitation,
             **upstream_options,
         )
         self._upstream_tools: list[Tool] = []
@@ -187,6 +200,8 @@ class Gateway:
         """After each (re)start: list the tools, register the catalog the
         upstream declares, re-subscribe to resources."""
         caps = result.capabilities
+        if result.instructions and not self.harness.server.instructions:
+            self.harness.server.instructions = result.instructions
         tools = await _list_tools(session) if caps.tools is not None else []
         self._register_catalog(result)
         self._apply_tools(tools, notify=self.upstream.generation > 1)
@@ -273,9 +288,41 @@ class Gateway:
             log.debug("upstream log (%s) %s: %.500s", params.level, params.logger or "-", params.data)
             return
         request = targets[0]
-        await request.session.send_log_message(
-            params.level, params.data, params.logger, related_request_id=request.request_id
+        await request.session.send_notification(
+            LoggingMessageNotification(params=params), related_request_id=request.request_id
         )
+
+    async def _ask_caller(self, request: Any, result_type: Any) -> Any:
+        """Relay an upstream sampling or elicitation request to the caller
+        whose call is the only one running (the upstream cannot say which
+        call it belongs to); refused with -32600 otherwise."""
+        targets = list(self._inflight.values())
+        if len(targets) != 1:
+            return ErrorData(
+                code=INVALID_REQUEST,
+                message=f"{request.method} is relayed to a caller only while exactly one tool call runs",
+            )
+        caller = targets[0]
+        try:
+            return await caller.session.send_request(
+                request, result_type, metadata=ServerMessageMetadata(related_request_id=caller.request_id)
+            )
+        except MCPError as exc:
+            return exc.error
+
+    async def _on_sampling(
+        self, context: ClientRequestContext, params: CreateMessageRequestParams
+    ) -> CreateMessageResult | ErrorData:
+        result: CreateMessageResult | ErrorData = await self._ask_caller(
+            CreateMessageRequest(params=params), CreateMessageResult
+        )
+        return result
+
+    async def _on_elicitation(
+        self, context: ClientRequestContext, params: ElicitRequestParams
+    ) -> ElicitResult | ErrorData:
+        result: ElicitResult | ErrorData = await self._ask_caller(ElicitRequest(params=params), ElicitResult)
+        return result
 
     async def _on_notification(self, message: ServerNotification) -> None:
         tg = self._tg

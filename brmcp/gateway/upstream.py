@@ -28,7 +28,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import httpx2
-from mcp.client.session import ClientSession
+from mcp.client.session import ClientSession, ElicitationFnT, SamplingFnT
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -70,7 +70,9 @@ class Upstream:
     ``on_connected(session, result)`` runs after each successful
     ``initialize`` (before requests are let through); ``on_notification``
     gets the server's notifications (list changes, resource updates);
-    ``on_log`` its ``notifications/message``. ``errlog`` receives a stdio
+    ``on_log`` its ``notifications/message``; ``on_sampling`` /
+    ``on_elicitation``, when given, answer its ``sampling/createMessage`` and
+    ``elicitation/create`` requests (and declare those client capabilities). ``errlog`` receives a stdio
     server's stderr (default: ours). Run it with ``await tg.start(upstream.run)``:
     the first start must succeed (else :class:`UpstreamStartError`), later
     ones are retried forever with backoff until cancelled.
@@ -85,6 +87,8 @@ class Upstream:
         on_connected: Callable[[ClientSession, InitializeResult], Awaitable[None]] | None = None,
         on_notification: Callable[[ServerNotification], Awaitable[None]] | None = None,
         on_log: Callable[[LoggingMessageNotificationParams], Awaitable[None]] | None = None,
+        on_sampling: SamplingFnT | None = None,
+        on_elicitation: ElicitationFnT | None = None,
         start_timeout: float = 60.0,
         ready_timeout: float = 30.0,
         backoff_initial: float = 0.5,
@@ -98,6 +102,8 @@ class Upstream:
         self._on_connected = on_connected
         self._on_notification = on_notification
         self._on_log = on_log
+        self._on_sampling = on_sampling
+        self._on_elicitation = on_elicitation
         self._start_timeout = start_timeout
         self._ready_timeout = ready_timeout
         self._backoff_initial = backoff_initial
@@ -219,6 +225,8 @@ class Upstream:
                 read_timeout_seconds=self.config.call_timeout,
                 message_handler=self._message,
                 logging_callback=self._log,
+                sampling_callback=self._on_sampling,
+                elicitation_callback=self._on_elicitation,
                 client_info=CLIENT_INFO,
             )
             async with session:

@@ -24,6 +24,7 @@ from mcp.types import (
     Annotations,
     CallToolRequestParams,
     CallToolResult,
+    JSONRPCResponse,
     ListToolsResult,
     PaginatedRequestParams,
     PromptArgument,
@@ -74,9 +75,9 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: Outcomes whose JSON is at most this many bytes are kept in the journal
 #: and replayed after a restart (go-brmcp.md §3.9).
 OUTCOME_CAP = 64 * 1024
-#: Bytes reserved for the JSON-RPC envelope around a result
-#: (``{"jsonrpc":"2.0","id":…,"result":…}``) when checking it fits the transport.
-_RESPONSE_OVERHEAD = 1024
+#: The JSON-RPC id assumed when the request's own is unknown (a direct
+#: :meth:`Harness.call`): the longest an int64 id prints.
+_WORST_ID = -(2**63)
 #: Default bound on how long a call marked ``brmcp/payAlongside`` is held
 #: waiting for its tip's credit (seconds; WIRE.md §Pay alongside).
 HOLD_SECONDS = 30.0
@@ -903,7 +904,7 @@ class Harness:
             # debit still open).
             text = _result_json(result) if charged > 0 or claim is not None else None
             if text is not None:
-                self._check_deliverable(text)
+                self._check_deliverable(text, getattr(request, "request_id", None))
         except Exception as exc:
             failed = True
             log.info(
@@ -1007,14 +1008,21 @@ class Harness:
             else:
                 del self._held[peer]
 
-    def _check_deliverable(self, text: str) -> None:
+    def _check_deliverable(self, text: str, request_id: Any = None) -> None:
         """Raise ValueError when a result's JSON cannot fit in one transport
         message (64 parts of ``chunk_size`` bytes, WIRE.md §Chunking): the
         transport would replace it with an error, so the caller must not be
-        charged for it (the failure refunds the price)."""
-        limit = wire.MAX_PARTS * self.config.router_options.chunk_size
-        size = len(text.encode())
-        if size + _RESPONSE_OVERHEAD > limit:
+        charged for it (the failure refunds the price).
+
+        The allowance is the real JSON-RPC response wrapper
+        (``{"jsonrpc":"2.0","id":<id>,"result":…}``) for ``request_id`` (the
+        longest int64 when unknown), and the part count is what
+        :func:`brmcp.wire.encode` would need at this chunk size, so the check
+        is exact for every chunk size."""
+        chunk_size = self.config.router_options.chunk_size
+        limit = wire.MAX_PARTS * chunk_size
+        size = len(text.encode()) + response_overhead(request_id if request_id is not None else _WORST_ID)
+        if -(-size // chunk_size) > wire.MAX_PARTS:
             raise ValueError(f"result of {size} bytes exceeds the transport limit of {limit} bytes")
 
     async def _settle(
@@ -1068,6 +1076,13 @@ class Harness:
                     )
         if claim is not None:
             self._calls.finish(claim, result, size, text)
+
+
+def response_overhead(request_id: Any) -> int:
+    """Bytes the JSON-RPC response wrapper adds around a result's JSON for a
+    request with id ``request_id``, as the transport writes it (compact)."""
+    empty = JSONRPCResponse(jsonrpc="2.0", id=request_id, result={})
+    return len(empty.model_dump_json(by_alias=True, exclude_unset=True).encode()) - len(b"{}")
 
 
 def _with_receipt(result: CallToolResult, receipt: Receipt) -> CallToolResult:

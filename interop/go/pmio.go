@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+)
+
+// line is one JSON line in either direction between this process and the
+// Python test fabric. Exactly one field is set.
+//
+//	{"pm":{"from":UID,"text":T}}          stdin: a PM delivered to this peer
+//	{"pm":{"to":UID,"text":T}}            stdout: a PM this peer sends
+//	{"tip":{"id":N,"from":UID,"atoms":A}} stdin (harness): credit a tip
+//	{"credited":{"id":N,"balance":B}}     stdout (harness): the tip landed
+//	{"balance":{"id":N,"uid":UID}}        stdin (harness): read a balance
+//	{"exec":{"tool":NAME,"peer":UID}}     stdout (harness): a handler ran
+//	{"pay":{"id":N,"payee":UID,"atoms":A}} stdout (bridge): the payer was asked
+//	{"settle":{"id":N,"error":E}}         stdin (bridge): the payment outcome
+//	{"ready":{...}}                       stdout: the peer is serving
+type line struct {
+	PM       *pmLine        `json:"pm,omitempty"`
+	Tip      *tipLine       `json:"tip,omitempty"`
+	Credited *balanceLine   `json:"credited,omitempty"`
+	Balance  *balanceLine   `json:"balance,omitempty"`
+	Exec     *execLine      `json:"exec,omitempty"`
+	Pay      *payLine       `json:"pay,omitempty"`
+	Settle   *settleLine    `json:"settle,omitempty"`
+	Ready    map[string]any `json:"ready,omitempty"`
+}
+
+type pmLine struct {
+	From string `json:"from,omitempty"`
+	To   string `json:"to,omitempty"`
+	Text string `json:"text"`
+}
+
+type tipLine struct {
+	ID    int64  `json:"id"`
+	From  string `json:"from"`
+	Atoms int64  `json:"atoms"`
+}
+
+type balanceLine struct {
+	ID      int64  `json:"id"`
+	UID     string `json:"uid,omitempty"`
+	Balance int64  `json:"balance"`
+}
+
+type execLine struct {
+	Tool string `json:"tool"`
+	Peer string `json:"peer"`
+}
+
+type payLine struct {
+	ID    int64  `json:"id"`
+	Payee string `json:"payee"`
+	Atoms int64  `json:"atoms"`
+}
+
+type settleLine struct {
+	ID    int64  `json:"id"`
+	Error string `json:"error"`
+}
+
+// lineIO serializes writes of JSON lines to stdout.
+type lineIO struct {
+	mu  sync.Mutex
+	out *bufio.Writer
+	enc *json.Encoder
+}
+
+func newLineIO() *lineIO {
+	out := bufio.NewWriterSize(os.Stdout, 1<<16)
+	enc := json.NewEncoder(out)
+	enc.SetEscapeHTML(false)
+	return &lineIO{out: out, enc: enc}
+}
+
+func (l *lineIO) emit(v line) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.enc.Encode(v); err != nil {
+		fmt.Fprintln(os.Stderr, "emit:", err)
+		os.Exit(1)
+	}
+	if err := l.out.Flush(); err != nil {
+		os.Exit(1)
+	}
+}
+
+// SendPM implements brmcp.PMSender by writing a pm line.
+func (l *lineIO) SendPM(_ context.Context, peer, text string) error {
+	l.emit(line{PM: &pmLine{To: peer, Text: text}})
+	return nil
+}
+
+// readLines calls handle for every stdin line until EOF, then returns.
+func readLines(handle func(line)) error {
+	in := bufio.NewReaderSize(os.Stdin, 1<<20)
+	for {
+		raw, err := in.ReadBytes('\n')
+		if len(raw) > 0 {
+			var v line
+			if jerr := json.Unmarshal(raw, &v); jerr != nil {
+				fmt.Fprintln(os.Stderr, "bad line:", jerr)
+			} else {
+				handle(v)
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, format+"\n", args...)
+}
