@@ -14,6 +14,7 @@ from bridge_support import CLIENT, bridge_env, call, fixture_settings, until
 from clientrpc_support import fake_network
 from test_bot_glue import Recorder, cleared, make_harness, running_bot
 
+from brmcp.clientrpc import BotConfig
 from brmcp.metrics import BridgeMetrics, MetricsEndpoint, ServeMetrics
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing.fakebr import KIND_TIP_RECEIVED
@@ -128,3 +129,26 @@ async def test_endpoint_serves_on_loopback_only(tmp_path: Path) -> None:
                 assert 'brmcp_serve_tool_calls_total{outcome="ok",tool="echo"} 1.0' in page.text
                 assert (await http.get(f"http://127.0.0.1:{port}/other")).status_code == 404
             await endpoint.stop()
+
+
+def test_cli_refuses_a_non_loopback_metrics_address(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from brmcp.bridge.cli import main as bridge_main
+    from brmcp.clientrpc import write_bot_config
+    from brmcp.testing.fakebr.certs import ensure_brclient_certs
+
+    root = tmp_path / "brclient"
+    ensure_brclient_certs(root)
+    datadir = tmp_path / "bridge"
+    cfg = BotConfig.defaults(datadir, "brmcp-bridge")
+    cfg.servercertpath, cfg.clientcertpath, cfg.clientkeypath = (
+        str(root / "rpc.cert"),
+        str(root / "rpc-client.cert"),
+        str(root / "rpc-client.key"),
+    )
+    write_bot_config(datadir / "brmcp-bridge.conf", cfg)
+    assert bridge_main(["--datadir", str(datadir), "--metrics", "0.0.0.0:9465"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("brmcp-bridge: --metrics: ")
+    assert "loopback" in err

@@ -680,14 +680,18 @@ def _serve(args: argparse.Namespace, datadir: Path, cfg: BotConfig, created: boo
             config_created=created,
             notify_command=args.notify_command,
         )
-        if args.metrics:
-            daemon.enable_metrics(args.metrics)
     except ClientrpcConfigError as exc:
         print(f"{PROG}: {exc} (see {conf})", file=sys.stderr)
         return 1
     except (BridgeError, ValueError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
+    if args.metrics:
+        try:
+            daemon.enable_metrics(args.metrics)
+        except ValueError as exc:
+            print(f"{PROG}: --metrics: {exc}", file=sys.stderr)
+            return 1
     try:
         anyio.run(partial(daemon.run, handle_signals=True))
     except BridgeError as exc:

@@ -229,17 +229,18 @@ def _main(argv: Sequence[str] | None) -> int:
             return 1
         try:
             app = ServeApp.from_datadir(datadir, bot_config=bot_config, upstream=upstream)
-            if args.metrics:
-                app.enable_metrics(args.metrics)
-        except ValueError as exc:
-            print(f"{PROG}: --metrics: {exc}", file=sys.stderr)
-            return 1
         except ClientrpcConfigError as exc:
             print(f"{PROG}: {exc} (see {conf})", file=sys.stderr)
             return 1
         except (ServeConfigError, HarnessError) as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
             return 1
+        if args.metrics:
+            try:
+                app.enable_metrics(args.metrics)
+            except ValueError as exc:
+                print(f"{PROG}: --metrics: {exc}", file=sys.stderr)
+                return 1
         try:
             anyio.run(partial(app.run, handle_signals=True))
         except KeyboardInterrupt:  # a second Ctrl-C while stopping
