@@ -163,5 +163,7 @@ async def test_duplicated_and_reordered_pms_charge_once(
         assert await harness.balance(CLIENT) == 0
         # The harness saw duplicated tools/calls, all under one callKey per logical call.
         fortune_keys = {c["params"]["_meta"]["brmcp/callKey"] for c in tap.calls("fortune")}
-        assert len(tap.calls("fortune")) >= 4
+        # At least the duplicated first send (our bridge pays alongside, so the
+        # first send may already find the credit; otherwise the reissue too).
+        assert len(tap.calls("fortune")) >= 2
         assert len(fortune_keys) == 1
