@@ -96,7 +96,9 @@ async def test_paid_session_across_implementations(
         assert harness.executions("fortune") == 1
         assert await harness.balance(CLIENT) == 0  # credited 10,000, charged once
         attempts = tap.calls("fortune")
-        assert len(attempts) == 2  # refused, then reissued after the tip
+        # Refused, then reissued after the tip; with our bridge, which pays
+        # alongside the first send, that send may already find the credit.
+        assert len(attempts) == 2 or (direction == "py-bridge-go-harness" and len(attempts) == 1)
         keys = {a["params"]["_meta"]["brmcp/callKey"] for a in attempts}
         assert len(keys) == 1
         refusals = [
@@ -104,8 +106,9 @@ async def test_paid_session_across_implementations(
             for m in tap.json(BOT, CLIENT)
             if m.get("id") == attempts[0]["id"] and m.get("result", {}).get("isError")
         ]
-        assert len(refusals) == 1
-        assert json.loads(refusals[0]["result"]["content"][0]["text"])["error"] == "payment_required"
+        assert len(refusals) == len(attempts) - 1
+        for refusal in refusals:
+            assert json.loads(refusal["result"]["content"][0]["text"])["error"] == "payment_required"
 
         dyn = await s.call_tool("dyn", {"units": 3})
         assert not dyn.is_error, _text(dyn)

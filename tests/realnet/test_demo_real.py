@@ -29,14 +29,16 @@ async def test_demo_on_the_real_network(brnet_exe: Path, tmp_path: Path) -> None
     assert [(e["tool"], e["atoms"], e["status"]) for e in report.spend_entries] == [
         ("fortune", 10_000, "paid")
     ]
-    # PMs counted on the real clients' PM streams: one round trip for echo,
-    # call + payment_required + reissue + result for the paid call.
+    # PMs counted on the real clients' PM streams: one round trip for echo;
+    # the paid call is paid alongside (the call waits at the bot for the tip:
+    # 2 PMs), or refused and reissued when the hold ran out (4 or more).
     assert report.pms["list"] == 0
     assert report.pms["echo"] == 2
-    assert report.pms["fortune"] >= 4
+    assert report.pms["fortune"] >= 2
     assert "Start a real Bison Relay network (brnet)" in text
     assert "(bisonrelay server)" in text
-    assert "payment_required: price 10000, balance 0, shortfall 10000 atoms" in text
+    if report.pms["fortune"] > 2:
+        assert "payment_required: price 10000, balance 0, shortfall 10000 atoms" in text
     for n in range(1, 9):
         assert f"[{n}/8]" in text
     assert "Demo finished" in text
