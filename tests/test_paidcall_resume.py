@@ -147,9 +147,9 @@ async def test_a_resent_call_after_the_answer_went_into_a_closed_connection_pays
             await env.payer.entered.wait()
             release.set()
             await until(lambda: env.executions.get("paid") == 1)
-            await until(
-                lambda: env.bridge.link(BOT) is not None and env.bridge.link(BOT).relay.in_flight == 0
-            )  # type: ignore[union-attr]
+            link = env.bridge.link(BOT)
+            assert link is not None
+            await until(lambda: link.relay.in_flight == 0)
             again = await http.post(f"/mcp/{BOT}", json=_call(22), headers=headers)
         answer = json.loads([e for e in again.text.split("\n") if e.startswith("data: {")][-1][6:])
         assert answer["id"] == 22
