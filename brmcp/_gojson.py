@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-__all__ = ["GoJSONError", "Kind", "decode_struct", "decode_struct_list", "dumps", "loads"]
+__all__ = ["GoJSONError", "Kind", "decode_struct", "decode_struct_list", "dumps", "html_escape", "loads"]
 
 #: Field kinds understood by :func:`decode_struct`.
 Kind = Literal["string", "int64", "bool", "strings"]
@@ -56,8 +56,14 @@ def dumps(value: Any, *, indent: bool = False) -> str:
         text = json.dumps(_clean(value), ensure_ascii=False, indent=2, separators=(",", ": "))
     else:
         text = json.dumps(_clean(value), ensure_ascii=False, separators=(",", ":"))
-    # These characters can only occur inside string literals, so a global
-    # replacement is exact.
+    return html_escape(text)
+
+
+def html_escape(text: str) -> str:
+    """Escape ``<``, ``>``, ``&``, U+2028 and U+2029 in JSON ``text`` as
+    Go's ``encoding/json`` does by default (``\\u003c`` …). These characters
+    can only occur inside string literals, so a global replacement is exact;
+    the decoded value is unchanged."""
     if any(ch in text for ch in _HTML_ESCAPES):
         text = "".join(_HTML_ESCAPES.get(ch, ch) for ch in text)
     return text

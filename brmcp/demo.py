@@ -420,7 +420,9 @@ class _Demo:
             printer.line("Demo finished: the agent paid for one fortune, exactly once.")
 
             if options.keep_running:
-                self._print_connect_help(snippet.url, snippet.token, snippet.name, snippet.mcp_json)
+                self._print_connect_help(
+                    snippet.url, snippet.token, snippet.name, snippet.mcp_json, bridge_dir
+                )
                 await _wait_for_signal()
         return report
 
@@ -438,7 +440,9 @@ class _Demo:
                 task_status.started((fabric, bot, alice))
                 await anyio.sleep_forever()
 
-    def _print_connect_help(self, url: str, token: str, name: str, mcp_json: dict[str, Any]) -> None:
+    def _print_connect_help(
+        self, url: str, token: str, name: str, mcp_json: dict[str, Any], bridge_dir: Path
+    ) -> None:
         p = self.printer
         p.line()
         p.line("The network and the bridge keep running (Ctrl-C to stop). Connect any MCP agent:")
@@ -450,11 +454,17 @@ class _Demo:
         p.line("  .mcp.json:")
         for text in json.dumps(mcp_json, indent=2).splitlines():
             p.line(f"    {text}")
-        p.line("  MCP Inspector CLI:")
+        p.line("  MCP Inspector CLI (needs Node.js >= 22; -y lets npx install it without asking):")
         p.line(
-            f"    npx @modelcontextprotocol/inspector@2.12.0 --cli {url} --transport http "
+            f"    npx -y @modelcontextprotocol/inspector@2.12.0 --cli {url} --transport http "
             f'--header "Authorization: Bearer {token}" --method tools/list'
         )
+        p.line()
+        p.line(f"  The bridge's data directory is {bridge_dir}; its commands work against it:")
+        for command in ("spend", "settings", "approvals", "ui"):
+            p.line(f"    brmcp-bridge --datadir {bridge_dir} {command}")
+        p.line("  (the demo bridge pays without asking; 'settings set mode=approval' makes it ask, and")
+        p.line("  'approvals' or the page from 'ui' then decide each payment)")
         p.line()
 
 

@@ -493,19 +493,25 @@ def test_daemon_reports_bad_configuration_in_one_line(
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     datadir = tmp_path / "bridge"
-    # First run: the default config is written (logged), then the missing brclient files are named.
+    # First run: the templates are written and the next steps printed (like brmcp-serve).
+    assert main(["--datadir", str(datadir)]) == 0
+    first = capsys.readouterr()
+    conf = datadir / "brmcp-bridge.conf"
+    assert first.out.startswith(f"brmcp-bridge: created {conf}, {datadir / 'mcpclient.json'}\n")
+    assert f"brmcp-bridge --datadir {datadir} settings set enabled=true allowed_bots=<bot uid>" in first.out
+    assert f"Then start it: brmcp-bridge --datadir {datadir}" in first.out
+    assert first.err == ""
+    assert conf.is_file()
+    assert json.loads((datadir / "mcpclient.json").read_text())["enabled"] is False
+    assert stat.S_IMODE((datadir / "mcpclient.json").stat().st_mode) == 0o600
+    # Second run: the missing brclient files are named in one line.
     assert main(["--datadir", str(datadir)]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
-    assert "WARNING brmcp.bridge.daemon: wrote " in lines[0]
-    assert len(lines) == 2
+    assert len(lines) == 1
     err = lines[-1]
     assert err.startswith("brmcp-bridge: ")
     assert str(tmp_path / "home" / ".brclient" / "rpc.cert") in err
     assert "brmcp-bridge.conf" in err
-    conf = datadir / "brmcp-bridge.conf"
-    assert conf.is_file()
-    # The log went to the default log file too.
-    assert "wrote " in (datadir / "logs" / "brmcp-bridge.log").read_text()
     # With brclient's files in place, a malformed mcpclient.json is named.
     ensure_brclient_certs(tmp_path / "home" / ".brclient")
     (datadir / "mcpclient.json").write_text('{"enabled": "yes"}')

@@ -19,7 +19,7 @@ from gateway_support import time_server_command
 from serve_support import caller_on, prepare_serve_dir
 from test_serve_app import SERVE_SRC, _read_until
 
-from brmcp.gateway import UpstreamConfig, UpstreamConfigError, load_upstream_block
+from brmcp.gateway import PriceTable, UpstreamConfig, UpstreamConfigError, load_upstream_block
 from brmcp.payment import PRICE_ATOMS_KEY
 
 PRICES = {"default": 700, "tools": {"get_current_time": "free"}}
@@ -169,3 +169,22 @@ async def test_console_command_with_upstream_reloads_prices_on_sighup(tmp_path: 
                 finally:
                     if proc.returncode is None:
                         proc.kill()
+
+
+def test_readme_examples_parse() -> None:
+    """The README's prices.json and upstream block are valid as written."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Sell an MCP server you already have", 1)[1].split("\n## ", 1)[0]
+    blocks = [block.split("\n", 1)[1] for block in section.split("```json")[1:]]
+    blocks = [block.split("```", 1)[0] for block in blocks]
+    prices = PriceTable.parse(blocks[0])
+    assert prices.price("convert_time") == 2500
+    assert prices.price("get_current_time") == 0
+    assert prices.price("debug_dump") is None
+    assert prices.price("anything_else") == 1000
+    upstream = UpstreamConfig.from_block(json.loads("{" + blocks[1] + "}")["upstream"], source="README")
+    assert upstream.kind == "http"
+    assert dict(upstream.headers_env) == {"Authorization": "UPSTREAM_AUTHORIZATION"}
+    agent = json.loads(blocks[2])["mcpServers"]["my-bot"]
+    assert agent["args"][:2] == ["--transport", "streamablehttp"]
+    assert "API_ACCESS_TOKEN" in agent["env"]

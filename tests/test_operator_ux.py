@@ -314,3 +314,24 @@ def test_the_build_backend_refuses_old_python_in_one_line() -> None:
     assert refused.returncode == 1
     assert refused.stderr.startswith("brmcp requires Python >= 3.11; this is Python 3.10.")
     assert "Traceback" not in refused.stderr
+
+
+# -- demo --keep-running ----------------------------------------------------------------------
+
+
+def test_demo_keep_running_help_names_node_npx_and_the_bridge_dir(tmp_path: Path) -> None:
+    import io
+
+    from brmcp.demo import DemoOptions, _Demo
+
+    out = io.StringIO()
+    demo = _Demo(DemoOptions(keep_running=True), out, tty=False)
+    mcp_json = {"mcpServers": {"brmcp-11111111": {"type": "http", "url": "http://x", "headers": {}}}}
+    demo._print_connect_help(
+        "http://127.0.0.1:9/mcp/" + "1" * 64, "tok", "brmcp-11111111", mcp_json, tmp_path
+    )
+    text = out.getvalue()
+    assert "npx -y @modelcontextprotocol/inspector@2.12.0 --cli" in text
+    assert "Node.js >= 22" in text
+    for command in ("spend", "settings", "approvals", "ui"):
+        assert f"brmcp-bridge --datadir {tmp_path} {command}" in text

@@ -13,6 +13,7 @@ their own payments. All bodies are JSON.
 | ``POST /admin/approvals/<id>/approve`` or ``…/deny`` | decide; 404 for an unknown id |
 | ``GET /admin/spend`` | ``{"entries": [SpendEntry…], "day_total_atoms": n}`` |
 | ``GET /admin/config-snippet/<uid>`` | the agent configuration for one bot |
+| ``POST /admin/ui-login`` | ``{"url", "expires_in"}``: a one-time login link to the approvals page |
 
 A ``mode`` other than ``"approval"`` or ``"autopay"`` is refused here (400),
 although loading ``mcpclient.json`` reads any other value as approval (Go's
@@ -25,18 +26,43 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
+from ._asgi import PathHandler, read_body, send_json
+from .approvals import PendingPayment
 from .errors import BridgeError, SettingsError
-from .http import MAX_ADMIN_BODY_BYTES, AdminHandler, read_body, send_json
-from .settings import MODE_APPROVAL, MODE_AUTOPAY, is_uid, setting_names, settings_from_json
+from .settings import MODE_APPROVAL, MODE_AUTOPAY, Settings, is_uid, setting_names, settings_from_json
+from .spend import SpendSummary
+from .ui import TICKET_TTL, UISessions
 
-if TYPE_CHECKING:
-    from .bridge import Bridge
+__all__ = ["MAX_ADMIN_BODY_BYTES", "AdminHost", "ConfigSnippet", "admin_handler", "config_snippet"]
 
-__all__ = ["ConfigSnippet", "admin_handler", "config_snippet"]
+#: Largest accepted admin request body (bytes).
+MAX_ADMIN_BODY_BYTES = 64 * 1024
+
+
+class AdminHost(Protocol):
+    """What the admin surface needs from the bridge (the :class:`~brmcp.bridge.Bridge`)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def ui_sessions(self) -> UISessions: ...
+
+    def pending_payments(self) -> list[PendingPayment]: ...
+
+    def resolve_payment(self, payment_id: str, approve: bool) -> bool: ...
+
+    def spend_log(self) -> SpendSummary: ...
+
+    def config_snippet(self, uid: str, base_url: str | None = None) -> ConfigSnippet: ...
+
+    async def _commit_settings(self, candidate: Settings, *, source: str) -> Settings: ...
+
+    def _schedule_reconcile(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +126,7 @@ def _base_url(scope: Scope) -> str:
     return f"{scheme}://{host}{root}"
 
 
-def admin_handler(bridge: Bridge) -> AdminHandler:
+def admin_handler(bridge: AdminHost) -> PathHandler:
     """The ASGI handler for ``/admin/…`` bound to ``bridge`` (the gate has
     already checked the admin token)."""
 
@@ -148,12 +174,20 @@ def admin_handler(bridge: Bridge) -> AdminHandler:
                 return
             await send_json(send, 200, {**snippet.to_dict(), "allowed": bridge.settings.allows(parts[1])})
             return
+        if route == "ui-login" and len(parts) == 1:
+            if method != "POST":
+                await send_json(send, 405, {"error": "use POST"})
+                return
+            ticket = bridge.ui_sessions.mint_ticket()
+            url = f"{_base_url(scope)}/ui/login?ticket={ticket}"
+            await send_json(send, 200, {"url": url, "expires_in": int(TICKET_TTL)})
+            return
         await send_json(send, 404, {"error": "not found"})
 
     return handle
 
 
-async def _set_settings(bridge: Bridge, receive: Receive, send: Send) -> None:
+async def _set_settings(bridge: AdminHost, receive: Receive, send: Send) -> None:
     body, extra = await read_body(receive, MAX_ADMIN_BODY_BYTES)
     if body is None:
         if not extra:

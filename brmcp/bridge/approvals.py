@@ -58,31 +58,14 @@ class _Parked:
 class ApprovalQueue:
     """Parks payments until :meth:`resolve`, a timeout, or cancellation."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, on_change: Callable[[], None] | None = None) -> None:
         self._clock = clock
         self._parked: dict[str, _Parked] = {}
-        self._listeners: list[Callable[[], None]] = []
-        #: Bumped on every change of the queue (a payment parked or gone).
-        self.version = 0
-
-    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` (synchronously, from the event loop) whenever
-        the queue changes; returns the function that unsubscribes it."""
-        self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return unsubscribe
+        self._on_change = on_change
 
     def _changed(self) -> None:
-        self.version += 1
-        for listener in list(self._listeners):
-            try:
-                listener()
-            except Exception:
-                log.exception("approval listener failed")
+        if self._on_change is not None:
+            self._on_change()
 
     def pending(self) -> list[PendingPayment]:
         """Parked payments sorted by ``created``, then ``id``."""
@@ -111,8 +94,8 @@ class ApprovalQueue:
     ) -> Decision:
         """Park a payment and wait for a decision or ``timeout_secs`` seconds on
         the bridge clock; ``on_parked`` is called with the payment once it is
-        listed, and every listener added with :meth:`subscribe` hears of the
-        change. The entry is removed however the wait ends (including
+        listed, and the queue's ``on_change`` whenever a payment is listed or
+        removed. The entry is removed however the wait ends (including
         cancellation of the calling task)."""
         payment_id = secrets.token_hex(8)
         while payment_id in self._parked:

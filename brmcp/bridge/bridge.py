@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -33,7 +34,8 @@ from .proxy import BotProxy
 from .retry import RetryPolicy
 from .settings import SETTINGS_FILE, Settings, describe_changes, load_settings, mint_token, save_settings
 from .settle import Payer, Settler
-from .spend import SPEND_FILE, SpendLog, SpendSummary
+from .spend import SPEND_FILE, BotBalance, SpendLog, SpendSummary
+from .ui import UISessions, ui_handler
 
 __all__ = ["ADMIN_TOKEN_FILE", "DEFAULT_LISTEN", "Bridge", "BridgeConfig"]
 
@@ -133,7 +135,10 @@ class Bridge:
         self._client_info = Implementation(name=config.name, version="1")
         self._links: dict[str, BotLink] = {}
         self._proxies: dict[str, BotProxy] = {}
-        self._app = BridgeApp(self, admin_handler(self), max_body_bytes=config.max_body_bytes)
+        self._ui_sessions = UISessions()
+        self._app = BridgeApp(
+            self, admin_handler(self), ui=ui_handler(self), max_body_bytes=config.max_body_bytes
+        )
         self._listener: OwnedListener | None = None
         self._listener_token = ""
         self._reconcile_lock = anyio.Lock()
@@ -248,7 +253,10 @@ class Bridge:
     def _approval_hint(self, payment_id: str) -> str:
         """How the user decides a parked payment (logged when it parks)."""
         command = f"brmcp-bridge --datadir {self._data_dir} approvals"
-        return f"approve with: {command} approve {payment_id} (or: {command} deny {payment_id})"
+        page = ""
+        if self._listener is not None:
+            page = f", or on the approvals page (login link: brmcp-bridge --datadir {self._data_dir} ui)"
+        return f"approve with: {command} approve {payment_id} (or: {command} deny {payment_id}){page}"
 
     def _allow_peer(self, peer: str) -> bool:
         return self._settings.allows(peer)
@@ -411,6 +419,33 @@ class Bridge:
         """A copy of the spend log and its rolling 24-hour total (atoms,
         failed entries excluded)."""
         return self._settler.summary()
+
+    def bot_balances(self) -> dict[str, BotBalance]:
+        """The balance each bot last reported for this user (lowercase uid →
+        :class:`BotBalance`), from the receipts on paid results and from
+        ``payment_required`` refusals seen since the bridge started."""
+        return self._settler.balances()
+
+    def watch(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` from the event loop whenever a payment is
+        parked or decided or the spend log changes (the approvals page and
+        the daemon's notification hook use it); returns the function that
+        removes the listener."""
+        return self._settler.watch(listener)
+
+    @property
+    def change_version(self) -> int:
+        """A counter bumped on every change :meth:`watch` reports."""
+        return self._settler.version
+
+    @property
+    def ui_sessions(self) -> UISessions:
+        """Login tickets and browser sessions of the approvals page."""
+        return self._ui_sessions
+
+    def clock_now(self) -> float:
+        """The bridge clock's time (unix seconds)."""
+        return self._clock.now()
 
     async def resolve_spend(self, payee: str, atoms: int, err: str | BaseException | None) -> bool:
         """Record a late outcome for a pending payment (e.g. a tip confirmed

@@ -11,6 +11,7 @@ surface").
     brmcp-bridge [--datadir DIR] approvals [approve ID | deny ID]
     brmcp-bridge [--datadir DIR] spend                         spend log and rolling 24 h total
     brmcp-bridge [--datadir DIR] config-snippet BOT_UID        .mcp.json and `claude mcp add` lines
+    brmcp-bridge [--datadir DIR] ui [--open]                   one-time login link to the approvals page
 
 The daemon logs as the logging keys of ``<DIR>/brmcp-bridge.conf`` say
 (:mod:`brmcp.botlog`); ``--log-level`` replaces its ``debug`` key.
@@ -163,6 +164,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="daemon: logging threshold (default: the debug key of brmcp-bridge.conf, else info)",
     )
     parser.add_argument("--json", action="store_true", help="commands: print the daemon's JSON answer")
+    parser.add_argument(
+        "--notify-command",
+        default=None,
+        metavar="COMMAND",
+        help="daemon: run COMMAND on each new payment waiting for approval (default: the approvalnotify "
+        "key of brmcp-bridge.conf); it gets BRMCP_PAYMENT_ID, BRMCP_BOT, BRMCP_TOOL, BRMCP_ATOMS and "
+        "BRMCP_APPROVE_COMMAND in its environment",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     settings = sub.add_parser("settings", help="show the settings, or 'settings set KEY=VALUE...'")
     settings.add_argument("action", nargs="?", choices=["set"], help="change settings")
@@ -174,6 +183,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     approvals.add_argument("action", nargs="?", choices=["list", "approve", "deny"], default="list")
     approvals.add_argument("id", nargs="?", help="payment id (for approve/deny)")
     sub.add_parser("spend", help="the spend log and the rolling 24-hour total")
+    ui = sub.add_parser("ui", help="print a one-time login link to the approvals page")
+    ui.add_argument("--open", action="store_true", help="also open the link in the default web browser")
     snippet = sub.add_parser("config-snippet", help="agent configuration for one bot")
     snippet.add_argument("uid", metavar="BOT_UID", help="the bot's 64-hex uid")
     return parser.parse_args(argv)
@@ -535,6 +546,37 @@ def _cmd_config_snippet(datadir: Path, args: argparse.Namespace) -> None:
         )
 
 
+def _cmd_ui(datadir: Path, args: argparse.Namespace) -> None:
+    try:
+        daemon = _locate(datadir)
+    except _NotRunning as exc:
+        raise CLIError(
+            f"the approvals page is served by the running daemon, and it is not running ({exc.detail}); "
+            f"start it with: {PROG} --datadir {datadir}"
+        ) from None
+    try:
+        result = _admin(daemon, "POST", "/admin/ui-login", {})
+    except _Disabled:
+        raise CLIError(
+            "the approvals page shares the endpoint's listener, which is off while the bridge is "
+            f"disabled; enable it with: {PROG} --datadir {datadir} settings set enabled=true"
+        ) from None
+    url = str(result.get("url", ""))
+    if args.json:
+        _print_json(result, True)
+    else:
+        print(url)
+        print(
+            f"{PROG}: open this link in a browser on this machine; it works once, within "
+            f"{int(result.get('expires_in', 300))} seconds",
+            file=sys.stderr,
+        )
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(url)
+
+
 def _shown(value: Any) -> str:
     """``value`` for a terminal table: control and format characters (from a
     bot's tool name or brclient's error text) escaped, so they cannot move
@@ -561,6 +603,7 @@ _COMMANDS = {
     "approvals": _cmd_approvals,
     "spend": _cmd_spend,
     "config-snippet": _cmd_config_snippet,
+    "ui": _cmd_ui,
 }
 
 
@@ -577,6 +620,18 @@ def _run_daemon(args: argparse.Namespace, datadir: Path) -> int:
     except OSError as exc:
         print(f"{PROG}: cannot create {datadir}: {exc}", file=sys.stderr)
         return 1
+    if created:
+        settings_path = datadir / SETTINGS_FILE
+        made = [conf]
+        if not settings_path.exists():
+            try:
+                save_settings(settings_path, Settings())
+            except BridgeError as exc:
+                print(f"{PROG}: {exc}", file=sys.stderr)
+                return 1
+            made.append(settings_path)
+        print(_first_run_text(datadir, made, cfg), flush=True)
+        return 0
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(bot_logging(cfg, level=args.log_level, source=str(conf)))
@@ -586,11 +641,37 @@ def _run_daemon(args: argparse.Namespace, datadir: Path) -> int:
         return _serve(args, datadir, cfg, created)
 
 
+def _first_run_text(datadir: Path, created: list[Path], cfg: BotConfig) -> str:
+    """What the first run wrote and what to do next (like brmcp-serve's)."""
+    conf = datadir / f"{BOT_CONFIG_NAME}.conf"
+    here = f"{PROG} --datadir {datadir}"
+    lines = [f"{PROG}: created {', '.join(str(p) for p in created)}", "", "Before the next run:"]
+    lines += [
+        f"  1. {conf} says how to reach your brclient. The defaults expect brclient's files",
+        f"     in {Path(cfg.servercertpath).parent} and its clientrpc at {cfg.brrpcurl}: enable it in",
+        "     brclient.conf, section [clientrpc], with 'jsonrpclisten = 127.0.0.1:7676', and adjust",
+        "     brrpcurl, servercertpath, clientcertpath and clientkeypath if yours differ. (With",
+        "     brmcp-fakebr, 'brmcp-fakebr --write-confs DIR' writes a ready file instead.)",
+        "  2. Allow the bots you want to call, set the caps (atoms; 0 means never pay) and enable:",
+        f"     {here} settings set enabled=true allowed_bots=<bot uid> \\",
+        "         per_call_cap_atoms=20000 per_day_cap_atoms=100000",
+        "     (mode=approval, the default, asks you before each payment; mode=autopay pays within the caps)",
+        "",
+        f"Then start it: {here}",
+        f"and give your agent the output of: {here} config-snippet <bot uid>",
+    ]
+    return "\n".join(lines)
+
+
 def _serve(args: argparse.Namespace, datadir: Path, cfg: BotConfig, created: bool) -> int:
     conf = datadir / f"{BOT_CONFIG_NAME}.conf"
     try:
         daemon = BridgeDaemon.from_datadir(
-            datadir, listen=args.listen, bot_config=cfg, config_created=created
+            datadir,
+            listen=args.listen,
+            bot_config=cfg,
+            config_created=created,
+            notify_command=args.notify_command,
         )
     except ClientrpcConfigError as exc:
         print(f"{PROG}: {exc} (see {conf})", file=sys.stderr)

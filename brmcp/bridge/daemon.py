@@ -31,9 +31,10 @@ import ipaddress
 import json
 import logging
 import os
+import shlex
 import signal
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ from ..clientrpc import (
 from ..clientrpc._glue import Acker, connection_signals, flush_on_connect
 from ..router import RouterOptions
 from ._files import read_text, write_atomic
+from .approvals import PendingPayment
 from .bridge import DEFAULT_LISTEN, Bridge, BridgeConfig
 from .clock import Clock, SystemClock
 from .errors import BridgeError
@@ -65,6 +67,7 @@ from .tipmatcher import TipMatcher
 
 __all__ = [
     "BOT_CONFIG_NAME",
+    "NOTIFY_KEY",
     "RUNTIME_FILE",
     "TIP_MAX_ATTEMPTS",
     "BridgeDaemon",
@@ -85,6 +88,10 @@ BOT_CONFIG_NAME = "brmcp-bridge"
 RUNTIME_FILE = "brmcp-bridge.runtime.json"
 #: ``TipUser`` invoice attempts per payment (go-brmcp.md §5 "Pay steps").
 TIP_MAX_ATTEMPTS = 3
+#: ``brmcp-bridge.conf`` key: a command run on each new payment waiting for approval.
+NOTIFY_KEY = "approvalnotify"
+#: Seconds a notification command may run before it is killed.
+NOTIFY_TIMEOUT = 30.0
 
 
 class TipPaymentError(Exception):
@@ -262,8 +269,14 @@ class BridgeDaemon:
         name: str = "brmcp-bridge",
         router_options: RouterOptions | None = None,
         max_attempts: int = TIP_MAX_ATTEMPTS,
+        notify_command: str | None = None,
     ) -> None:
         self.datadir = Path(datadir)
+        #: Run on each new payment waiting for approval (see :meth:`_notify`).
+        self.notify_command = notify_command or None
+        self._notified: set[str] = set()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._unwatch: Callable[[], None] = _nothing
         self.client = client
         self.listen = resolve_listen(listen)
         self.matcher = TipMatcher()
@@ -297,6 +310,7 @@ class BridgeDaemon:
         client_options: Mapping[str, Any] | None = None,
         bot_config: BotConfig | None = None,
         config_created: bool = False,
+        notify_command: str | None = None,
     ) -> BridgeDaemon:
         """Load ``<datadir>/brmcp-bridge.conf`` (writing bisonbotkit's defaults
         when missing: brclient's files in ``~/.brclient``, clientrpc at
@@ -321,7 +335,8 @@ class BridgeDaemon:
                 cfg.brrpcurl,
             )
         client = Client.from_config(cfg, **dict(client_options or {}))
-        daemon = cls(root, client, listen=listen, clock=clock)
+        command = notify_command if notify_command is not None else cfg.extra.get(NOTIFY_KEY, "")
+        daemon = cls(root, client, listen=listen, clock=clock, notify_command=command.strip() or None)
         daemon.config_created = created
         return daemon
 
@@ -384,6 +399,9 @@ class BridgeDaemon:
                 try:
                     await self.bridge.start()
                     async with anyio.create_task_group() as tg:
+                        self._tg = tg
+                        if self.notify_command:
+                            self._unwatch = self.bridge.watch(self._on_change)
                         if handle_signals:
                             await tg.start(self._signals, tg.cancel_scope)
                         tg.start_soon(self._pm_loop, pms)
@@ -399,6 +417,8 @@ class BridgeDaemon:
                         self._log_state()
                         task_status.started(self)
                 finally:
+                    self._tg = None
+                    self._unwatch()
                     pms.close()
                     progress.close()
                     try:
@@ -408,6 +428,56 @@ class BridgeDaemon:
                     finally:
                         with anyio.CancelScope(shield=True):
                             await anyio.to_thread.run_sync(self._remove_runtime)
+
+    def _on_change(self) -> None:
+        """A bridge change: start the notification command for each payment
+        that has just been parked."""
+        pending = self.bridge.pending_payments()
+        tg = self._tg
+        current = {p.id for p in pending}
+        for payment in pending:
+            if payment.id not in self._notified and tg is not None:
+                tg.start_soon(self._notify, payment)
+        self._notified = current
+
+    async def _notify(self, payment: PendingPayment) -> None:
+        """Run :attr:`notify_command` (split like a shell line, not run by a
+        shell) for one parked payment, with its details in the environment:
+        ``BRMCP_PAYMENT_ID``, ``BRMCP_BOT``, ``BRMCP_TOOL``, ``BRMCP_ATOMS``,
+        ``BRMCP_APPROVE_COMMAND``. No secret is passed. A command that fails
+        or runs longer than :data:`NOTIFY_TIMEOUT` s is logged and killed."""
+        command = self.notify_command
+        if not command:
+            return
+        try:
+            argv = shlex.split(command)
+        except ValueError as exc:
+            log.warning("approval notification command %r cannot be parsed: %s", command, exc)
+            return
+        env = {
+            **os.environ,
+            "BRMCP_PAYMENT_ID": payment.id,
+            "BRMCP_BOT": payment.bot,
+            "BRMCP_TOOL": payment.tool,
+            "BRMCP_ATOMS": str(payment.atoms),
+            "BRMCP_APPROVE_COMMAND": f"brmcp-bridge --datadir {self.datadir} approvals approve {payment.id}",
+        }
+        try:
+            with anyio.fail_after(NOTIFY_TIMEOUT):
+                done = await anyio.run_process(argv, env=env, check=False)
+        except TimeoutError:
+            log.warning("approval notification command %r ran over %.0fs; killed", argv[0], NOTIFY_TIMEOUT)
+            return
+        except OSError as exc:
+            log.warning("approval notification command %r failed to start: %s", argv[0], exc)
+            return
+        if done.returncode != 0:
+            log.warning(
+                "approval notification command %r exited with status %d for payment %s",
+                argv[0],
+                done.returncode,
+                payment.id,
+            )
 
     def _log_state(self) -> None:
         settings = self.bridge.settings
@@ -505,6 +575,10 @@ class BridgeDaemon:
                 log.info("%s: stopping", signal.Signals(signum).name)
                 scope.cancel()
                 return
+
+
+def _nothing() -> None:
+    return None
 
 
 def _describe(settings: Settings) -> str:

@@ -30,12 +30,12 @@ charset=utf-8``, ``X-Content-Type-Options: nosniff``, trailing newline).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import anyio
@@ -43,22 +43,37 @@ import anyio.abc
 from mcp.types import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR
 from starlette.types import Message, Receive, Scope, Send
 
+from ._asgi import (
+    PathHandler,
+    header_values,
+    read_body,
+    replay_body,
+    route_path,
+    send_json,
+    send_text,
+)
+from .admin import MAX_ADMIN_BODY_BYTES
 from .events import ResumableSessionManager
 from .link import LinkError
 from .proxy import BotProxy
 from .relay import AgentCall
+from .settings import Settings
 
-if TYPE_CHECKING:
-    from .bridge import Bridge
-
-__all__ = ["MAX_ADMIN_BODY_BYTES", "MAX_BODY_BYTES", "AdminHandler", "BridgeApp"]
+__all__ = [
+    "MAX_ADMIN_BODY_BYTES",
+    "MAX_BODY_BYTES",
+    "AdminHandler",
+    "BridgeApp",
+    "EndpointHost",
+    "read_body",
+    "send_json",
+    "send_text",
+]
 
 log = logging.getLogger("brmcp.bridge")
 
 #: Largest accepted MCP request body (bytes).
 MAX_BODY_BYTES = 4 * 1024 * 1024
-#: Largest accepted admin request body (bytes).
-MAX_ADMIN_BODY_BYTES = 64 * 1024
 
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 _LOOPBACK_ORIGIN_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -148,77 +163,8 @@ def not_allowed_hint(uid: str) -> str:
     )
 
 
-def _headers(scope: Scope, name: bytes) -> list[bytes]:
-    return [value for key, value in scope.get("headers", ()) if key.lower() == name]
-
-
-def _route_path(scope: Scope) -> str:
-    path: str = scope.get("path", "")
-    root: str = scope.get("root_path", "")
-    if root and path.startswith(root):
-        path = path[len(root) :]
-    return path
-
-
-async def send_text(
-    send: Send, status: int, message: str, headers: Iterable[tuple[bytes, bytes]] = ()
-) -> None:
-    """A plain-text error like Go's ``http.Error`` (trailing newline)."""
-    body = (message + "\n").encode("utf-8")
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"x-content-type-options", b"nosniff"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_json(send: Send, status: int, value: Any, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    """A JSON answer (``application/json``, ``no-store``, ``nosniff``)."""
-    body = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"cache-control", b"no-store"),
-                (b"x-content-type-options", b"nosniff"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
 async def _send_jsonrpc_error(send: Send, status: int, code: int, message: str) -> None:
     await send_json(send, status, {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
-
-
-async def read_body(receive: Receive, limit: int) -> tuple[bytes | None, list[Message]]:
-    """Read a request body of at most ``limit`` bytes. Returns (body or None
-    when too large or the client left, extra messages received after it)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None, [message]
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None, []
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks), []
 
 
 async def _send_unavailable(send: Send, exc: BaseException, message: dict[str, Any] | None) -> None:
@@ -238,19 +184,6 @@ async def _send_unavailable(send: Send, exc: BaseException, message: dict[str, A
     await send_text(send, 503, text)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
 class _Endpoint:
     __slots__ = ("manager", "proxy", "stop")
 
@@ -261,7 +194,21 @@ class _Endpoint:
 
 
 #: Serves one authorized ``/admin/…`` request; the last argument is the path.
-AdminHandler = Callable[[Scope, Receive, Send, str], Awaitable[None]]
+AdminHandler = PathHandler
+
+
+class EndpointHost(Protocol):
+    """What the HTTP app needs from the bridge (the :class:`~brmcp.bridge.Bridge`)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def admin_token(self) -> str: ...
+
+    def _proxy(self, uid: str) -> BotProxy: ...
+
+    def _task_group(self) -> anyio.abc.TaskGroup: ...
 
 
 #: Seconds after which an agent's idle HTTP MCP session is forgotten (the
@@ -295,9 +242,17 @@ class BridgeApp:
     """The ASGI application (``bridge.asgi_app``). Mount it at the root of a
     loopback-only server, or let the bridge serve it on its own listener."""
 
-    def __init__(self, bridge: Bridge, admin: AdminHandler, *, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        bridge: EndpointHost,
+        admin: AdminHandler,
+        *,
+        ui: PathHandler | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
         self._bridge = bridge
         self._admin = admin
+        self._ui = ui
         self._max_body = max_body_bytes
         self._endpoints: dict[str, _Endpoint] = {}
         self._lock = anyio.Lock()
@@ -387,16 +342,21 @@ class BridgeApp:
         if not settings.enabled:
             await send_text(send, 404, "not found")
             return
-        hosts = _headers(scope, b"host")
+        hosts = header_values(scope, b"host")
         if len(hosts) != 1 or not host_is_loopback(hosts[0].decode("latin-1")):
             await send_text(send, 421, "invalid Host header")
             return
-        origins = _headers(scope, b"origin")
+        origins = header_values(scope, b"origin")
         if len(origins) > 1 or (origins and not origin_is_loopback(origins[0].decode("latin-1"))):
             await send_text(send, 403, "invalid Origin header")
             return
-        path = _route_path(scope)
-        auth = _headers(scope, b"authorization")
+        path = route_path(scope)
+        if self._ui is not None and (path == "/ui" or path.startswith("/ui/")):
+            # The approvals page authenticates with its own session cookie,
+            # minted from the admin token (brmcp-bridge ui); see brmcp/bridge/ui/.
+            await self._ui(scope, receive, send, path)
+            return
+        auth = header_values(scope, b"authorization")
         if path.startswith("/admin/") or path == "/admin":
             if not bearer_matches(auth[0] if auth else None, bridge.admin_token):
                 await send_unauthorized(send, ADMIN_UNAUTHORIZED_HINT)
@@ -451,7 +411,7 @@ class BridgeApp:
             await send(message)
 
         await endpoint.manager.handle_request(scope, receive, watch_status)
-        ended = _headers(scope, b"mcp-session-id")
+        ended = header_values(scope, b"mcp-session-id")
         # Only a DELETE the SDK accepted ended the session; a refused one
         # (bad protocol version, ...) leaves it, and its subscriptions, alive.
         if 200 <= status < 300 and len(ended) == 1:
@@ -477,15 +437,14 @@ class BridgeApp:
         try:
             await endpoint.manager.handle_request(scope, receive, watch)
         finally:
-            sessions = _headers(scope, b"mcp-session-id")
+            sessions = header_values(scope, b"mcp-session-id")
             if not finished and len(sessions) == 1 and "id" in message:
                 session_id = sessions[0].decode("latin-1")
                 calls = endpoint.proxy.link.relay.detach(session_id, message["id"])
                 if calls:
                     log.info("agent connection closed with call %r in flight", message["id"])
-                    tg = self._bridge._tg
-                    if tg is not None:
-                        tg.start_soon(_expire, calls)
+                    with contextlib.suppress(RuntimeError):  # the bridge is closing
+                        self._bridge._task_group().start_soon(_expire, calls)
 
     async def _serve_initialize(
         self, endpoint: _Endpoint, scope: Scope, receive: Receive, send: Send, message: dict[str, Any]
@@ -511,11 +470,11 @@ class BridgeApp:
         names an older ``MCP-Protocol-Version`` is served as the negotiated
         version: the agent speaks it (it asked for it), and the SDK primes
         and stores streams (resumability) only for 2025-11-25 and later."""
-        sessions = _headers(scope, b"mcp-session-id")
+        sessions = header_values(scope, b"mcp-session-id")
         if len(sessions) != 1:
             return scope
         asked = self._versions.get(sessions[0].decode("latin-1"))
-        versions = _headers(scope, b"mcp-protocol-version")
+        versions = header_values(scope, b"mcp-protocol-version")
         if asked is None or asked < RESUMABLE_VERSION or len(versions) != 1:
             return scope
         given = versions[0].decode("latin-1")
@@ -529,8 +488,8 @@ class BridgeApp:
     def _resume(endpoint: _Endpoint, scope: Scope) -> None:
         """A ``GET`` with ``Last-Event-ID`` resumes a stream: its call (if
         still in flight) is attached again."""
-        sessions = _headers(scope, b"mcp-session-id")
-        last = _headers(scope, b"last-event-id")
+        sessions = header_values(scope, b"mcp-session-id")
+        last = header_values(scope, b"last-event-id")
         if len(sessions) != 1 or len(last) != 1:
             return
         session_id = sessions[0].decode("latin-1")
@@ -545,11 +504,11 @@ class BridgeApp:
         """Validate a POST body before it can reach a session; returns a
         receive callable that replays it and the parsed message, or None
         after answering."""
-        ctype = _headers(scope, b"content-type")
+        ctype = header_values(scope, b"content-type")
         if not ctype or not ctype[0].decode("latin-1").lower().startswith("application/json"):
             await send_text(send, 415, "unsupported media type: Content-Type must be application/json")
             return None
-        length = _headers(scope, b"content-length")
+        length = header_values(scope, b"content-length")
         if length:
             try:
                 declared = int(length[0])
@@ -576,4 +535,4 @@ class BridgeApp:
         if not isinstance(message, dict):
             await _send_jsonrpc_error(send, 400, INVALID_REQUEST, "Invalid Request")
             return None
-        return _replay(body, receive), message
+        return replay_body(body, receive), message

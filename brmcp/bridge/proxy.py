@@ -61,7 +61,7 @@ from mcp.types import (
     TextContent,
 )
 
-from ..payment import CALL_KEY, parse_payment_required
+from ..payment import CALL_KEY, parse_payment_required, parse_receipt
 from .clock import Clock
 from .link import BotLink, DeadlineError, LinkError
 from .mirror import Mirror, MirrorServer
@@ -238,8 +238,13 @@ class BotProxy:
                 raise MCPError(
                     INTERNAL_ERROR, f"bot unavailable: {exc}; {_charged(paid_atoms, payments)}"
                 ) from None
+            receipt = parse_receipt(result.meta)
             result = _clean_result(result)
             refusal = parse_payment_required(result)
+            if receipt is not None:
+                self._settler.note_balance(bot, receipt.balance_atoms)
+            elif refusal is not None:
+                self._settler.note_balance(bot, refusal.balance_atoms)
             if refusal is None:
                 return result
             if payments and polls < POLL_ATTEMPTS - 1:

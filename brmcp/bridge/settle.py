@@ -33,7 +33,15 @@ from .approvals import ApprovalQueue, PendingPayment
 from .clock import Clock, go_duration
 from .errors import BridgeError
 from .settings import Settings
-from .spend import STATUS_FAILED, STATUS_PAID, STATUS_PENDING, SpendLog, SpendSummary, SpendTicket
+from .spend import (
+    STATUS_FAILED,
+    STATUS_PAID,
+    STATUS_PENDING,
+    BotBalance,
+    SpendLog,
+    SpendSummary,
+    SpendTicket,
+)
 
 __all__ = ["AGENT_GONE", "AGENT_GONE_PAID", "Payer", "Settler", "cap_refusal"]
 
@@ -106,7 +114,40 @@ class Settler:
         self._clock = clock
         self._settings = settings
         self._lock = anyio.Lock()
-        self.approvals = ApprovalQueue(clock)
+        self.approvals = ApprovalQueue(clock, on_change=self._changed)
+        self._listeners: list[Callable[[], None]] = []
+        self._balances: dict[str, BotBalance] = {}
+        #: Bumped whenever the approvals or the spend log change.
+        self.version = 0
+
+    def watch(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` (from the event loop) whenever a payment is
+        parked or decided or the spend log changes; returns the function that
+        removes it."""
+        self._listeners.append(listener)
+
+        def unwatch() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unwatch
+
+    def _changed(self) -> None:
+        self.version += 1
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("bridge change listener failed")
+
+    def note_balance(self, bot: str, atoms: int) -> None:
+        """Remember the balance ``bot`` reported for this user (atoms, from a
+        receipt or a ``payment_required`` refusal)."""
+        self._balances[bot.lower()] = BotBalance(atoms=atoms, ts=self._now())
+
+    def balances(self) -> dict[str, BotBalance]:
+        """The latest balance each bot reported, by lowercase uid."""
+        return dict(self._balances)
 
     def _now(self) -> int:
         return math.floor(self._clock.now())
@@ -115,8 +156,11 @@ class Settler:
         """Write the log (pruned) in a worker thread; call with the lock
         held so writes land in mutation order. Raises BridgeError."""
         content = self._spend.prepare(self._now())
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._spend.write, content)
+        try:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._spend.write, content)
+        finally:
+            self._changed()
 
     def summary(self) -> SpendSummary:
         """Entries and the rolling 24-hour total (failed excluded)."""

@@ -29,6 +29,7 @@ __all__ = [
     "STATUS_FAILED",
     "STATUS_PAID",
     "STATUS_PENDING",
+    "BotBalance",
     "SpendEntry",
     "SpendLog",
     "SpendSummary",
@@ -89,6 +90,17 @@ class SpendEntry:
         if self.err:
             out["err"] = self.err
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class BotBalance:
+    """A bot's report of this user's prepaid balance there: ``atoms`` from
+    the latest receipt (``brmcp/balanceAtoms``) or ``payment_required``
+    refusal it sent, at ``ts`` (unix seconds, the bridge clock). Kept in
+    memory only (not part of ``mcpspend.json``)."""
+
+    atoms: int
+    ts: int
 
 
 @dataclass(frozen=True, slots=True)

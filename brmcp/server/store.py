@@ -1,13 +1,16 @@
 """The harness's durable state: one SQLite database in the data directory.
 
-Tables (schema version 1):
+Tables (schema version 2; a version 1 file gains ``movements.tool`` when
+opened):
 
 * ``balances(peer, atoms)`` -- the built-in prepaid ledger, in atoms;
 * ``calls`` -- the paid-call journal: a row per charged execution, written in
   the same transaction as the debit, completed (or refunded) in one more;
 * ``tips`` -- received tips already processed, bounded to the newest 10,000,
   written in the same transaction as the credit;
-* ``movements`` -- an append-only audit row per money movement.
+* ``movements`` -- an append-only audit row per money movement (charges and
+  refunds name their ``tool``; NULL for tips, credits and rows written by
+  schema version 1).
 
 WAL journal, ``synchronous=FULL``. Every operation is a plain function of a
 connection executed by :class:`~._executor.GroupCommitExecutor`, so money
@@ -35,7 +38,7 @@ __all__ = [
 ]
 
 DB_FILENAME = "brmcp.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: How many processed tips are remembered for de-duplication.
 TIP_MEMORY = 10_000
 #: The largest balance the built-in ledger holds, in atoms: all the DCR there
@@ -85,7 +88,8 @@ CREATE TABLE movements (
     call_key      TEXT,
     tip_seq       INTEGER,
     ref           TEXT NOT NULL UNIQUE,
-    balance_after INTEGER
+    balance_after INTEGER,
+    tool          TEXT
 );
 CREATE INDEX movements_by_peer ON movements (peer, id);
 """
@@ -233,11 +237,21 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> None:
             f"ledger database {path} is empty (truncated?); refusing to start a new ledger over it. "
             "Restore it from a backup, or remove it to start with no balances"
         )
-    if version != SCHEMA_VERSION or not tables >= _EXPECTED_TABLES:
+    if version not in (1, SCHEMA_VERSION) or not tables >= _EXPECTED_TABLES:
         raise StoreError(
             f"ledger database {path} is not a brmcp database "
             f"(schema version {version}, tables {sorted(tables)})"
         )
+    if version == 1:
+        # Version 2 adds movements.tool (per-tool statements and stats).
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("ALTER TABLE movements ADD COLUMN tool TEXT")
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
@@ -288,11 +302,12 @@ def record_movement(
     call_key: str | None = None,
     tip_seq: int | None = None,
     balance_after: int | None = None,
+    tool: str | None = None,
 ) -> None:
     conn.execute(
-        "INSERT INTO movements (ts, peer, kind, atoms, call_key, tip_seq, ref, balance_after) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (ts, peer, kind, atoms, call_key, tip_seq, ref, balance_after),
+        "INSERT INTO movements (ts, peer, kind, atoms, call_key, tip_seq, ref, balance_after, tool) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (ts, peer, kind, atoms, call_key, tip_seq, ref, balance_after, tool),
     )
 
 
@@ -336,6 +351,7 @@ def charge(
         ref=f"charge:{call_id}",
         call_key=call_key,
         balance_after=after,
+        tool=tool,
     )
     _insert_call(
         conn, call_id=call_id, peer=peer, call_key=call_key, tool=tool, atoms=atoms, ts=ts, state="charged"
@@ -370,6 +386,7 @@ def journal_charge(
             atoms=-atoms,
             ref=f"charge:{call_id}",
             call_key=call_key,
+            tool=tool,
         )
 
 
@@ -413,6 +430,7 @@ def _refund(
     """Credit a call's price back and audit it (``local``: the built-in
     ledger holds the balance; otherwise only the audit row is written)."""
     after = _add_balance(conn, peer, atoms) if local else None
+    row = conn.execute("SELECT tool FROM calls WHERE call_id = ?", (call_id,)).fetchone()
     record_movement(
         conn,
         ts=ts,
@@ -422,6 +440,7 @@ def _refund(
         ref=f"refund:{call_id}",
         call_key=call_key,
         balance_after=after,
+        tool=row[0] if row else None,
     )
 
 

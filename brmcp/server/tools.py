@@ -21,6 +21,7 @@ import jsonschema
 import pydantic
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
+from .. import _gojson
 from ..payment import PRICE_ATOMS_KEY, PRICING_KEY
 from .context import CallContext
 
@@ -151,9 +152,11 @@ def _shorten(text: str, limit: int = 300) -> str:
 
 def to_result(value: Any) -> CallToolResult:
     """Turn a handler's return value into a CallToolResult: a dict becomes
-    structuredContent plus its compact JSON as text (as the Go SDK does); a
-    str becomes a single text content; a CallToolResult passes unchanged.
-    Raises TypeError for values that are not JSON."""
+    structuredContent plus its compact JSON as text, written as the Go SDK
+    writes it (``<``, ``>``, ``&``, U+2028 and U+2029 escaped as
+    ``\\u003c``…, docs/interop.md); a str becomes a single text content; a
+    CallToolResult passes unchanged. Raises TypeError for values that are
+    not JSON."""
     if isinstance(value, CallToolResult):
         return value
     if isinstance(value, str):
@@ -164,6 +167,7 @@ def to_result(value: Any) -> CallToolResult:
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"tool returned a value that is not JSON: {exc}") from None
+    text = _gojson.html_escape(text)
     structured = value if isinstance(value, dict) else None
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 

@@ -66,6 +66,15 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="USER:PASS",
         help="turn on Basic auth (rpcauthmode=basic) with these credentials for every fake brclient",
     )
+    parser.add_argument(
+        "--write-confs",
+        metavar="DIR",
+        help="also write ready configs into DIR: brmcp-serve/ (brmcp-serve.conf for the first user, the "
+        "bot, and brmcp.json allowing the others) and brmcp-bridge-<nick>/ for each other user "
+        "(brmcp-bridge.conf, and mcpclient.json enabled for the bot with caps of 20,000 atoms per call "
+        "and 100,000 per day, approval mode); the .conf files are rewritten on every run, the JSON "
+        "files only when missing",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--log-level", default="warning", help="logging level (default warning)")
     return parser.parse_args(argv)
@@ -189,7 +198,9 @@ async def _serve(
             fakes.append(await _start(stack, fake, explicit=bool(args.port)))
         relay.kx_all(*fakes)
         described = [_describe(f, await anyio.to_thread.run_sync(f.write_brclient_conf)) for f in fakes]
-        summary = {"relay": "fake", "users": described}
+        summary: dict[str, Any] = {"relay": "fake", "users": described}
+        if args.write_confs:
+            summary["confs"] = await anyio.to_thread.run_sync(write_confs, Path(args.write_confs), fakes)
         await anyio.to_thread.run_sync(_write_summary, summary_path, summary)
         # Signals are caught before the summary says the network is up, so a
         # stop right after it is still a clean one.
@@ -198,6 +209,66 @@ async def _serve(
             async for signum in signals:
                 print(f"brmcp-fakebr: {signal.Signals(signum).name}, stopping", file=sys.stderr, flush=True)
                 break
+
+
+#: Caps written into a new ``mcpclient.json`` by ``--write-confs`` (atoms).
+CONF_PER_CALL_CAP = 20_000
+CONF_PER_DAY_CAP = 100_000
+
+
+def write_confs(target: Path, fakes: Sequence[FakeBRClient]) -> dict[str, Any]:
+    """Write ready configs for ``fakes`` (the first is the bot) under
+    ``target``: ``brmcp-serve/brmcp-serve.conf`` and ``brmcp.json`` (allowing
+    every other user), and for each other user ``brmcp-bridge-<nick>/``
+    with ``brmcp-bridge.conf`` and ``mcpclient.json`` (enabled, the bot
+    allowed, caps of :data:`CONF_PER_CALL_CAP`/:data:`CONF_PER_DAY_CAP`
+    atoms, approval mode, a fresh token). The ``.conf`` files follow the
+    fakes' current URLs on every run; the JSON files are written only when
+    missing, so the user's own settings survive. Returns
+    ``{"serve": dir, "bridges": {nick: dir}, "written": [paths], "next_steps": [lines]}``.
+    Raises OSError or ClientrpcConfigError when a file cannot be written."""
+    from ...bridge.settings import MODE_APPROVAL, SETTINGS_FILE, Settings, mint_token, save_settings
+    from ...clientrpc import write_bot_config
+
+    bot, others = fakes[0], list(fakes[1:])
+    written: list[str] = []
+    serve_dir = target / "brmcp-serve"
+    serve_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_bot_config(serve_dir / "brmcp-serve.conf", bot.bot_config(serve_dir, "brmcp-serve"))
+    written.append(str(serve_dir / "brmcp-serve.conf"))
+    allow = serve_dir / "brmcp.json"
+    if not allow.exists():
+        content = json.dumps({"allowed_uids": [f.uid for f in others], "calls_per_minute": 30}, indent=2)
+        fd = os.open(allow, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(content + "\n")
+        written.append(str(allow))
+    bridges: dict[str, str] = {}
+    for fake in others:
+        bridge_dir = target / f"brmcp-bridge-{fake.nick}"
+        bridge_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_bot_config(bridge_dir / "brmcp-bridge.conf", fake.bot_config(bridge_dir, "brmcp-bridge"))
+        written.append(str(bridge_dir / "brmcp-bridge.conf"))
+        settings_path = bridge_dir / SETTINGS_FILE
+        if not settings_path.exists():
+            settings = Settings(
+                enabled=True,
+                token=mint_token(),
+                mode=MODE_APPROVAL,
+                per_call_cap_atoms=CONF_PER_CALL_CAP,
+                per_day_cap_atoms=CONF_PER_DAY_CAP,
+                allowed_bots=(bot.uid,),
+            )
+            save_settings(settings_path, settings)
+            written.append(str(settings_path))
+        bridges[fake.nick] = str(bridge_dir)
+    steps = [f"configs in {target} (the bot is {bot.nick}, uid {bot.uid}):"]
+    steps.append(f"  brmcp-serve --datadir {serve_dir}")
+    for nick, path in bridges.items():
+        steps.append(f"  brmcp-bridge --datadir {path}    ({nick}'s bridge; then, in another terminal:)")
+        steps.append(f"  brmcp-bridge --datadir {path} config-snippet {bot.uid}")
+        steps.append(f"  brmcp-bridge --datadir {path} ui    (a login link to approve payments)")
+    return {"serve": str(serve_dir), "bridges": bridges, "written": written, "next_steps": steps}
 
 
 def _print_summary(summary: dict[str, Any], summary_path: Path, *, as_json: bool) -> None:
@@ -214,6 +285,12 @@ def _print_summary(summary: dict[str, Any], summary_path: Path, *, as_json: bool
         print(f"  clientcertpath  {d['clientcertpath']}", flush=True)
         print(f"  clientkeypath   {d['clientkeypath']}", flush=True)
         print(f"  brclient.conf   {d['brclientconf']}", flush=True)
+    confs = summary.get("confs")
+    if confs:
+        print("", flush=True)
+        for line in confs["next_steps"]:
+            print(line, flush=True)
+        print("", flush=True)
     print(f"summary written to {summary_path}; Ctrl-C to stop", flush=True)
     print(
         "the next run reuses these uids and ports (a taken port is replaced); "
@@ -230,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     datadir = Path(args.datadir).expanduser().resolve()
+    if args.write_confs:
+        args.write_confs = str(Path(args.write_confs).expanduser().resolve())
     nicks = _users(args.users)
     try:
         datadir.mkdir(mode=0o700, parents=True, exist_ok=True)

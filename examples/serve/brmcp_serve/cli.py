@@ -24,7 +24,7 @@ from pathlib import Path
 
 import anyio
 
-from brmcp._console import add_version
+from brmcp._console import add_version, quiet_broken_pipe
 from brmcp.botlog import LEVEL_CHOICES, LogSetupError, bot_logging
 from brmcp.clientrpc import ClientrpcConfigError, load_bot_config
 from brmcp.gateway import (
@@ -48,6 +48,7 @@ from .config import (
     init_datadir,
     write_serve_config,
 )
+from .reports import ReportError, run_report
 
 __all__ = ["main"]
 
@@ -104,6 +105,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="CMD",
         nargs=argparse.REMAINDER,
         help="a stdio MCP server: the command and its arguments (must come last)",
+    )
+    parser.add_argument("--json", action="store_true", help="reports: print JSON")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("balances", help="every caller's prepaid balance (read-only; safe while the bot runs)")
+    statement = sub.add_parser("statement", help="every money movement of one caller (read-only)")
+    statement.add_argument("uid", metavar="UID", help="the caller's 64-hex uid")
+    sub.add_parser(
+        "stats", help="tips, charges and refunds, per tool, reconciled with the ledger (read-only)"
     )
     return parser.parse_args(argv)
 
@@ -169,10 +178,22 @@ def _first_run_text(datadir: Path, created: list[Path]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point; returns the exit status (0 after a clean stop
-    or a first run, 1 on an error)."""
+    """Console entry point; returns the exit status (0 after a clean stop,
+    a first run or a report, 1 on an error, 141 when the reader of a
+    report's stdout went away)."""
+    return quiet_broken_pipe(partial(_main, argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parse_args(argv)
     datadir = Path(args.datadir).expanduser()
+    if args.command is not None:
+        try:
+            run_report(args.command, datadir, getattr(args, "uid", ""), as_json=args.json)
+        except ReportError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 1
+        return 0
     try:
         created = init_datadir(datadir)
         upstream = _upstream_from_args(args, datadir)

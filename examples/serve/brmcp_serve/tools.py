@@ -1,5 +1,5 @@
-"""The two example tools (go-brmcp.md §5 "Tools"; names, descriptions,
-schemas and prices are wire-visible data):
+"""The two example tools (the Go reference's brmcp-serve tools, docs/interop.md; names,
+descriptions, schemas and prices are wire-visible data):
 
 * ``echo`` (free): ``{"text": str}`` → ``{"echo": text}``;
 * ``fortune`` (10 000 atoms = 0.0001 DCR per call): no input →
@@ -34,27 +34,19 @@ FORTUNES = (
     "Today is a fine day to read the logs.",
 )
 
-# Schemas as the Go SDK infers them from the reference's input and output
-# structs (go-brmcp.md §2.10): required fields, no extra properties.
+# Input schemas as the Go SDK infers them from the reference's input structs
+# (go-sdk v1.6.1, jsonschema-go): required fields, no extra properties. No
+# output schemas: the reference's handlers return ``any``, from which the Go
+# SDK infers none, so its tools/list has no ``outputSchema`` for these tools
+# and neither has ours (docs/interop.md). Results still carry
+# ``structuredContent`` and its JSON as text.
 ECHO_INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"text": {"type": "string", "description": "the text to echo back"}},
     "required": ["text"],
     "additionalProperties": False,
 }
-ECHO_OUTPUT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"echo": {"type": "string"}},
-    "required": ["echo"],
-    "additionalProperties": False,
-}
 FORTUNE_INPUT_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False}
-FORTUNE_OUTPUT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"fortune": {"type": "string"}},
-    "required": ["fortune"],
-    "additionalProperties": False,
-}
 
 
 def register_tools(harness: Harness, rng: random.Random | None = None) -> None:
@@ -73,13 +65,11 @@ def register_tools(harness: Harness, rng: random.Random | None = None) -> None:
         echo,
         description=ECHO_DESCRIPTION,
         input_schema=ECHO_INPUT_SCHEMA,
-        output_schema=ECHO_OUTPUT_SCHEMA,
     )
     harness.add_tool(
         "fortune",
         fortune,
         description=FORTUNE_DESCRIPTION,
         input_schema=FORTUNE_INPUT_SCHEMA,
-        output_schema=FORTUNE_OUTPUT_SCHEMA,
         price_atoms=FORTUNE_PRICE_ATOMS,
     )

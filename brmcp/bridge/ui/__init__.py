@@ -1,0 +1,18 @@
+"""The bridge's local approvals page (BRIDGE.md "Approvals page").
+
+Served on the bridge's listener under ``/ui/`` next to the admin surface,
+behind the admin token: ``brmcp-bridge ui`` asks the running daemon for a
+one-time login link; opening it sets a session cookie for this browser.
+Server-rendered HTML; a small script (``/ui/app.js``) updates the page
+without reloads and decides approvals in one click. Without the script the
+same forms work as plain HTML posts.
+
+* :class:`UISessions`: one-time login tickets and browser sessions;
+* :func:`ui_handler`: the ASGI handler for ``/ui/…``;
+* :class:`UIHost`: what the handler needs from the bridge.
+"""
+
+from .app import UI_PREFIX, UIHandler, UIHost, ui_handler
+from .sessions import SESSION_TTL, TICKET_TTL, UISessions
+
+__all__ = ["SESSION_TTL", "TICKET_TTL", "UI_PREFIX", "UIHandler", "UIHost", "UISessions", "ui_handler"]

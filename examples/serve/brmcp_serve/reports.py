@@ -1,0 +1,113 @@
+"""``brmcp-serve balances``, ``statement <uid>`` and ``stats``: read-only
+reports on the bot's ledger (``<datadir>/brmcp.sqlite3``), safe while the
+bot runs (:mod:`brmcp.server.reports`). Atoms throughout; tips arrive in
+milliatoms and are credited as whole atoms."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+from brmcp.server.reports import balances, ledger_stats, open_readonly, statement
+from brmcp.server.store import StoreError
+
+__all__ = ["ReportError", "run_report"]
+
+
+class ReportError(Exception):
+    """A one-line reason the report cannot be made."""
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _uid(value: str) -> str:
+    uid = value.strip().lower()
+    if len(uid) != 64 or any(ch not in "0123456789abcdef" for ch in uid):
+        raise ReportError(f"{value!r} is not a Bison Relay uid (64 hex characters)")
+    return uid
+
+
+def run_report(command: str, datadir: Path, uid: str = "", *, as_json: bool = False) -> None:
+    """Print report ``command`` (``balances``, ``statement`` or ``stats``)
+    for the ledger in ``datadir``. Raises :class:`ReportError`."""
+    try:
+        conn = open_readonly(datadir)
+    except StoreError as exc:
+        raise ReportError(str(exc)) from None
+    try:
+        if command == "balances":
+            _balances(conn, as_json)
+        elif command == "statement":
+            _statement(conn, _uid(uid), as_json)
+        elif command == "stats":
+            _stats(conn, as_json)
+        else:
+            raise ReportError(f"unknown report {command!r}")
+    except StoreError as exc:
+        raise ReportError(str(exc)) from None
+    except Exception as exc:  # sqlite3.Error while the file changes under us, ...
+        if isinstance(exc, ReportError):
+            raise
+        raise ReportError(f"cannot read the ledger: {exc}") from None
+    finally:
+        conn.close()
+
+
+def _balances(conn: sqlite3.Connection, as_json: bool) -> None:
+    rows = balances(conn)
+    if as_json:
+        print(json.dumps({"balances": [{"uid": u, "atoms": a} for u, a in rows]}))
+        return
+    if not rows:
+        print("no callers have a balance yet")
+        return
+    print(f"{'UID':<64}  {'BALANCE (atoms)':>16}")
+    for uid, atoms in rows:
+        print(f"{uid:<64}  {atoms:>16,}")
+    print(f"{len(rows)} caller(s), {sum(a for _, a in rows):,} atoms held in total")
+
+
+def _statement(conn: sqlite3.Connection, uid: str, as_json: bool) -> None:
+    lines = statement(conn, uid)
+    if as_json:
+        print(json.dumps({"uid": uid, "movements": [line.to_dict() for line in lines]}))
+        return
+    if not lines:
+        print(f"no money movements for {uid}")
+        return
+    print(f"{'WHEN (UTC)':<20} {'KIND':<16} {'TOOL':<20} {'ATOMS':>12} {'BALANCE':>12}")
+    for line in lines:
+        e = line.entry
+        balance = "" if e.balance_after is None else f"{e.balance_after:,}"
+        print(f"{_when(e.ts):<20} {e.kind:<16} {line.tool or '':<20} {e.atoms:>+12,} {balance:>12}")
+
+
+def _stats(conn: sqlite3.Connection, as_json: bool) -> None:
+    stats = ledger_stats(conn)
+    if as_json:
+        print(json.dumps(stats.to_dict()))
+        return
+    print(f"tips credited:  {stats.tips:>8}  {stats.tip_atoms:>14,} atoms")
+    if stats.credits:
+        print(f"other credits:  {stats.credits:>8}  {stats.credit_atoms:>14,} atoms")
+    print(f"paid calls:     {stats.charges:>8}  {stats.charged_atoms:>14,} atoms charged")
+    print(f"refunds:        {stats.refunds:>8}  {stats.refunded_atoms:>14,} atoms")
+    if stats.per_tool:
+        print()
+        print(f"{'TOOL':<24} {'CALLS':>8} {'CHARGED':>14} {'REFUNDS':>8} {'REFUNDED':>14} {'NET':>14}")
+        for t in stats.per_tool:
+            print(
+                f"{t.tool:<24} {t.charges:>8} {t.charged_atoms:>14,} {t.refunds:>8} "
+                f"{t.refunded_atoms:>14,} {t.net_atoms:>14,}"
+            )
+    print()
+    print(f"{stats.callers} caller(s) hold {stats.balance_atoms:,} atoms")
+    verdict = "yes" if stats.reconciles else "NO"
+    print(
+        f"reconciles with the ledger: {verdict} (balances {stats.balance_atoms:,} = "
+        f"tips + credits - charges + refunds {stats.movement_atoms:,})"
+    )
