@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -21,12 +22,48 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCResponse
 
 from . import wire
-from .sender import SendError
+from .sender import PMSender, SendError
 
-if TYPE_CHECKING:
-    from .router import Router
+__all__ = ["Conn", "SessionHost", "send_deadline"]
 
-__all__ = ["Conn", "send_deadline"]
+
+class _SendOptions(Protocol):
+    """The parts of ``RouterOptions`` a session's writes use."""
+
+    @property
+    def ttl(self) -> float: ...
+
+    @property
+    def chunk_size(self) -> int: ...
+
+
+class _SendStats(Protocol):
+    """The ``RouterStats`` counters a session's writes update."""
+
+    pms_sent: int
+    messages_sent: int
+    send_failures: int
+
+
+class SessionHost(Protocol):
+    """What a :class:`Conn` needs from the router that owns it. The
+    :class:`~brmcp.Router` implements it; ``conn`` depends on this protocol,
+    never on ``router`` (no import cycle)."""
+
+    sender: PMSender
+
+    @property
+    def options(self) -> _SendOptions: ...
+
+    @property
+    def stats(self) -> _SendStats: ...
+
+    def _clock(self) -> float: ...
+
+    def _forget(self, conn: Conn) -> None: ...
+
+    def _touch(self, conn: Conn) -> None: ...
+
 
 log = logging.getLogger("brmcp.transport")
 
@@ -85,6 +122,8 @@ class Conn:
         "_inbox_recv",
         "_inbox_send",
         "_meta",
+        "_queued",
+        "_queued_bytes",
         "_router",
         "_write_stream",
         "error",
@@ -93,7 +132,7 @@ class Conn:
         "sid",
     )
 
-    def __init__(self, router: Router, peer: str, sid: str, inbox_size: int, now: float) -> None:
+    def __init__(self, router: SessionHost, peer: str, sid: str, inbox_size: int, now: float) -> None:
         self._router = router
         self.peer = peer
         self.sid = sid
@@ -107,6 +146,10 @@ class Conn:
         self._closed = False
         self.error: BaseException | None = None
         self.last_activity = now
+        # The costs (brmcp._inbox.message_cost) of the messages still in the
+        # inbox buffer, oldest first; settled lazily against the buffer's size.
+        self._queued: deque[int] = deque()
+        self._queued_bytes = 0
 
     @property
     def session_id(self) -> str:
@@ -141,6 +184,10 @@ class Conn:
             return
         self._closed = True
         self._inbox_send.close()
+        # Unread messages stay reachable only through the receive stream,
+        # which the reader drains or drops; the byte tally no longer counts them.
+        self._queued.clear()
+        self._queued_bytes = 0
         self._router._forget(self)
 
     async def __aenter__(self) -> Conn:
@@ -154,17 +201,56 @@ class Conn:
     ) -> None:
         self.close()
 
-    def _deliver(self, message: SessionMessage | Exception) -> bool:
-        """Queue an inbound message without blocking; False when the inbox
-        is full (the router then closes the session). A session whose reader
-        has gone (the read stream was closed) is closed here: nobody can ever
-        read it again, so it must not keep its slot under the per-peer cap."""
+    @property
+    def queued_bytes(self) -> int:
+        """The estimated memory (bytes) of the inbound messages waiting in the
+        inbox, not yet read (WIRE.md §Inboxes)."""
+        self._settle()
+        return self._queued_bytes
+
+    def _discard_unread(self) -> int:
+        """Drop every message still waiting in the inbox (an overflowing
+        session is closed and its unread messages must not stay in memory
+        behind a reader that does not read); returns how many."""
+        dropped = 0
+        while True:
+            try:
+                self._inbox_recv.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            dropped += 1
+        self._queued.clear()
+        self._queued_bytes = 0
+        return dropped
+
+    def _settle(self) -> None:
+        """Forget the costs of messages the reader took (the inbox is FIFO)."""
+        queued = self._queued
+        if not queued:
+            return
+        used = self._inbox_send.statistics().current_buffer_used if not self._closed else 0
+        while len(queued) > used:
+            self._queued_bytes -= queued.popleft()
+
+    def _deliver(self, message: SessionMessage | Exception, cost: int = 0) -> bool:
+        """Queue an inbound message of estimated memory ``cost`` without
+        blocking; False when the inbox is full (the router then closes the
+        session). A message handed straight to a waiting reader is not
+        counted. A session whose reader has gone (the read stream was closed)
+        is closed here: nobody can ever read it again, so it must not keep
+        its slot under the per-peer cap."""
+        self._settle()
+        before = self._inbox_send.statistics().current_buffer_used
         try:
             self._inbox_send.send_nowait(message)
         except anyio.WouldBlock:
             return False
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             self.close()
+            return True
+        if self._inbox_send.statistics().current_buffer_used > before:
+            self._queued.append(cost)
+            self._queued_bytes += cost
         return True
 
     async def _write(self, item: SessionMessage) -> None:

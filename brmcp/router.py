@@ -22,12 +22,15 @@ from mcp.types import jsonrpc_message_adapter
 from pydantic import ValidationError
 
 from . import wire
+from ._inbox import message_cost
 from .conn import Conn
 from .sender import PMSender
 
 __all__ = ["AcceptFunc", "AllowFunc", "Router", "RouterOptions", "RouterStats"]
 
 log = logging.getLogger("brmcp.transport")
+
+_MIB = 1 << 20
 
 #: Server role: serve one new inbound session; the session closes when it returns.
 AcceptFunc = Callable[[Conn], Awaitable[None]]
@@ -45,6 +48,12 @@ class RouterOptions:
     * ``assembler``: reassembly bounds.
     * ``inbox_size``: decoded messages queued per session; overflow closes
       the session.
+    * ``inbox_bytes``: estimated memory of the messages queued in one
+      session (:func:`brmcp._inbox.message_cost`, an upper estimate of the
+      decoded form); ``peer_inbox_bytes``: the same across all sessions of
+      one peer. A message that would pass either closes its session, which
+      drops its unread messages; a message whose cost alone passes
+      ``inbox_bytes`` is refused before it is decoded (WIRE.md §Inboxes).
     * ``idle_timeout``: seconds without a delivered inbound message or a
       write after which a session is closed. ``"auto"`` selects 600 s in the
       server role and no expiry in the client role; None disables it.
@@ -59,6 +68,8 @@ class RouterOptions:
     chunk_size: int = wire.DEFAULT_CHUNK_SIZE
     assembler: wire.AssemblerConfig = field(default_factory=wire.AssemblerConfig)
     inbox_size: int = 128
+    inbox_bytes: int = 32 * _MIB
+    peer_inbox_bytes: int = 64 * _MIB
     idle_timeout: float | Literal["auto"] | None = "auto"
     max_sessions_per_peer: int | None = 8
 
@@ -69,6 +80,9 @@ class RouterOptions:
             raise ValueError(f"chunk_size must be > 0 bytes, got {self.chunk_size!r}")
         if self.inbox_size < 1:
             raise ValueError(f"inbox_size must be >= 1, got {self.inbox_size!r}")
+        for name in ("inbox_bytes", "peer_inbox_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 byte, got {getattr(self, name)!r}")
         if self.idle_timeout != "auto" and self.idle_timeout is not None and not self.idle_timeout > 0:
             raise ValueError(f"idle_timeout must be > 0 seconds, None or 'auto', got {self.idle_timeout!r}")
         if self.max_sessions_per_peer is not None and self.max_sessions_per_peer < 1:
@@ -93,7 +107,8 @@ class RouterStats:
     dropped_invalid_jsonrpc: int = 0
     dropped_unknown_session: int = 0  #: client role: no such sid
     dropped_session_cap: int = 0
-    inbox_overflows: int = 0
+    inbox_overflows: int = 0  #: sessions closed by a full inbox (count or bytes)
+    dropped_unread: int = 0  #: unread messages dropped with an overflowing session
     messages_delivered: int = 0
     sessions_opened: int = 0
     sessions_closed: int = 0
@@ -146,6 +161,7 @@ class Router:
         self._assembler = wire.Assembler(self.options.assembler)
         self._sessions: OrderedDict[tuple[str, str], Conn] = OrderedDict()
         self._per_peer: dict[str, int] = {}
+        self._peer_sessions: dict[str, dict[str, Conn]] = {}
         self._closed = False
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -259,6 +275,18 @@ class Router:
             return
         if payload is None:
             return
+        cost = message_cost(payload)
+        opts = self.options
+        if cost > opts.inbox_bytes or cost > opts.peer_inbox_bytes:
+            # No inbox can ever hold it: refused before it is decoded.
+            stats.dropped_too_large += 1
+            log.debug(
+                "drop message from %s sid=%s: %d bytes decoded passes the inbox bound", peer, part.sid, cost
+            )
+            known = self._sessions.get((peer, part.sid))
+            if known is not None:
+                self._overflow(known, "a message larger than the inbox bound")
+            return
         try:
             message = jsonrpc_message_adapter.validate_json(payload, by_name=False)
         except (ValidationError, ValueError) as exc:
@@ -287,18 +315,37 @@ class Router:
         else:
             conn.last_activity = now
             self._sessions.move_to_end(key)
-        if conn._deliver(conn._make_message(message)):
+        del payload
+        if conn.queued_bytes + cost > opts.inbox_bytes:
+            self._overflow(conn, f"over {opts.inbox_bytes} bytes queued")
+        elif self._peer_queued(peer) + cost > opts.peer_inbox_bytes:
+            self._overflow(conn, f"over {opts.peer_inbox_bytes} bytes queued across the peer's sessions")
+        elif conn._deliver(conn._make_message(message), cost):
             stats.messages_delivered += 1
         else:
-            stats.inbox_overflows += 1
-            log.debug("inbox of session %s/%s overflowed; closing it", peer, part.sid)
-            conn.close()
+            self._overflow(conn, f"over {opts.inbox_size} messages queued")
+
+    def _overflow(self, conn: Conn, why: str) -> None:
+        """Close an overflowing session and drop what its reader has not read."""
+        self.stats.inbox_overflows += 1
+        self.stats.dropped_unread += conn._discard_unread()
+        log.debug("inbox of session %s/%s overflowed (%s); closing it", conn.peer, conn.sid, why)
+        conn.close()
+
+    def queued_bytes(self, peer: str) -> int:
+        """Estimated memory of the inbound messages of ``peer`` waiting in its
+        sessions' inboxes (bounded by ``RouterOptions.peer_inbox_bytes``)."""
+        return self._peer_queued(peer)
+
+    def _peer_queued(self, peer: str) -> int:
+        return sum(c.queued_bytes for c in self._peer_sessions.get(peer, {}).values())
 
     # -- internals -------------------------------------------------------------
 
     def _register(self, peer: str, sid: str, now: float) -> Conn:
         conn = Conn(self, peer, sid, self.options.inbox_size, now)
         self._sessions[(peer, sid)] = conn
+        self._peer_sessions.setdefault(peer, {})[sid] = conn
         self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
         self.stats.sessions_opened += 1
         return conn
@@ -308,6 +355,11 @@ class Router:
         if self._sessions.get(key) is not conn:
             return
         del self._sessions[key]
+        mine = self._peer_sessions.get(conn.peer)
+        if mine is not None:
+            mine.pop(conn.sid, None)
+            if not mine:
+                del self._peer_sessions[conn.peer]
         self.stats.sessions_closed += 1
         count = self._per_peer.get(conn.peer, 0)
         if count <= 1:

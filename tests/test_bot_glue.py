@@ -11,6 +11,7 @@ import base64
 import contextlib
 import json
 import logging
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -425,3 +426,63 @@ async def test_credits_past_the_maximum_balance_are_refused_and_logged(
     ]
     assert len(refused) == 3  # two operator credits, one tip
     assert f"tip {over.sequence_id} from {alice.uid} (11000 matoms) recorded but NOT credited" in caplog.text
+
+
+async def test_new_data_dir_credits_the_replay_backlog_and_says_from_whom(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with anyio.fail_after(30), caplog.at_level(logging.INFO, logger="brmcp.server.bot"):
+        async with fake_network(tmp_path, "bot", "alice", "carol") as (_, (bot, alice, carol)):
+            # Tips waiting in brclient's replay log before any harness ran.
+            waiting = [
+                bot.emit_received_tip(alice.uid, 2_000_000),
+                bot.emit_received_tip(carol.uid, 5_000_000),  # not allowed: recorded, not credited
+                bot.emit_received_tip(alice.uid, 3_000_000),
+            ]
+            harness = make_harness(tmp_path / "h", alice.uid)
+            assert not await harness.has_tip_history()
+            async with running_bot(harness, bot, Recorder()):
+                await bot.wait_for(lambda: cleared(bot, KIND_TIP_RECEIVED, *[t.sequence_id for t in waiting]))
+                await until(lambda: "already waiting in brclient's replay log" in caplog.text)
+                assert await harness.balance(alice.uid) == 5_000
+                assert await harness.balance(carol.uid) == 0
+                assert await harness.has_tip_history()
+            summary = [r for r in caplog.records if "already waiting" in r.getMessage()]
+            assert len(summary) == 1
+            assert summary[0].levelno == logging.INFO
+            assert summary[0].getMessage() == (
+                "no tip history: 3 tips already waiting in brclient's replay log, from "
+                f"{alice.uid} (2 tips, 5000 atoms credited), {carol.uid} (1 tip, 0 atoms credited)"
+            )
+            # A restart on the same data directory has tip history: no backlog report.
+            caplog.clear()
+            later = bot.emit_received_tip(alice.uid, 1_000_000)
+            async with running_bot(make_harness(tmp_path / "h", alice.uid), bot, Recorder()):
+                await bot.wait_for(lambda: cleared(bot, KIND_TIP_RECEIVED, later.sequence_id))
+                await anyio.sleep(1.5)
+            assert "replay log" not in caplog.text
+
+
+async def test_a_second_harness_on_one_brclient_refuses_to_start(tmp_path: Path) -> None:
+    from brmcp.server import HarnessError
+
+    with anyio.fail_after(30):
+        async with fake_network(tmp_path, "bot", "alice") as (_, (bot, alice)):
+            first = make_harness(tmp_path / "one", alice.uid)
+            async with running_bot(first, bot, Recorder()):
+                second = make_harness(tmp_path / "two", alice.uid)
+                async with bot.client(**FAST) as other:
+                    with pytest.raises(HarnessError) as caught:
+                        await run_bot(second, other)
+                message = str(caught.value)
+                pid = os.getpid()
+                assert f"another harness (pid {pid}) is already serving the brclient at {bot.url}" in message
+                assert "would both consume its tips" in message
+                # Tips go to the first harness only.
+                tip = bot.emit_received_tip(alice.uid, 4_000)
+                await bot.wait_for(lambda: cleared(bot, KIND_TIP_RECEIVED, tip.sequence_id))
+                assert await first.balance(alice.uid) == 4
+            # Once the first stopped, another may serve this brclient.
+            third = make_harness(tmp_path / "three", alice.uid)
+            async with running_bot(third, bot, Recorder()):
+                pass

@@ -151,6 +151,44 @@ async def test_upstream_killed_mid_call_is_refunded_once_and_restarted(tmp_path:
         assert await env.harness.balance(CLIENT) == 0
 
 
+async def test_every_call_in_flight_is_refunded_once_when_the_upstream_dies(tmp_path: Path) -> None:
+    pidfile = tmp_path / "upstream.pid"
+    upstream = UpstreamConfig(command=tuple(pid_wrapped(_command(), pidfile)))
+    started: list[int] = []
+    results: list[Any] = []
+    both_running = anyio.Event()
+    async with gateway_stack(tmp_path, upstream, PRICES) as env:
+
+        async def one(n: int) -> None:
+            async def on_progress(value: float, total: float | None, message: str | None) -> None:
+                if n not in started:
+                    started.append(n)
+                if len(started) == 2:
+                    both_running.set()
+
+            async with env.session() as session:
+                results.append(
+                    await session.call_tool(
+                        LONG, {"duration": 30, "steps": 30}, progress_callback=on_progress
+                    )
+                )
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, 1)
+                tg.start_soon(one, 2)
+                await both_running.wait()
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        assert [r.is_error for r in results] == [True, True]
+        assert all("went away during the request" in joined(r) for r in results)
+        assert env.payer.payments == [900, 900]
+        kinds = sorted(await env.statement_kinds())
+        assert kinds == sorted([("credit", 900)] * 2 + [("charge", -900)] * 2 + [("refund", 900)] * 2)
+        assert await env.harness.balance(CLIENT) == 1800
+        assert env.gateway.upstream_calls == 2
+        await until(lambda: env.gateway.upstream.generation == 2)
+
+
 async def test_resources_prompts_completions_and_subscriptions_are_mirrored(tmp_path: Path) -> None:
     upstream = UpstreamConfig(command=tuple(_command()))
     updates: list[str] = []
@@ -251,14 +289,15 @@ def _wait_listening(port: int, limit: float = 30.0) -> None:
 
 
 @asynccontextmanager
-async def everything_http(tmp_path: Path) -> AsyncIterator[str]:
-    """server-everything's streamable-HTTP transport on a free loopback port."""
+async def everything_http(tmp_path: Path, port: int | None = None) -> AsyncIterator[str]:
+    """server-everything's streamable-HTTP transport on ``port`` (default: a
+    free loopback port)."""
     from gateway_support import free_port
 
     command = _command("streamableHttp")
-    port = free_port()
+    port = port or free_port()
     env = {**os.environ, "PORT": str(port)}
-    with open(tmp_path / "everything-http.log", "wb") as log:  # noqa: ASYNC230
+    with open(tmp_path / f"everything-http-{port}.log", "ab") as log:  # noqa: ASYNC230
         process = await anyio.open_process(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             await anyio.to_thread.run_sync(_wait_listening, port)
@@ -295,3 +334,33 @@ async def test_streamable_http_upstream(tmp_path: Path) -> None:
             assert resources
             prompts = (await session.list_prompts()).prompts
             assert {p.name for p in prompts} >= {"simple-prompt", "args-prompt"}
+
+
+async def test_streamable_http_upstream_that_stops_is_reconnected(tmp_path: Path) -> None:
+    from gateway_support import free_port
+
+    port = free_port()
+    upstream = UpstreamConfig(url=f"http://127.0.0.1:{port}/mcp")
+    async with everything_http(tmp_path, port):
+        stack = gateway_stack(tmp_path, upstream, PRICES, health_interval=0.2)
+        env = await stack.__aenter__()
+    try:
+        # The server is gone: the next call fails and is refunded; the
+        # gateway notices (failed ping) and keeps trying to reconnect.
+        async with env.session() as session:
+            failed = await call(session, "get-sum", {"a": 1, "b": 1})
+        assert failed.is_error
+        assert env.payer.payments == [300]
+        assert await env.statement_kinds() == [("credit", 300), ("charge", -300), ("refund", 300)]
+        await until(lambda: env.gateway.upstream.session is None)
+        async with everything_http(tmp_path, port):
+            await until(
+                lambda: env.gateway.upstream.generation >= 2 and env.gateway.upstream.session is not None
+            )
+            async with env.session() as session:
+                summed = await call(session, "get-sum", {"a": 20, "b": 22})
+            assert not summed.is_error, joined(summed)
+            assert "42" in joined(summed)
+            assert env.payer.payments == [300]  # paid from the refunded balance
+    finally:
+        await stack.__aexit__(None, None, None)

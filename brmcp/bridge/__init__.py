@@ -13,6 +13,7 @@ reference (go-brmcp.md §4); see BRIDGE.md.
 * :class:`TipMatcher`: correlate tips with terminal tip-progress events;
 * :class:`BridgeDaemon` / :class:`TipPayer`: the ``brmcp-bridge`` daemon on a
   brclient (clientrpc), as an async API;
+* :class:`ListenerLimits`: the owned listener's timeouts and connection cap;
 * :class:`RetryPolicy`: re-send timing toward bots;
 * :class:`Clock`, :class:`SystemClock`, :class:`ManualClock`, :func:`go_duration`.
 """
@@ -23,6 +24,7 @@ from .bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN, Bridge, BridgeConfig
 from .clock import Clock, ManualClock, SystemClock, go_duration
 from .daemon import BridgeDaemon, TipPayer, TipPaymentError
 from .errors import BridgeError, SettingsError
+from .listener import ListenerLimits
 from .retry import RetryPolicy
 from .settings import MODE_APPROVAL, MODE_AUTOPAY, SETTINGS_FILE, Settings
 from .settle import Payer
@@ -42,6 +44,7 @@ __all__ = [
     "BridgeError",
     "Clock",
     "ConfigSnippet",
+    "ListenerLimits",
     "ManualClock",
     "Payer",
     "PendingPayment",

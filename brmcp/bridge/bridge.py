@@ -29,7 +29,7 @@ from .clock import Clock, SystemClock
 from .errors import BridgeError
 from .http import MAX_BODY_BYTES, BridgeApp
 from .link import CONNECT_TIMEOUT, BotLink
-from .listener import OwnedListener, parse_listen_address
+from .listener import ListenerLimits, OwnedListener, parse_listen_address
 from .proxy import BotProxy
 from .retry import RetryPolicy
 from .settings import SETTINGS_FILE, Settings, describe_changes, load_settings, mint_token, save_settings
@@ -71,6 +71,8 @@ class BridgeConfig:
       (BRIDGE.md §Deadlines and re-sends).
     * ``uid``: this bridge's own BR uid, named in the hint an agent gets
       when a bot does not answer (None: not known).
+    * ``listener_limits``: header-read and keep-alive timeouts and the
+      connection cap of the owned listener (BRIDGE.md "Listener limits").
     """
 
     data_dir: str | os.PathLike[str]
@@ -84,6 +86,7 @@ class BridgeConfig:
     connect_timeout: float = CONNECT_TIMEOUT
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     uid: str | None = None
+    listener_limits: ListenerLimits = field(default_factory=ListenerLimits)
 
 
 def _http_url(bound: tuple[str, int] | None, address: str) -> str:
@@ -342,7 +345,7 @@ class Bridge:
                 if not settings.enabled:
                     log.info("bridge disabled: endpoint %s closed", _http_url(bound, address))
             if settings.enabled and self._listener is None:
-                listener = OwnedListener(self._app, address)
+                listener = OwnedListener(self._app, address, self.config.listener_limits)
                 try:
                     bound = await listener.start(tg)
                 except OSError as exc:

@@ -55,6 +55,7 @@ from ..clientrpc import (
     load_or_create_bot_config,
 )
 from ..clientrpc._glue import Acker, connection_signals, flush_on_connect
+from ..lockfile import FileLock, LockHeldError, acquire
 from ..router import RouterOptions
 from ._files import read_text, write_atomic
 from .approvals import PendingPayment
@@ -83,6 +84,8 @@ log = logging.getLogger("brmcp.bridge.daemon")
 
 #: bisonbotkit config name: the daemon reads ``<datadir>/brmcp-bridge.conf``.
 BOT_CONFIG_NAME = "brmcp-bridge"
+#: Held (flock) while the daemon runs: one process per data directory.
+LOCK_FILE = "brmcp-bridge.lock"
 #: Written while the daemon runs: ``{"pid", "started", "listen", "url", "sighup"}`` (JSON,
 #: mode 0600); see :func:`read_runtime`.
 RUNTIME_FILE = "brmcp-bridge.runtime.json"
@@ -386,6 +389,24 @@ class BridgeDaemon:
         if self._ran:
             raise RuntimeError("BridgeDaemon.run can be called only once")
         self._ran = True
+        lock = await anyio.to_thread.run_sync(self._lock_datadir)
+        try:
+            await self._run(handle_signals, task_status)
+        finally:
+            lock.release()
+
+    def _lock_datadir(self) -> FileLock:
+        path = self.datadir / LOCK_FILE
+        try:
+            return acquire(path, what="brmcp-bridge", detail=str(self.datadir))
+        except LockHeldError as exc:
+            raise BridgeError(
+                f"another brmcp-bridge (pid {exc.pid}) is running on {self.datadir} (lock {path})"
+            ) from None
+        except OSError as exc:
+            raise BridgeError(f"cannot create the lock {path}: {exc}") from None
+
+    async def _run(self, handle_signals: bool, task_status: anyio.abc.TaskStatus[BridgeDaemon]) -> None:
         other = await anyio.to_thread.run_sync(read_runtime, self.datadir)
         if other is not None:
             pid = other.get("pid")

@@ -1,26 +1,136 @@
 """The bridge's own loopback HTTP listener (go-brmcp.md §4.3 "Owned
 listener"): uvicorn serving the bridge's ASGI app on one socket, started and
-stopped at runtime inside a task group the bridge owns."""
+stopped at runtime inside a task group the bridge owns, with a header-read
+timeout, a keep-alive timeout and a connection cap (:class:`ListenerLimits`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import logging
 import socket
 from collections.abc import Generator
+from dataclasses import dataclass
 
 import anyio
 import anyio.abc
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["OwnedListener", "parse_listen_address"]
+__all__ = ["ListenerLimits", "OwnedListener", "parse_listen_address"]
 
 log = logging.getLogger("brmcp.bridge")
 
 #: Seconds a stop waits for open requests before cutting them (Go: 3 s).
 SHUTDOWN_GRACE = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerLimits:
+    """Bounds on the HTTP connections of the bridge's own listener
+    (BRIDGE.md "Listener limits"; SECURITY.md).
+
+    * ``header_timeout``: seconds a connection may take to deliver one
+      request's complete headers, counted from the connect or from the first
+      byte after a keep-alive pause; then it is closed (slowloris).
+    * ``keepalive_timeout``: seconds an idle keep-alive connection is kept
+      between requests.
+    * ``max_connections``: open connections at once. A new connection over
+      the cap evicts the connection that has been idle (no request in
+      progress: waiting for headers or between requests) the longest; when
+      every connection has a request in progress, the new one is closed at
+      once. So idle or trickling connections cannot lock out an agent, and
+      the process never runs out of file descriptors to them.
+
+    Raises ValueError for non-positive values.
+    """
+
+    header_timeout: float = 10.0
+    keepalive_timeout: int = 5
+    max_connections: int = 256
+
+    def __post_init__(self) -> None:
+        if not self.header_timeout > 0:
+            raise ValueError(f"header_timeout must be > 0 seconds, got {self.header_timeout!r}")
+        if self.keepalive_timeout < 1:
+            raise ValueError(f"keepalive_timeout must be >= 1 second, got {self.keepalive_timeout!r}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections!r}")
+
+
+def _guarded_protocol(limits: ListenerLimits) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with :class:`ListenerLimits` enforced."""
+
+    class _Guarded(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+        _idle_since: float = 0.0
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._idle_since = self.loop.time()
+            self._arm_header_timer()
+            if len(self.connections) > limits.max_connections:
+                self._make_room()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_header_timer()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._busy():
+                self._disarm_header_timer()
+            elif self._header_timer is None and not self.transport.is_closing():
+                self._arm_header_timer()  # a new request after a keep-alive pause
+
+        def on_response_complete(self) -> None:
+            self._idle_since = self.loop.time()
+            super().on_response_complete()
+
+        def _busy(self) -> bool:
+            """A request is in progress (its headers arrived, no response end yet)."""
+            cycle = self.cycle
+            return cycle is not None and not cycle.response_complete
+
+        def _arm_header_timer(self) -> None:
+            self._disarm_header_timer()
+            self._header_timer = self.loop.call_later(limits.header_timeout, self._header_timeout)
+
+        def _disarm_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _header_timeout(self) -> None:
+            self._header_timer = None
+            if not self._busy():
+                self._drop("request headers not received in time")
+
+        def _drop(self, why: str) -> None:
+            if self.transport.is_closing():
+                return
+            log.debug("bridge listener: closing a connection: %s", why)
+            self.transport.abort()
+
+        def _make_room(self) -> None:
+            idle = [
+                c
+                for c in self.connections
+                if isinstance(c, _Guarded)
+                and c is not self
+                and not c._busy()
+                and not c.transport.is_closing()
+            ]
+            if idle:
+                min(idle, key=lambda c: c._idle_since)._drop(
+                    f"over {limits.max_connections} connections; the longest idle one makes room"
+                )
+            else:
+                self._drop(f"over {limits.max_connections} connections, all with a request in progress")
+
+    return _Guarded
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:
@@ -57,8 +167,9 @@ class _Server(uvicorn.Server):
 class OwnedListener:
     """One running uvicorn server on a bound loopback socket."""
 
-    def __init__(self, app: ASGIApp, address: str) -> None:
+    def __init__(self, app: ASGIApp, address: str, limits: ListenerLimits | None = None) -> None:
         self._app = app
+        self.limits = limits or ListenerLimits()
         self._host, self._port = parse_listen_address(address)
         self._server: _Server | None = None
         self._done = anyio.Event()
@@ -89,7 +200,8 @@ class OwnedListener:
             lifespan="off",
             log_config=None,
             access_log=False,
-            http="h11",
+            http=_guarded_protocol(self.limits),
+            timeout_keep_alive=self.limits.keepalive_timeout,
             ws="none",
             proxy_headers=False,
             server_header=False,

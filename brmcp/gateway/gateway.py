@@ -277,7 +277,8 @@ class Gateway:
             raise RuntimeError(f"upstream error {exc.error.code}: {exc.error.message}") from None
         finally:
             self._inflight.pop(token, None)
-        result.meta = strip_reserved(result.meta)
+        # An upstream cannot forge our keys (receipts, prices) in a result.
+        result.meta = strip_reserved(result.meta, own=True)
         return result
 
     # -- in-call relays -----------------------------------------------------------------
@@ -404,7 +405,7 @@ class Gateway:
             result = await self._forward(request_type(params=clean), result_type)
             meta = getattr(result, "meta", None)
             if meta:
-                result.meta = strip_reserved(meta)  # type: ignore[attr-defined]
+                result.meta = strip_reserved(meta, own=True)  # type: ignore[attr-defined]
             return result
 
         return handler

@@ -118,6 +118,8 @@ class Upstream:
         self.generation = 0
         #: Times the connection ended while the gateway was running.
         self.exits = 0
+        #: The backoff delays waited before each restart so far (seconds).
+        self.delays: list[float] = []
 
     # -- state ------------------------------------------------------------------
 
@@ -194,25 +196,27 @@ class Upstream:
     async def run(self, *, task_status: anyio.abc.TaskStatus[Upstream] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep the upstream connected until cancelled (see the class)."""
         delay = self._backoff_initial
-        first = True
         while True:
             began = time.monotonic()
+            first = self.generation == 0
             try:
                 await self._connect_once(task_status if first else None)
                 reason = "the connection ended"
             except Exception as exc:
-                if first:
+                # Only a failure before the first successful initialize is
+                # fatal; one while tearing a live connection down is not.
+                if self.generation == 0:
                     raise UpstreamStartError(
                         f"cannot start the upstream MCP server ({self.config.describe()}): {_describe(exc)}"
                     ) from exc
                 reason = _describe(exc)
-            first = False
             self.exits += 1
             if time.monotonic() - began >= self._stable_after:
                 delay = self._backoff_initial
             log.warning(
                 "upstream %s stopped (%s); restarting in %.1f s", self.config.describe(), reason, delay
             )
+            self.delays.append(delay)
             await anyio.sleep(delay)
             delay = min(delay * 2, self._backoff_max)
 

@@ -7,11 +7,12 @@
   :class:`PeerContext`: what a resource, prompt or completion handler learns;
 * :class:`Billing`: plug in external accounting;
 * :class:`StatementEntry`: one audited money movement;
-* :func:`run_bot`: serve a harness through a running brclient (clientrpc).
+* :func:`run_bot`: serve a harness through a running brclient (clientrpc);
+  :func:`lock_brclient`: its one-harness-per-brclient lock.
 """
 
 from .billing import Billing, InsufficientBalance
-from .bot import run_bot
+from .bot import lock_brclient, run_bot
 from .callkeys import REPLAY_WINDOW
 from .completions import CompletionSpec
 from .context import CallContext, PeerContext
@@ -38,6 +39,7 @@ __all__ = [
     "ResourceTemplateSpec",
     "StatementEntry",
     "ToolSpec",
+    "lock_brclient",
     "run_bot",
     "valid_call_key",
 ]

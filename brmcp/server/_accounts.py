@@ -303,6 +303,12 @@ class Accounts:
             )
         return new, credited
 
+    async def has_tip_history(self) -> bool:
+        """True once any received tip was recorded (credited or not)."""
+        if self._db is None:
+            return bool(self._seen_tips)
+        return await self._db.run(lambda c: store.has_tips(c))
+
     async def statement(self, peer: str) -> list[StatementEntry]:
         if self._db is None:
             return []

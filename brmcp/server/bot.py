@@ -30,14 +30,15 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ..clientrpc import Client, ReceivedPM, ReceivedTip, Subscription, TipProgressEvent
+from ..clientrpc import Client, ClientrpcError, ReceivedPM, ReceivedTip, Subscription, TipProgressEvent
 from ..clientrpc._glue import Acker, call_hook, connection_signals, flush_on_connect
+from ..lockfile import FileLock, LockHeldError, acquire, brclient_lock_path
 from ..router import Router
 from ..wire import is_envelope
-from .harness import Harness
+from .harness import Harness, HarnessError
 from .store import MAX_INT63
 
-__all__ = ["ConnectedHook", "PMHook", "TipProgressHook", "TipReceivedHook", "run_bot"]
+__all__ = ["ConnectedHook", "PMHook", "TipProgressHook", "TipReceivedHook", "lock_brclient", "run_bot"]
 
 log = logging.getLogger("brmcp.server.bot")
 
@@ -50,6 +51,10 @@ TipProgressHook = Callable[[TipProgressEvent], Awaitable[None] | None]
 #: ``on_connected()``: after every (re)connect to brclient.
 ConnectedHook = Callable[[], Awaitable[None] | None]
 
+#: Seconds without a tip after which the replayed backlog is taken to be over.
+BACKLOG_QUIET = 1.0
+#: Seconds after the tip stream opened after which the backlog report is logged anyway.
+BACKLOG_MAX = 10.0
 #: Retry delays (seconds) while a tip cannot be recorded: first, then doubling up to the cap.
 CREDIT_RETRY_INITIAL = 0.5
 CREDIT_RETRY_MAX = 30.0
@@ -63,6 +68,7 @@ async def run_bot(
     on_tip_received: TipReceivedHook | None = None,
     on_tip_progress: TipProgressHook | None = None,
     on_connected: ConnectedHook | None = None,
+    exclusive: bool = True,
     task_status: anyio.abc.TaskStatus[Router] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``harness`` through brclient until cancelled.
@@ -84,6 +90,19 @@ async def run_bot(
     event before its ack; ``on_connected()`` runs after every (re)connect,
     once acks that failed while disconnected were re-sent.
 
+    One harness per brclient (``exclusive``, the default): brclient's
+    streams and acks are shared by every program on it, so two harnesses
+    on one brclient would both credit every tip, each into its own ledger.
+    Before subscribing, this takes the lock
+    :func:`brmcp.lockfile.brclient_lock_path` (named after brclient's
+    certificate, so it is the same for every program driving that
+    brclient) and raises :class:`HarnessError` saying why and naming the
+    holder's pid when another harness holds it.
+
+    When the harness has no tip history yet (a new data directory), tips
+    already waiting in brclient's replay log are credited as usual, and one
+    INFO line then says how many were replayed and from whom.
+
     A lost connection loses nothing: events are acked only after processing,
     acks that failed are re-sent after the reconnect, and replays are
     dropped by the subscription (same event) or by the harness's tip record
@@ -91,10 +110,49 @@ async def run_bot(
     with an error are logged by the client and skipped. Returns when
     cancelled (the cancellation propagates) or when ``client`` is closed.
     """
+    lock = await anyio.to_thread.run_sync(lock_brclient, client) if exclusive else None
+    try:
+        await _run_bot(harness, client, on_pm, on_tip_received, on_tip_progress, on_connected, task_status)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def lock_brclient(client: Client) -> FileLock:
+    """Take the one-harness-per-brclient lock for ``client``'s brclient (see
+    :func:`run_bot`; blocking file I/O, run it in a thread from async code).
+    Raises :class:`HarnessError` naming the holder's pid, or when the lock or
+    brclient's certificate cannot be opened."""
+    try:
+        path = brclient_lock_path(client.server_cert)
+    except OSError as exc:
+        raise HarnessError(f"cannot read brclient's certificate {client.server_cert}: {exc}") from None
+    try:
+        return acquire(path, what="brmcp harness", detail=f"brclient at {client.url}")
+    except LockHeldError as exc:
+        raise HarnessError(
+            f"another harness (pid {exc.pid}) is already serving the brclient at {client.url}; two "
+            "harnesses on one brclient would both consume its tips and PMs (brclient's acks are global), "
+            f"crediting callers' tips to the wrong ledger: stop the other one first (lock {path})"
+        ) from None
+    except OSError as exc:
+        raise HarnessError(f"cannot create the brclient lock {path}: {exc}") from None
+
+
+async def _run_bot(
+    harness: Harness,
+    client: Client,
+    on_pm: PMHook | None,
+    on_tip_received: TipReceivedHook | None,
+    on_tip_progress: TipProgressHook | None,
+    on_connected: ConnectedHook | None,
+    task_status: anyio.abc.TaskStatus[Router],
+) -> None:
     pm_ack = Acker("PM", client.ack_received_pm)
     tip_ack = Acker("received-tip", client.ack_tip_received)
     progress_ack = Acker("tip-progress", client.ack_tip_progress)
     async with harness.serve(client) as router:
+        backlog = _Backlog() if not await harness.has_tip_history() else None
         with connection_signals(client) as connects:
             pms = client.pm_stream()
             tips = client.tip_stream()
@@ -102,7 +160,9 @@ async def run_bot(
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_until_end, tg, _pm_loop, pms, router, on_pm, pm_ack)
-                    tg.start_soon(_until_end, tg, _tip_loop, tips, harness, on_tip_received, tip_ack)
+                    tg.start_soon(_until_end, tg, _tip_loop, tips, harness, on_tip_received, tip_ack, backlog)
+                    if backlog is not None:
+                        tg.start_soon(backlog.report, tips)
                     tg.start_soon(_until_end, tg, _progress_loop, progress, on_tip_progress, progress_ack)
                     tg.start_soon(
                         flush_on_connect,
@@ -137,8 +197,63 @@ async def _pm_loop(pms: Subscription[ReceivedPM], router: Router, on_pm: PMHook 
         await acker.ack(pm.sequence_id)
 
 
+class _Backlog:
+    """Counts the tips credited from brclient's replay log when a harness
+    starts without tip history, and logs them once at INFO. brclient replays
+    every unacked tip as soon as the stream opens, before live events
+    (clientrpc.md §4.3), but does not mark the end of the replay: it is taken
+    to end once no tip arrived for :data:`BACKLOG_QUIET` seconds after the
+    stream opened (at most :data:`BACKLOG_MAX` seconds)."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.count = 0
+        self.by_peer: dict[str, list[int]] = {}  # uid -> [tips, atoms credited]
+        self._last = 0.0
+
+    def add(self, uid: str, credited: int) -> None:
+        if not self.open:
+            return
+        self.count += 1
+        entry = self.by_peer.setdefault(uid, [0, 0])
+        entry[0] += 1
+        entry[1] += credited
+        self._last = anyio.current_time()
+
+    async def report(self, tips: Subscription[ReceivedTip]) -> None:
+        try:
+            await tips.wait_open()
+        except ClientrpcError:  # closed before it opened: nothing to report
+            return
+        started = self._last = anyio.current_time()
+        while True:
+            now = anyio.current_time()
+            quiet_until = self._last + BACKLOG_QUIET
+            if now >= quiet_until or now - started >= BACKLOG_MAX:
+                break
+            await anyio.sleep(quiet_until - now)
+        self.open = False
+        if not self.count:
+            log.info("no tip history and no tips waiting in brclient's replay log")
+            return
+        who = ", ".join(
+            f"{uid} ({tips_} tip{'s' if tips_ != 1 else ''}, {atoms} atoms credited)"
+            for uid, (tips_, atoms) in self.by_peer.items()
+        )
+        log.info(
+            "no tip history: %d tip%s already waiting in brclient's replay log, from %s",
+            self.count,
+            "s" if self.count != 1 else "",
+            who,
+        )
+
+
 async def _tip_loop(
-    tips: Subscription[ReceivedTip], harness: Harness, on_tip: TipReceivedHook | None, acker: Acker
+    tips: Subscription[ReceivedTip],
+    harness: Harness,
+    on_tip: TipReceivedHook | None,
+    acker: Acker,
+    backlog: _Backlog | None = None,
 ) -> None:
     async for tip in tips:
         if not (_fits63(tip.sequence_id) and _fits63(tip.amount_matoms)):
@@ -159,6 +274,8 @@ async def _tip_loop(
             continue  # malformed: not acked, see _record
         new, credited = outcome
         await acker.ack(tip.sequence_id)
+        if new and backlog is not None:
+            backlog.add(tip.uid, credited)
         if new:
             if credited:
                 log.info(

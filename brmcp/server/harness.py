@@ -769,6 +769,11 @@ class Harness:
             event = self._credit_events[peer] = anyio.Event()
         return event
 
+    async def has_tip_history(self) -> bool:
+        """True once this harness's ledger has recorded any received tip
+        (False for a new data directory)."""
+        return await self._accounts.has_tip_history()
+
     async def statement(self, peer: str) -> list[StatementEntry]:
         """Every money movement of ``peer``, oldest first (tips, credits,
         charges, refunds), from the append-only audit table."""

@@ -630,6 +630,12 @@ def record_tip(
     return True, credited
 
 
+def has_tips(conn: sqlite3.Connection) -> bool:
+    """True when any received tip was ever recorded (the seen-set keeps the
+    newest :data:`TIP_MEMORY`, so it is never emptied once used)."""
+    return conn.execute("SELECT 1 FROM tips LIMIT 1").fetchone() is not None
+
+
 def finish_tip(
     conn: sqlite3.Connection, *, sequence_id: int, peer: str, amount_matoms: int, ts: float
 ) -> None:

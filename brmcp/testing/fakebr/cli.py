@@ -6,7 +6,8 @@ For each user it creates ``DIR/<user>/`` like a brclient root (``rpc.cert``,
 ``rpc.key``, ``rpc-ca.cert``, ``rpc-client.cert``, ``rpc-client.key`` and a
 ``brclient.conf`` with its ``[clientrpc]`` section), makes all users mutual
 contacts, prints each user's uid, URL and certificate paths, writes the same
-as JSON to ``DIR/fakebr.json``, and serves until SIGINT/SIGTERM.
+as JSON to ``DIR/fakebr.json``, and serves until SIGINT/SIGTERM. One
+process per DIR: a second one on a DIR in use exits 1 naming the first's pid.
 
 The next run on the same DIR reuses each user's uid and, unless ``--port`` is
 given, its port from ``fakebr.json``, so configs written for the previous run
@@ -34,13 +35,16 @@ from urllib.parse import urlsplit
 import anyio
 
 from ..._console import add_version
+from ...lockfile import LockHeldError, acquire
 from .relay import FakeRelay
 from .server import FakeBRClient
 
-__all__ = ["SUMMARY_FILE", "main"]
+__all__ = ["LOCK_FILE", "SUMMARY_FILE", "main"]
 
 #: The summary written into the data directory (and read back on the next run).
 SUMMARY_FILE = "fakebr.json"
+#: Held (flock) while it runs: a second brmcp-fakebr on the same directory refuses to start.
+LOCK_FILE = "fakebr.lock"
 
 _NICK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
 
@@ -312,7 +316,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     nicks = _users(args.users)
     try:
         datadir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        anyio.run(_serve, args, datadir, nicks, _previous_users(datadir / SUMMARY_FILE))
+        with acquire(datadir / LOCK_FILE, what="brmcp-fakebr", detail=str(datadir)):
+            anyio.run(_serve, args, datadir, nicks, _previous_users(datadir / SUMMARY_FILE))
+    except LockHeldError as exc:
+        print(
+            f"brmcp-fakebr: another brmcp-fakebr (pid {exc.pid}) is already using {datadir}; "
+            f"stop it first (lock {exc.path})",
+            file=sys.stderr,
+        )
+        return 1
     except OSError as exc:
         print(f"brmcp-fakebr: {exc}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ command and ``brmcp demo`` run this same code).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -35,8 +36,9 @@ from brmcp.gateway import (
     load_prices,
     load_upstream_block,
 )
+from brmcp.lockfile import FileLock, LockHeldError, acquire
 from brmcp.router import Router
-from brmcp.server import Harness, HarnessConfig, run_bot
+from brmcp.server import Harness, HarnessConfig, lock_brclient, run_bot
 
 from .config import (
     SERVE_CONFIG_FILE,
@@ -51,6 +53,8 @@ __all__ = ["IMPLEMENTATION_NAME", "IMPLEMENTATION_VERSION", "ServeApp"]
 
 log = logging.getLogger("brmcp_serve")
 
+#: The lock that keeps a second brmcp-serve off a data directory in use.
+LOCK_FILE = "brmcp-serve.lock"
 #: The MCP implementation info the example serves (go-brmcp.md §5 "Harness").
 IMPLEMENTATION_NAME = "brmcp-example"
 #: The implementation name when selling an upstream MCP server (brmcp/gateway).
@@ -204,10 +208,33 @@ class ServeApp:
         ``brmcp.json``). With ``tg.start(app.run)`` the started value is the
         app, once the event streams are subscribed (brclient may still be
         unreachable: the client keeps retrying with backoff). Runs once per
-        app; the harness and client are closed on return."""
+        app; the harness and client are closed on return.
+
+        One process per data directory and one harness per brclient: raises
+        :class:`ServeConfigError` when another brmcp-serve holds
+        ``<datadir>/brmcp-serve.lock``, and :class:`~brmcp.server.HarnessError`
+        when another harness serves the same brclient (both name the
+        holder's pid; README "One process per identity")."""
         if self._ran:
             raise RuntimeError("ServeApp.run can be called only once")
         self._ran = True
+        with contextlib.ExitStack() as locks:
+            locks.enter_context(await anyio.to_thread.run_sync(self._lock_datadir))
+            locks.enter_context(await anyio.to_thread.run_sync(lock_brclient, self.client))
+            await self._serve(handle_signals, task_status)
+
+    def _lock_datadir(self) -> FileLock:
+        path = self.datadir / LOCK_FILE
+        try:
+            return acquire(path, what="brmcp-serve", detail=str(self.datadir))
+        except LockHeldError as exc:
+            raise ServeConfigError(
+                f"another brmcp-serve (pid {exc.pid}) is already running on {self.datadir} (lock {path})"
+            ) from None
+        except OSError as exc:
+            raise ServeConfigError(f"cannot create the lock {path}: {exc}") from None
+
+    async def _serve(self, handle_signals: bool, task_status: anyio.abc.TaskStatus[ServeApp]) -> None:
         self._warn_if_closed()
         async with self.client, anyio.create_task_group() as tg:
             if handle_signals:
@@ -215,7 +242,7 @@ class ServeApp:
             if self.gateway is not None:
                 await tg.start(self.gateway.run)
             self.router = await tg.start(
-                partial(run_bot, self.harness, self.client, on_connected=self._on_connected)
+                partial(run_bot, self.harness, self.client, on_connected=self._on_connected, exclusive=False)
             )
             if self.gateway is not None:
                 log.info(

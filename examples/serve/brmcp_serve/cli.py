@@ -233,6 +233,9 @@ def _main(argv: Sequence[str] | None) -> int:
             anyio.run(partial(app.run, handle_signals=True))
         except KeyboardInterrupt:  # a second Ctrl-C while stopping
             return 0
+        except (ServeConfigError, HarnessError) as exc:  # another process holds a lock
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 1
         except BaseException as exc:
             failure = _gateway_error(exc)
             if failure is None:
