@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 import anyio
 import anyio.abc
 from mcp.types import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import Message, Receive, Scope, Send
 
 from ._asgi import (
@@ -478,8 +479,8 @@ class BridgeApp:
         if asked is None or asked < RESUMABLE_VERSION or len(versions) != 1:
             return scope
         given = versions[0].decode("latin-1")
-        if given >= RESUMABLE_VERSION or given > asked:
-            return scope
+        if given not in HANDSHAKE_PROTOCOL_VERSIONS or given >= RESUMABLE_VERSION:
+            return scope  # an unknown version is left for the SDK to refuse
         headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() != b"mcp-protocol-version"]
         headers.append((b"mcp-protocol-version", RESUMABLE_VERSION.encode()))
         return {**scope, "headers": headers}
