@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -34,8 +35,12 @@ from .proxy import BotProxy
 from .retry import RetryPolicy
 from .settings import SETTINGS_FILE, Settings, describe_changes, load_settings, mint_token, save_settings
 from .settle import Payer, Settler
+from .snapshots import BotSnapshot, SnapshotStore
 from .spend import SPEND_FILE, BotBalance, SpendLog, SpendSummary
 from .ui import UISessions, ui_handler
+
+if TYPE_CHECKING:
+    from ..metrics import BridgeMetrics
 
 __all__ = ["ADMIN_TOKEN_FILE", "DEFAULT_LISTEN", "Bridge", "BridgeConfig"]
 
@@ -136,6 +141,8 @@ class Bridge:
         )
         self._router = Router(config.sender, allow=self._allow_peer, options=config.router_options)
         self._client_info = Implementation(name=config.name, version="1")
+        self._snapshot_store = SnapshotStore(self._data_dir)
+        self._snapshots: dict[str, BotSnapshot] = {}
         self._links: dict[str, BotLink] = {}
         self._proxies: dict[str, BotProxy] = {}
         self._ui_sessions = UISessions()
@@ -185,6 +192,7 @@ class Bridge:
         self._router_entered = True
         self._started = True
         self._admin_token = await anyio.to_thread.run_sync(self._load_admin_token)
+        self._snapshots = await anyio.to_thread.run_sync(self._snapshot_store.load_all)
         await self._reconcile()
 
     async def close(self) -> None:
@@ -389,12 +397,18 @@ class Bridge:
         proxy = self._proxies.get(uid)
         if proxy is not None and not proxy.link.closed:
             return proxy
+        snapshot = self._snapshots.pop(uid, None)
+        if proxy is not None:
+            snapshot = proxy.link.snapshot() or snapshot
         link = BotLink(
             uid,
             self._router,
             self._task_group(),
             self._client_info,
             connect_timeout=self.config.connect_timeout,
+            store=self._snapshot_store,
+            snapshot=snapshot,
+            clock=self._clock.now,
             retry=self.config.retry,
             own_uid=self.config.uid,
         )
@@ -435,6 +449,14 @@ class Bridge:
         the daemon's notification hook use it); returns the function that
         removes the listener."""
         return self._settler.watch(listener)
+
+    def use_metrics(self, metrics: BridgeMetrics) -> None:
+        """Count calls, payments and errors in ``metrics`` from now on, and
+        export the router's sessions and reassembly bytes and the number of
+        waiting approvals through it."""
+        self._settler.metrics = metrics
+        metrics.watch_router(lambda: self._router)
+        metrics.watch_pending(lambda: len(self._settler.approvals.pending()))
 
     @property
     def change_version(self) -> int:

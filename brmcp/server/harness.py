@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from mcp.server import NotificationOptions, Server, ServerRequestContext
@@ -30,6 +30,7 @@ from mcp.types import (
     PromptArgument,
     ToolAnnotations,
 )
+from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 
 from .. import wire
 from ..conn import Conn
@@ -42,6 +43,9 @@ from ..payment import (
 )
 from ..payment import valid_call_key as _is_valid_key
 from ..router import Router, RouterOptions
+
+if TYPE_CHECKING:
+    from ..metrics import ServeMetrics
 from ..sender import PMSender
 from . import store
 from ._accounts import Accounts
@@ -83,6 +87,9 @@ MAX_HELD_CALLS = 4
 #: While holding, the balance is re-read at least this often (seconds), so a
 #: credit made outside the harness (an external ``Billing``) is seen too.
 _HOLD_RECHECK = 1.0
+#: ``tools/list`` result ``_meta`` key stating the capabilities on modern-era
+#: sessions (WIRE.md §Eras).
+CAPABILITIES_META_KEY = "brmcp/capabilities"
 #: Refused peers are logged at most this often (seconds), remembering this many.
 _DENIED_WARN_INTERVAL = 600.0
 _DENIED_WARN_MEMORY = 1024
@@ -175,6 +182,8 @@ class Harness:
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config
+        #: Prometheus metrics to update (:class:`brmcp.metrics.ServeMetrics`), or None.
+        self.metrics: ServeMetrics | None = None
         self._clock = config.clock
         try:
             self._accounts = Accounts(config.data_dir, config.billing, config.clock)
@@ -687,15 +696,19 @@ class Harness:
     def router(self) -> Router | None:
         return self._router
 
+    def _notifications(self) -> NotificationOptions:
+        """listChanged is declared for resources and prompts (only present
+        once one is registered; the operator may call notify_*_list_changed),
+        and for tools with ``tools_list_changed``."""
+        return NotificationOptions(
+            resources_changed=True, prompts_changed=True, tools_changed=self.config.tools_list_changed
+        )
+
     async def _accept(self, conn: Conn) -> None:
         server = self._server
         # listChanged is declared for resources and prompts (only present
         # once one is registered): the operator may call notify_*_list_changed.
-        options = server.create_initialization_options(
-            NotificationOptions(
-                resources_changed=True, prompts_changed=True, tools_changed=self.config.tools_list_changed
-            )
-        )
+        options = server.create_initialization_options(self._notifications())
         await server.run(conn.read_stream, conn.write_stream, options)
 
     # -- money ---------------------------------------------------------------------------
@@ -791,9 +804,18 @@ class Harness:
         peer = peer_of(ctx)
         if self.config.tools_list_changed:
             self._catalog.remember(ctx)
-        return ListToolsResult(
-            tools=[spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
+        tools = [spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return ListToolsResult(tools=tools)
+        # A modern caller skipped server/discover: state the capabilities
+        # here so it needs no second round trip (WIRE.md §Eras). What
+        # initialize would declare: the modern era's own flags drop subscribe
+        # and listChanged, which a bridge needs to pick the era.
+        declared = self._server.get_capabilities(
+            self._notifications(), protocol_version=LATEST_HANDSHAKE_VERSION
         )
+        stated = declared.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return ListToolsResult(tools=tools, _meta={CAPABILITIES_META_KEY: stated})
 
     async def _on_call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
@@ -833,16 +855,27 @@ class Harness:
             claim, duplicate = self._calls.claim(peer, call_key)
             if duplicate:
                 return await self._calls.wait(claim)
+        started = anyio.current_time()
+        outcome = "ok"
         try:
             result = await self._execute(peer, spec, arguments, prepared, call_key, claim, request, alongside)
+            if result.is_error:
+                outcome = "error"
         except _Refused as refusal:
+            outcome = _REFUSAL_OUTCOMES.get(refusal.reason, "refused")
             if claim is not None:
                 self._calls.release(claim, refusal.reason)
             return refusal.result
         except BaseException:
+            outcome = "error"
             if claim is not None and not claim.finished:
                 self._calls.release(claim, "the original call was abandoned")
             raise
+        finally:
+            metrics = self.metrics
+            if metrics is not None:
+                metrics.calls.labels(spec.name, outcome).inc()
+                metrics.call_seconds.labels(spec.name).observe(anyio.current_time() - started)
         return result
 
     async def _execute(
@@ -904,10 +937,12 @@ class Harness:
         except BaseException:
             # Cancelled (the caller gave up): refund and record like a failure.
             with anyio.CancelScope(shield=True):
-                await self._settle(call_id, peer, claim, charged, error_result("call cancelled"), True)
+                await self._settle(
+                    call_id, peer, claim, charged, error_result("call cancelled"), True, tool=spec.name
+                )
             raise
         with anyio.CancelScope(shield=True):
-            await self._settle(call_id, peer, claim, charged, result, failed, text)
+            await self._settle(call_id, peer, claim, charged, result, failed, text, tool=spec.name)
         return result
 
     async def _charge_once(self, call_id: str, peer: str, call_key: str | None, tool: str, price: int) -> int:
@@ -924,6 +959,8 @@ class Harness:
                     balance = max(0, await self._accounts.balance(peer))
         except Exception as exc:
             log.error("charge of %d atoms to %s failed: %s", price, peer, exc)
+            if self.metrics is not None:
+                self.metrics.errors.labels("ledger").inc()
             raise _Refused(
                 error_result("payment could not be recorded; nothing was charged; retry later"),
                 "ledger unavailable",
@@ -933,6 +970,8 @@ class Harness:
                 "payment required: %s called %s for %d atoms with a balance of %d", peer, tool, price, balance
             )
             raise _Refused(payment_required_result(tool, price, balance), "payment required")
+        if self.metrics is not None:
+            self.metrics.charged_atoms.labels(tool).inc(price)
         log.info(
             "charged %d atoms to %s for %s (call %s, balance now %s)",
             price,
@@ -1017,6 +1056,8 @@ class Harness:
         result: CallToolResult,
         failed: bool,
         text: str | None = None,
+        *,
+        tool: str = "",
     ) -> None:
         """Journal completion (refunding a failed paid call in the same
         transaction) and record the outcome for duplicates. ``text`` is the
@@ -1041,7 +1082,12 @@ class Harness:
                 # The journal row stays 'charged': the next start refunds it
                 # exactly once. The caller still gets its result.
                 log.error("could not journal completion of call %s for %s: %s", call_id, peer, exc)
+                if self.metrics is not None:
+                    self.metrics.errors.labels("ledger").inc()
             else:
+                if failed and self.metrics is not None:
+                    self.metrics.refunds.labels(tool).inc()
+                    self.metrics.refunded_atoms.labels(tool).inc(charged)
                 if failed:
                     log.info(
                         "refunded %d atoms to %s (call %s): the call failed: %s",
@@ -1066,6 +1112,10 @@ def _with_receipt(result: CallToolResult, receipt: Receipt) -> CallToolResult:
     meta = dict(result.meta or {})
     meta.update(receipt.to_meta())
     return result.model_copy(update={"meta": meta})
+
+
+#: Metric outcomes of the refusal reasons of :class:`_Refused`.
+_REFUSAL_OUTCOMES = {"payment required": "payment_required", "rate limited": "rate_limited"}
 
 
 def _first_text(result: CallToolResult, limit: int = 200) -> str:
