@@ -93,7 +93,7 @@ class Funding:
         self._spawn = spawn
         #: The caller's balance at the bot as far as known (atoms), None: never told.
         self.balance: int | None = None
-        self._observed = 0  # bumped by every receipt or refusal
+        self._observed = 0  # bumped by every receipt
         self._inflight: Payment | None = None
         #: Payments started ahead of need (alongside or prepay), for tests and metrics.
         self.started = 0
@@ -109,7 +109,9 @@ class Funding:
         if receipt is not None:
             self._set(receipt.balance_atoms)
         elif refusal is not None:
-            self._set(max(0, refusal.balance_atoms))
+            # A refusal says the credit of a payment under way had not covered
+            # the call yet: it does not stop that payment from being added.
+            self.balance = max(0, refusal.balance_atoms)
         elif not getattr(result, "is_error", False) and self.balance is not None:
             price = self._price_of(tool)
             if price:
@@ -185,7 +187,8 @@ class Funding:
             log.error("payment ahead of need to %s failed: %s", self.bot[:8], reason)
         finally:
             if reason is None and self._observed == observed:
-                # Nothing told us the balance since: it now includes this credit.
+                # No receipt since (one may already count this credit): the
+                # balance now includes it.
                 self.balance = (self.balance or 0) + payment.amount
             if reason is not None and payment.prepay:
                 log.info("prepayment of %d atoms to %s not made: %s", payment.amount, self.bot[:8], reason)
