@@ -204,6 +204,18 @@ async def test_prepay_in_approval_mode_waits_for_the_user(tmp_path: Path) -> Non
             assert env.payer.calls == [(BOT, 500), (BOT, 500)]
 
 
+async def test_nothing_is_paid_alongside_a_call_with_invalid_arguments(tmp_path: Path) -> None:
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path) as env, env.session() as session:
+            for _ in range(3):
+                result = await call(session, "paid", {"count": "not a number"})
+                assert result.is_error
+                assert 'validating "arguments"' in texts(result)[0]
+            assert env.payer.calls == []
+            assert spend(env) == []
+            assert env.harness.holds == 0
+
+
 async def test_prepay_is_off_by_default(tmp_path: Path) -> None:
     with anyio.fail_after(30):
         async with bridge_env(tmp_path) as env, env.session() as session:

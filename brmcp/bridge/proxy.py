@@ -45,6 +45,7 @@ from collections import OrderedDict
 from typing import Any, cast
 
 import anyio
+import jsonschema
 from mcp.server import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
@@ -110,6 +111,8 @@ class BotProxy:
         #: The known balance, pay alongside and prepay (:mod:`.funding`);
         #: None: the bridge only pays when the bot asks.
         self.funding = funding
+        #: Input-schema validators per tool, with the snapshot entry they were built from.
+        self._validators: dict[str, tuple[Any, Any]] = {}
         #: (agent session, call fingerprint) → (callKey, expiry) of calls the
         #: agent did not receive.
         self._retained: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
@@ -276,6 +279,28 @@ class BotProxy:
         tracked.call_key = key
         return key, None, kept is not None
 
+    def _arguments_valid(self, tool: str, arguments: dict[str, Any] | None) -> bool:
+        """True when ``arguments`` satisfy the snapshot's input schema of
+        ``tool`` (False for an unknown tool or an unusable schema)."""
+        spec = self.link.tool(tool)
+        if spec is None:
+            return False
+        cached = self._validators.get(tool)
+        if cached is None or cached[0] is not spec:
+            try:
+                cls = jsonschema.validators.validator_for(spec.input_schema, jsonschema.Draft202012Validator)
+                validator: Any = cls(spec.input_schema)
+            except Exception:
+                validator = None
+            cached = self._validators[tool] = (spec, validator)
+        validator = cached[1]
+        if validator is None:
+            return False
+        try:
+            return bool(validator.is_valid(arguments or {}))
+        except Exception:  # a schema that cannot be applied: let the bot decide
+            return False
+
     def _retain(self, tracked: AgentCall, key: str) -> None:
         """Remember the key of a call its agent did not receive, for a re-send."""
         if not isinstance(tracked.agent, str) or tracked.fingerprint is None:
@@ -309,7 +334,13 @@ class BotProxy:
         funding = self.funding
         # A re-sent call (an earlier copy's key) may be answered from the bot's
         # record of that copy: never pay alongside it.
-        ahead = funding.alongside(tool, gone) if funding is not None and not reused else None
+        # Nor alongside a call the bot will refuse anyway (arguments that do
+        # not satisfy the tool's input schema): nothing is paid for it.
+        ahead = (
+            funding.alongside(tool, gone)
+            if funding is not None and not reused and self._arguments_valid(tool, arguments)
+            else None
+        )
         plain = request
         if ahead is not None:
             # Only the first send is marked; reissues are plain.
