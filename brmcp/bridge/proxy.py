@@ -41,6 +41,7 @@ import logging
 import secrets
 from typing import Any, cast
 
+import anyio
 from mcp.server import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
@@ -147,16 +148,27 @@ class BotProxy:
                     await self.link.refresh()
             if self.link.tool(tool) is None:
                 raise MCPError(INVALID_PARAMS, f'unknown tool "{tool}"')
-        with self.link.relay.track(agent) as tracked:
-            try:
-                result = await self._pay_loop(tool, arguments, tracked)
-            except MCPError:
+        metrics = self._settler.metrics
+        started = anyio.current_time()
+        outcome = "failed"
+        try:
+            with self.link.relay.track(agent) as tracked:
+                try:
+                    result = await self._pay_loop(tool, arguments, tracked)
+                except MCPError:
+                    if tracked is not None:
+                        await tracked.settle()
+                    raise
                 if tracked is not None:
                     await tracked.settle()
-                raise
-            if tracked is not None:
-                await tracked.settle()
-            return result
+                outcome = "tool_error" if result.is_error else "ok"
+                return result
+        finally:
+            if metrics is not None:
+                metrics.calls.labels(outcome).inc()
+                metrics.call_seconds.observe(anyio.current_time() - started)
+                if outcome == "failed":
+                    metrics.errors.labels("call").inc()
 
     async def _pay_loop(
         self, tool: str, arguments: dict[str, Any] | None, tracked: AgentCall | None
