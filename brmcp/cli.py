@@ -42,7 +42,15 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         metavar="MS",
-        help="relay latency per PM in milliseconds, e.g. 1500 to feel a real relay (default 0)",
+        help="relay latency per PM in milliseconds, e.g. 1500 to feel a real relay (default 0); with "
+        "--network real, added one way to every message a client sends to the relay",
+    )
+    demo.add_argument(
+        "--network",
+        choices=("fake", "real"),
+        default="fake",
+        help="fake: the in-memory relay (default); real: a real bisonrelay relay and clients on loopback "
+        "(brnet, built with Go on first use)",
     )
     demo.add_argument("--port", type=int, default=0, help="bridge port on 127.0.0.1 (default: any free port)")
     demo.add_argument(
@@ -89,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             datadir=args.datadir,
             keep_running=args.keep_running,
             step_timeout=args.timeout,
+            network=args.network,
         )
         return demo_main(options, verbose=args.verbose)
     parser.print_help(sys.stderr)

@@ -66,9 +66,13 @@ class DemoOptions:
     temporary directory (removed at the end). ``keep_running``: after the
     transcript, leave the network and bridge up and print how to connect
     other agents. ``step_timeout``: seconds any one step may take (None:
-    60 s plus 20 times the latency)."""
+    60 s plus 20 times the latency). ``network``: ``"fake"`` (the in-memory
+    relay and fake brclients) or ``"real"`` (brnet: a real bisonrelay relay
+    and real clients on loopback, built with Go on first use; ``latency_ms``
+    is then added one way to every message a client sends to the relay)."""
 
     latency_ms: float = 0.0
+    network: str = "fake"
     port: int = 0
     datadir: Path | None = None
     keep_running: bool = False
@@ -230,16 +234,22 @@ class _Demo:
             self.timeout = 60.0 + 20 * options.latency_ms / 1000.0
         self.fabric: Fabric | None = None
         self.trace: _Trace | None = None
+        self.observer: _PMObserver | None = None
 
     # -- helpers ---------------------------------------------------------------------
 
+    def _counting(self) -> bool:
+        return self.fabric is not None or self.observer is not None
+
     def _relay_pms(self) -> int:
+        if self.observer is not None:
+            return self.observer.count
         assert self.fabric is not None
         return self.fabric.stats.pms_delivered
 
     @contextlib.asynccontextmanager
     async def _step(self, title: str, key: str) -> AsyncIterator[None]:
-        before = self._relay_pms() if self.fabric is not None else 0
+        before = self._relay_pms() if self._counting() else 0
         try:
             async with self.printer.step(title):
                 with anyio.fail_after(self.timeout):
@@ -252,7 +262,9 @@ class _Demo:
             if any(isinstance(leaf, TimeoutError) for leaf in leaves):
                 raise DemoError(f"step '{title}' timed out after {self.timeout:.1f} s") from None
             raise DemoError(f"step '{title}' failed: {_describe(exc)}") from exc
-        if self.fabric is not None:
+        if self._counting():
+            if self.observer is not None:
+                await self.observer.settle()
             pms = self._relay_pms() - before
             self.report.pms[key] = pms
 
@@ -292,22 +304,41 @@ class _Demo:
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
 
-            async with self._step("Start a simulated Bison Relay network", "network"):
-                fabric, bot, alice = await tg.start(self._network, root, faults)
-                self.fabric = fabric
-                self.trace = _Trace({bot.uid: "bot", alice.uid: "alice"})
-                fabric.add_tap(self.trace)
-            report.bot_uid, report.alice_uid = bot.uid, alice.uid
-            printer.detail(f"bot   uid {bot.uid}  brclient clientrpc {bot.url}")
-            printer.detail(f"alice uid {alice.uid}  brclient clientrpc {alice.url}")
-            printer.detail(
-                "the two are contacts; PMs cross the in-memory relay"
-                + (f" with {options.latency_ms:.0f} ms latency" if latency else "")
-            )
+            if options.network == "real":
+                await self._build_brnet()
+                async with self._step("Start a real Bison Relay network (brnet)", "network"):
+                    net = await tg.start(self._real_network, root)
+                    bot, alice = net.user("bot"), net.user("alice")
+                    self.trace = _Trace({bot.uid: "bot", alice.uid: "alice"})
+                    self.observer = _PMObserver(self.trace, client_options)
+                    await tg.start(self.observer.run, bot, alice)
+                report.bot_uid, report.alice_uid = bot.uid, alice.uid
+                printer.detail(f"relay {net.info['relay']} (bisonrelay server), root {net.root}")
+                printer.detail(f"bot   uid {bot.uid}  brclient clientrpc {bot.url}")
+                printer.detail(f"alice uid {alice.uid}  brclient clientrpc {alice.url}")
+                printer.detail(
+                    "real bisonrelay clients, KX'd; tips through a simulated wallet"
+                    + (f"; {options.latency_ms:.0f} ms added one way" if latency else "")
+                )
+            else:
+                async with self._step("Start a simulated Bison Relay network", "network"):
+                    fabric, bot, alice = await tg.start(self._network, root, faults)
+                    self.fabric = fabric
+                    self.trace = _Trace({bot.uid: "bot", alice.uid: "alice"})
+                    fabric.add_tap(self.trace)
+                report.bot_uid, report.alice_uid = bot.uid, alice.uid
+                printer.detail(f"bot   uid {bot.uid}  brclient clientrpc {bot.url}")
+                printer.detail(f"alice uid {alice.uid}  brclient clientrpc {alice.url}")
+                printer.detail(
+                    "the two are contacts; PMs cross the in-memory relay"
+                    + (f" with {options.latency_ms:.0f} ms latency" if latency else "")
+                )
 
             async with self._step("Start the bot: brmcp-serve on bot's brclient", "serve"):
                 serve_dir = root / "brmcp-serve"
-                init_datadir(serve_dir, bot_config=bot.bot_config(serve_dir), allowed_uids=[alice.uid])
+                init_datadir(
+                    serve_dir, bot_config=_bot_config(bot, serve_dir, "brmcp-serve"), allowed_uids=[alice.uid]
+                )
                 app = ServeApp.from_datadir(serve_dir, client_options=client_options)
                 await tg.start(app.run)
                 await app.client.wait_connected()
@@ -317,7 +348,7 @@ class _Demo:
                 bridge_dir = root / "brmcp-bridge"
                 bridge_dir.mkdir(parents=True, exist_ok=True)
                 write_bot_config(
-                    bridge_dir / "brmcp-bridge.conf", alice.bot_config(bridge_dir, "brmcp-bridge")
+                    bridge_dir / "brmcp-bridge.conf", _bot_config(alice, bridge_dir, "brmcp-bridge")
                 )
                 port = options.port or _free_port()
                 daemon = BridgeDaemon.from_datadir(
@@ -440,6 +471,42 @@ class _Demo:
                 task_status.started((fabric, bot, alice))
                 await anyio.sleep_forever()
 
+    async def _build_brnet(self) -> None:
+        """Build brnet (Go) before the first step, outside the step timeout:
+        the first build downloads and compiles bisonrelay (minutes)."""
+        from .testing.brnet import BrNetBuildError, BrNetUnavailable, brnet_binary, brnet_cache_dir
+
+        self.printer.line(f"Building brnet with Go if needed (cached in {brnet_cache_dir()}) ...")
+        try:
+            exe = await anyio.to_thread.run_sync(brnet_binary)
+        except BrNetUnavailable as exc:
+            raise DemoError(f"--network real needs Go: {exc}") from None
+        except BrNetBuildError as exc:
+            raise DemoError(str(exc).splitlines()[0]) from None
+        self.printer.detail(f"brnet {exe}")
+
+    async def _real_network(self, root: Path, *, task_status: anyio.abc.TaskStatus[Any]) -> None:
+        """Own a brnet (users bot and alice) for the whole run."""
+        from .testing.brnet import BrNet, BrNetError
+
+        net = BrNet(
+            root / "brnet",
+            users=("bot", "alice"),
+            latency_ms=self.options.latency_ms,
+            tip_restart_delay=1.0,
+            reconnect_delay=0.5,
+        )
+        try:
+            await anyio.to_thread.run_sync(net.start)
+        except BrNetError as exc:
+            raise DemoError(f"brnet did not start: {exc}") from None
+        try:
+            task_status.started(net)
+            await anyio.sleep_forever()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(net.stop)
+
     def _print_connect_help(
         self, url: str, token: str, name: str, mcp_json: dict[str, Any], bridge_dir: Path
     ) -> None:
@@ -466,6 +533,58 @@ class _Demo:
         p.line("  (the demo bridge pays without asking; 'settings set mode=approval' makes it ask, and")
         p.line("  'approvals' or the page from 'ui' then decide each payment)")
         p.line()
+
+
+def _bot_config(user: Any, datadir: Path, name: str) -> Any:
+    """A bot config for ``user`` (a fake brclient or a brnet user) naming ``datadir``."""
+    if hasattr(user, "bot_config_for"):
+        return user.bot_config_for(datadir, name)
+    return user.bot_config(datadir, name)
+
+
+class _PMObserver:
+    """Counts and traces the PMs between the two real brclients by listening on
+    each one's PM stream (without acking: the bot and the bridge ack their
+    own). A PM received by the bot came from alice and the other way round."""
+
+    def __init__(self, trace: _Trace, client_options: dict[str, Any]) -> None:
+        self.trace = trace
+        self.client_options = client_options
+        self.count = 0
+        self._last = time.monotonic()
+
+    async def settle(self, quiet: float = 0.3, limit: float = 3.0) -> None:
+        """Wait until no PM arrived for ``quiet`` seconds (at most ``limit``),
+        so a step's count includes PMs still in flight when it returned."""
+        deadline = time.monotonic() + limit
+        while True:
+            now = time.monotonic()
+            if now >= deadline or now - self._last >= quiet:
+                return
+            await anyio.sleep(0.05)
+
+    async def run(self, bot: Any, alice: Any, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with (
+            bot.client(**self.client_options) as at_bot,
+            alice.client(**self.client_options) as at_alice,
+            anyio.create_task_group() as tg,
+        ):
+            await at_bot.wait_connected()
+            await at_alice.wait_connected()
+            subs = [(at_bot.pm_stream(), alice.uid, bot.uid), (at_alice.pm_stream(), bot.uid, alice.uid)]
+            for sub, _, _ in subs:
+                await sub.wait_open()
+            for sub, sender, receiver in subs:
+                tg.start_soon(self._drain, sub, sender, receiver)
+            task_status.started()
+
+    async def _drain(self, sub: Any, sender: str, receiver: str) -> None:
+        async for pm in sub:
+            if pm.uid != sender:
+                continue
+            self.count += 1
+            self._last = time.monotonic()
+            self.trace(sender, receiver, pm.message)
 
 
 def _verify(report: DemoReport) -> None:
@@ -559,7 +678,9 @@ def demo_main(options: DemoOptions, *, verbose: bool = False) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    print("brmcp demo: an MCP agent pays a bot per call over a simulated Bison Relay network")
+    real = options.network == "real"
+    kind = "a real Bison Relay network (brnet)" if real else "a simulated Bison Relay network"
+    print(f"brmcp demo: an MCP agent pays a bot per call over {kind}")
     print()
     started = time.monotonic()
     try:

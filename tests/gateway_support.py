@@ -130,6 +130,13 @@ class GatewayEnv:
         link = links.get(BOT)
         return link is not None and bool(link.stale)
 
+    def bridge_link_lists(self, tool: str) -> bool:
+        """Whether the bridge's tool snapshot of the bot has ``tool`` (the
+        bridge refreshes it as soon as the bot says its list changed)."""
+        links = getattr(self.bridge, "_links", {})
+        link = links.get(BOT)
+        return link is not None and link.tool(tool) is not None
+
     async def statement_kinds(self) -> list[tuple[str, int]]:
         return [(entry.kind, entry.atoms) for entry in await self.harness.statement(CLIENT)]
 

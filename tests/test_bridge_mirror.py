@@ -49,7 +49,7 @@ from brmcp.testing import Fabric
 
 START = 1_800_000_000
 #: What a bridge endpoint declared before resources were mirrored.
-TOOLS_ONLY_CAPABILITIES = {"logging": {}, "tools": {"listChanged": False}}
+TOOLS_ONLY_CAPABILITIES = {"logging": {}, "tools": {"listChanged": True}}
 
 
 # -- fixture -------------------------------------------------------------------------
@@ -191,7 +191,7 @@ async def test_resources_prompts_and_completions_pass_through(tmp_path: Path) ->
             "logging": {},
             "prompts": {"listChanged": True},
             "resources": {"subscribe": True, "listChanged": True},
-            "tools": {"listChanged": False},
+            "tools": {"listChanged": True},
         }
         resources = (await session.list_resources()).resources
         assert [r.uri for r in resources] == ["test://static-text", "test://static-binary", WATCHED_URI]
@@ -261,22 +261,24 @@ async def test_bot_errors_reach_the_agent_unchanged(tmp_path: Path) -> None:
             types.INVALID_PARAMS,
             'unknown prompt "nope"',
         )
-        # A bot error is an answer, not a transport failure: no new BR session.
+        # A bot error is an answer, not a transport failure: no new BR session
+        # (the first-contact modern probe and the handshake session it chose).
         link = env.bridge.link(BOT)
         assert link is not None
-        assert link.dials == 1
+        assert link.dials == 2
 
 
 async def test_a_failed_send_is_retried_once_on_a_fresh_session(tmp_path: Path) -> None:
     async with mirror(tmp_path, harness=catalog_bot(tmp_path)) as env, agent(env) as session:
         link = env.bridge.link(BOT)
         assert link is not None
-        assert link.dials == 1
+        await session.list_resources()  # the handshake session the first-contact probe chose
+        base = link.dials
         env.fabric.fail_sends(CLIENT, count=1)
         text = (await session.read_resource("test://static-text")).contents[0]
         assert isinstance(text, types.TextResourceContents)
         assert text.text == STATIC_TEXT
-        assert link.dials == 2
+        assert link.dials == base + 1
 
 
 # -- subscriptions -------------------------------------------------------------------
@@ -354,9 +356,10 @@ async def test_a_new_bot_session_is_subscribed_again(tmp_path: Path) -> None:
         await subscribe(session, WATCHED_URI)
         link = env.bridge.link(BOT)
         assert link is not None
+        base = link.dials
         assert link.reset()
         await session.list_resources()  # dials a fresh BR session
-        assert link.dials == 2
+        assert link.dials == base + 1
         await until(lambda: env.count("resources/subscribe") == 2)
         await until(lambda: link.subscriptions.uris() == [WATCHED_URI])
         # The old bot session may linger until it idles out; the new one counts.
@@ -418,7 +421,9 @@ def paging_bot(seen: list[dict[str, Any] | None]) -> Server[Any]:
     async def read_resource(
         ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
-        seen.append(dict(params.meta) if params.meta is not None else None)
+        # The 2026-07-28 envelope keys are the era's own, not forwarded ones.
+        own = {k: v for k, v in (params.meta or {}).items() if not k.startswith("io.modelcontextprotocol/")}
+        seen.append(own or None)
         return types.ReadResourceResult(
             contents=[types.TextResourceContents(uri=params.uri, text="body")],
             _meta={"io.modelcontextprotocol/related": "x", "bot/etag": "v7"},
@@ -441,7 +446,7 @@ async def test_cursors_meta_and_partial_capabilities(tmp_path: Path) -> None:
             "logging": {},
             "prompts": {"listChanged": False},
             "resources": {"subscribe": False, "listChanged": False},
-            "tools": {"listChanged": False},
+            "tools": {"listChanged": True},
         }
         first = await session.list_resources()
         assert ([r.uri for r in first.resources], first.next_cursor) == (["r://1"], "page-2")
@@ -477,7 +482,9 @@ async def test_cursors_meta_and_partial_capabilities(tmp_path: Path) -> None:
         assert (await session.list_tools()).tools == []
     assert "resources/subscribe" not in env.bot_methods
     assert "completion/complete" not in env.bot_methods
-    assert "tools/list" not in env.bot_methods
+    # Only the first-contact probe (modern era: it answered -32601 and
+    # server/discover told what it serves).
+    assert env.count("tools/list") <= 1
 
 
 # -- bots that declare none of it ------------------------------------------------------

@@ -129,3 +129,21 @@ def test_python_m_brmcp_demo_exits_zero(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "Demo finished" in result.stdout
     assert "fortune ran 1 time(s); 1 charge(s) on the ledger" in result.stdout
+
+
+def test_demo_real_network_without_go_is_one_clear_line(tmp_path: Path) -> None:
+    env = {**os.environ, "BRMCP_GO": str(tmp_path / "no-go"), "BRMCP_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "brmcp", "demo", "--network", "real"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert errors == [
+        "brmcp demo failed: --network real needs Go: Go toolchain not found "
+        "(install Go >= 1.22 to build brnet, the real BR network)"
+    ]

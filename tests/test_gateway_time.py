@@ -103,9 +103,9 @@ async def test_hidden_tools_and_price_reload(tmp_path: Path) -> None:
             await call(session, "convert_time", args)
         assert env.gateway.upstream_calls == 0
         # Reload: every tool free. The bot tells the bridge (tools/list_changed),
-        # whose next tools/list fetches the new list.
+        # which fetches the new list at once (then relays the notification).
         assert env.gateway.set_prices(PriceTable.parse('{"default": "free"}'))
-        await until(lambda: env.bridge_link_stale())
+        await until(lambda: env.bridge_link_lists("convert_time"))
         listed = (await session.list_tools()).tools
         assert sorted((t.name, t.meta[PRICE_ATOMS_KEY]) for t in listed if t.meta) == [
             ("convert_time", 0),

@@ -35,6 +35,7 @@ from .proxy import BotProxy
 from .retry import RetryPolicy
 from .settings import SETTINGS_FILE, Settings, describe_changes, load_settings, mint_token, save_settings
 from .settle import Payer, Settler
+from .snapshots import BotSnapshot, SnapshotStore
 from .spend import SPEND_FILE, BotBalance, SpendLog, SpendSummary
 from .ui import UISessions, ui_handler
 
@@ -140,6 +141,8 @@ class Bridge:
         )
         self._router = Router(config.sender, allow=self._allow_peer, options=config.router_options)
         self._client_info = Implementation(name=config.name, version="1")
+        self._snapshot_store = SnapshotStore(self._data_dir)
+        self._snapshots: dict[str, BotSnapshot] = {}
         self._links: dict[str, BotLink] = {}
         self._proxies: dict[str, BotProxy] = {}
         self._ui_sessions = UISessions()
@@ -189,6 +192,7 @@ class Bridge:
         self._router_entered = True
         self._started = True
         self._admin_token = await anyio.to_thread.run_sync(self._load_admin_token)
+        self._snapshots = await anyio.to_thread.run_sync(self._snapshot_store.load_all)
         await self._reconcile()
 
     async def close(self) -> None:
@@ -393,12 +397,18 @@ class Bridge:
         proxy = self._proxies.get(uid)
         if proxy is not None and not proxy.link.closed:
             return proxy
+        snapshot = self._snapshots.pop(uid, None)
+        if proxy is not None:
+            snapshot = proxy.link.snapshot() or snapshot
         link = BotLink(
             uid,
             self._router,
             self._task_group(),
             self._client_info,
             connect_timeout=self.config.connect_timeout,
+            store=self._snapshot_store,
+            snapshot=snapshot,
+            clock=self._clock.now,
             retry=self.config.retry,
             own_uid=self.config.uid,
         )

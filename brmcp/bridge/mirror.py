@@ -66,6 +66,7 @@ from mcp.types import (
     ServerCapabilities,
     SubscribeRequest,
     SubscribeRequestParams,
+    ToolsCapability,
     UnsubscribeRequest,
     UnsubscribeRequestParams,
 )
@@ -85,6 +86,8 @@ _ParamsT = TypeVar("_ParamsT", bound=RequestParams)
 _RESOURCE_METHODS = frozenset({"resources/list", "resources/templates/list", "resources/read"})
 _SUBSCRIBE_METHODS = frozenset({"resources/subscribe", "resources/unsubscribe"})
 _PROMPT_METHODS = frozenset({"prompts/list", "prompts/get"})
+#: Methods a modern-era session cannot carry (2026-07-28 removed them).
+_HANDSHAKE_ONLY_METHODS = _SUBSCRIBE_METHODS
 #: The methods a bridge endpoint serves only when its bot declared them.
 MIRRORED_METHODS = _RESOURCE_METHODS | _SUBSCRIBE_METHODS | _PROMPT_METHODS | {"completion/complete"}
 
@@ -158,7 +161,11 @@ class MirrorServer(Server[Any]):
                 prompts = own.prompts if modern else PromptsCapability(list_changed=bot.prompts.list_changed)
             if bot.completions is not None:
                 completions = CompletionsCapability()
-        return own.model_copy(update={"resources": resources, "prompts": prompts, "completions": completions})
+        # The bridge relays the bot's notifications/tools/list_changed.
+        tools = ToolsCapability(list_changed=True)
+        return own.model_copy(
+            update={"resources": resources, "prompts": prompts, "completions": completions, "tools": tools}
+        )
 
 
 class Mirror:
@@ -234,13 +241,18 @@ class Mirror:
         on a fresh session (these requests are safe to repeat); a second
         failure, or an unreachable bot, is -32603."""
         method = request.method
-        for attempt in (1, 2):
+        attempt = 0
+        while True:
+            attempt += 1
             failure: BaseException
             try:
                 async with self.link.lease() as (session, gen):
                     try:
                         result = await session.send_request(request, result_type)
                     except MCPError as exc:
+                        if self.link.era_refused(exc, gen, probe=method in _HANDSHAKE_ONLY_METHODS):
+                            attempt -= 1  # not a failure: sent again on a handshake-era session
+                            continue
                         if exc.error.code not in TRANSPORT_ERROR_CODES:
                             raise
                         failure = exc
@@ -260,7 +272,6 @@ class Mirror:
             if isinstance(failure, MCPError):
                 raise failure
             raise MCPError(INTERNAL_ERROR, f"{method} to bot failed: {failure}") from None
-        raise AssertionError("unreachable")
 
 
 def _paginated(params: PaginatedRequestParams) -> PaginatedRequestParams | None:

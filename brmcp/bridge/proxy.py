@@ -64,6 +64,7 @@ from .link import BotLink, DeadlineError, LinkError
 from .mirror import Mirror, MirrorServer
 from .relay import AgentCall, strip_reserved_meta
 from .settle import Settler
+from .snapshots import ERA_MODERN
 
 __all__ = ["MAX_PAYMENTS", "POLL_ATTEMPTS", "POLL_INTERVAL", "BotProxy", "strip_reserved_meta"]
 
@@ -106,6 +107,8 @@ class BotProxy:
     async def _on_list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
+        # The agent hears about tools/list_changed from now on.
+        self.link.subscriptions.watch(ctx)
         tools = self.link.tools
         if tools is None or self.link.stale:
             try:
@@ -133,6 +136,12 @@ class BotProxy:
         and written before the result. Raises :class:`MCPError` for an
         unknown tool (-32602 ``unknown tool "<name>"``), an unreachable bot,
         or a second transport failure."""
+        if self.link.tools is None:
+            # First contact: the snapshot request also settles the bot's era.
+            try:
+                await self.link.refresh()
+            except LinkError as exc:
+                raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
         if self.link.tools is not None and self.link.tool(tool) is None:
             if self.link.stale:
                 with contextlib.suppress(LinkError):
@@ -176,6 +185,7 @@ class BotProxy:
         paid_atoms = 0
         payments = 0
         polls = 0
+        era_switched = False
         while True:
             try:
                 result = await self.link.exchange(request, CallToolResult, progress=progress)
@@ -187,6 +197,19 @@ class BotProxy:
                 ) from None
             receipt = parse_receipt(result.meta)
             result = _clean_result(result)
+            if (
+                not era_switched
+                and result.is_error
+                and _needs_back_channel(result)
+                and self.link.era == ERA_MODERN
+            ):
+                # A modern session has no channel for the bot's sampling or
+                # elicitation requests: the failed (refunded) call runs
+                # again, under a new key, on a handshake session.
+                era_switched = True
+                self.link.require_handshake()
+                request = _with_key(request, secrets.token_hex(16))
+                continue
             refusal = parse_payment_required(result)
             if receipt is not None:
                 self._settler.note_balance(bot, receipt.balance_atoms)
@@ -235,6 +258,20 @@ def _charged(paid_atoms: int, payments: int) -> str:
         f"paid {paid_atoms} atoms for this call ({payments} payment(s)); credit the bot did not use"
         " stays there for later calls"
     )
+
+
+#: The MCP SDK's tool error when a modern-era session cannot carry a request
+#: from the bot (sampling, elicitation) back to the caller.
+_BACK_CHANNEL_TEXT = "no back-channel for server-initiated requests"
+
+
+def _needs_back_channel(result: CallToolResult) -> bool:
+    return any(isinstance(c, TextContent) and _BACK_CHANNEL_TEXT in c.text for c in result.content)
+
+
+def _with_key(request: CallToolRequest, key: str) -> CallToolRequest:
+    params = request.params.model_copy(update={"meta": cast(RequestParamsMeta, {CALL_KEY: key})})
+    return request.model_copy(update={"params": params})
 
 
 def _clean_result(result: CallToolResult) -> CallToolResult:

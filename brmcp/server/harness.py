@@ -30,6 +30,7 @@ from mcp.types import (
     PromptArgument,
     ToolAnnotations,
 )
+from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 
 from .. import wire
 from ..conn import Conn
@@ -86,6 +87,9 @@ MAX_HELD_CALLS = 4
 #: While holding, the balance is re-read at least this often (seconds), so a
 #: credit made outside the harness (an external ``Billing``) is seen too.
 _HOLD_RECHECK = 1.0
+#: ``tools/list`` result ``_meta`` key stating the capabilities on modern-era
+#: sessions (WIRE.md §Eras).
+CAPABILITIES_META_KEY = "brmcp/capabilities"
 #: Refused peers are logged at most this often (seconds), remembering this many.
 _DENIED_WARN_INTERVAL = 600.0
 _DENIED_WARN_MEMORY = 1024
@@ -692,15 +696,19 @@ class Harness:
     def router(self) -> Router | None:
         return self._router
 
+    def _notifications(self) -> NotificationOptions:
+        """listChanged is declared for resources and prompts (only present
+        once one is registered; the operator may call notify_*_list_changed),
+        and for tools with ``tools_list_changed``."""
+        return NotificationOptions(
+            resources_changed=True, prompts_changed=True, tools_changed=self.config.tools_list_changed
+        )
+
     async def _accept(self, conn: Conn) -> None:
         server = self._server
         # listChanged is declared for resources and prompts (only present
         # once one is registered): the operator may call notify_*_list_changed.
-        options = server.create_initialization_options(
-            NotificationOptions(
-                resources_changed=True, prompts_changed=True, tools_changed=self.config.tools_list_changed
-            )
-        )
+        options = server.create_initialization_options(self._notifications())
         await server.run(conn.read_stream, conn.write_stream, options)
 
     # -- money ---------------------------------------------------------------------------
@@ -796,9 +804,18 @@ class Harness:
         peer = peer_of(ctx)
         if self.config.tools_list_changed:
             self._catalog.remember(ctx)
-        return ListToolsResult(
-            tools=[spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
+        tools = [spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return ListToolsResult(tools=tools)
+        # A modern caller skipped server/discover: state the capabilities
+        # here so it needs no second round trip (WIRE.md §Eras). What
+        # initialize would declare: the modern era's own flags drop subscribe
+        # and listChanged, which a bridge needs to pick the era.
+        declared = self._server.get_capabilities(
+            self._notifications(), protocol_version=LATEST_HANDSHAKE_VERSION
         )
+        stated = declared.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return ListToolsResult(tools=tools, _meta={CAPABILITIES_META_KEY: stated})
 
     async def _on_call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams

@@ -93,8 +93,9 @@ def unavailable_reason() -> str | None:
         return f"interop/go is not in this installation ({interop_dir()})"
     bundle = bundle_path()
     if not bundle.is_file():
-        how = f"${BUNDLE_ENV}" if os.environ.get(BUNDLE_ENV) else "../shared/go-reference/brmcp.bundle"
-        return f"Go reference bundle not found at {bundle} (set {BUNDLE_ENV} or provide {how})"
+        if os.environ.get(BUNDLE_ENV):
+            return f"Go reference bundle not found at {bundle} (from ${BUNDLE_ENV})"
+        return f"Go reference bundle not found at {bundle} (put it there or set {BUNDLE_ENV} to its path)"
     if shutil.which("go") is None:
         return "Go toolchain not found on PATH (needed to build the Go reference)"
     if shutil.which("git") is None:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from mcp.types import TextContent
 
-from brmcp.testing import Fabric
+from brmcp.testing import Fabric, Faults
 
 from .live import (
     BOT,
@@ -141,3 +141,27 @@ async def test_refused_payment_charges_nothing(direction: str, tmp_path: Path, g
         assert harness.executions("dyn") == 0
         assert await harness.balance(CLIENT) == 0
         assert "payment not made" in _text(over)
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+async def test_duplicated_and_reordered_pms_charge_once(
+    direction: str, tmp_path: Path, goref_binary: Path
+) -> None:
+    """Every PM delivered twice, with jitter and reordering, across
+    implementations: the paid call still runs once and is charged once."""
+    async with stack_for(direction, tmp_path, goref_binary) as (harness, bridge, fabric, tap):
+        fabric.faults = Faults(duplicate_rate=1.0, jitter=0.002, reorder_rate=0.2, reorder_delay=0.01)
+        async with agent(bridge.url) as s:
+            fortune = await s.call_tool("fortune", {})
+            assert not fortune.is_error, _text(fortune)
+            dyn = await s.call_tool("dyn", {"units": 2})
+            assert not dyn.is_error, _text(dyn)
+        assert fabric.stats.pms_duplicated > 0
+        assert bridge.pays == [(BOT, FORTUNE_PRICE), (BOT, 2 * DYN_UNIT)]
+        assert harness.executions("fortune") == 1
+        assert harness.executions("dyn") == 1
+        assert await harness.balance(CLIENT) == 0
+        # The harness saw duplicated tools/calls, all under one callKey per logical call.
+        fortune_keys = {c["params"]["_meta"]["brmcp/callKey"] for c in tap.calls("fortune")}
+        assert len(tap.calls("fortune")) >= 4
+        assert len(fortune_keys) == 1

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...clientrpc import BotConfig, Client, load_bot_config
+from ...clientrpc import BotConfig, Client, load_bot_config, write_bot_config
 from .build import brnet_binary
 
 __all__ = ["BrNet", "BrNetError", "BrNetUser"]
@@ -87,22 +87,26 @@ class BrNetUser:
         (``kwargs``: the client's other constructor arguments)."""
         return Client.from_config(self.bot_config(), **kwargs)
 
+    @property
+    def url(self) -> str:
+        """The clientrpc URL (``brrpcurl``)."""
+        return self.brrpcurl
+
+    def bot_config_for(self, datadir: str | os.PathLike[str], name: str) -> BotConfig:
+        """The user's conf with ``datadir`` set to ``datadir`` and ``logfile``
+        to ``<datadir>/logs/<name>.log`` (everything else as brnet wrote it)."""
+        cfg = self.bot_config()
+        cfg.datadir = os.fspath(datadir)
+        cfg.logfile = os.fspath(Path(datadir) / "logs" / f"{name}.log")
+        return cfg
+
     def install_conf(self, datadir: Path, name: str) -> Path:
-        """Copy the conf to ``<datadir>/<name>.conf`` with ``datadir`` and
-        ``logfile`` pointing into ``datadir`` (what brmcp-serve / brmcp-bridge
-        read); returns the path."""
+        """Write :meth:`bot_config_for` to ``<datadir>/<name>.conf`` (mode 0600),
+        the file brmcp-serve (``brmcp-serve``) and brmcp-bridge
+        (``brmcp-bridge``) read; returns its path."""
         datadir.mkdir(parents=True, exist_ok=True)
-        lines = []
-        for line in self.conf.read_text().splitlines():
-            key = line.split("=", 1)[0].strip()
-            if key == "datadir":
-                line = f"datadir={datadir}"
-            elif key == "logfile":
-                line = f"logfile={datadir / 'logs' / (name + '.log')}"
-            lines.append(line)
         path = datadir / f"{name}.conf"
-        path.write_text("\n".join(lines) + "\n")
-        path.chmod(0o600)
+        write_bot_config(path, self.bot_config_for(datadir, name))
         return path
 
 
