@@ -503,7 +503,7 @@ def tools_only_sdk_bot() -> Server[Any]:
 
 def _sse_json(body: str) -> dict[str, Any]:
     for line in body.splitlines():
-        if line.startswith("data: "):
+        if line.startswith("data: ") and line[len("data: ") :].strip():  # skip priming events
             value: dict[str, Any] = json.loads(line[len("data: ") :])
             return value
     raise AssertionError(f"no SSE data line in {body!r}")

@@ -100,3 +100,58 @@ async def test_an_upstream_cannot_forge_our_meta_keys(tmp_path: Path) -> None:
     assert not result.is_error
     assert result.meta == {"vendor/key": "kept"}
     assert json.dumps(result.model_dump(mode="json", by_alias=True)).count("999") == 0
+
+
+async def test_http_headers_reach_the_upstream_and_never_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Headers from the environment and from a file go on every request to an
+    HTTP upstream; their values appear in no log line at any level. (The
+    upstream here is a minimal SDK server that records the headers it saw.)"""
+    import socket
+
+    import uvicorn
+    from mcp.server import MCPServer
+
+    caplog.set_level("DEBUG")
+    secret, key = "Bearer s3cret-upstream-token-0123", "file-key-9876543210"
+    monkeypatch.setenv("UPSTREAM_AUTH", secret)
+    (tmp_path / "headers.txt").write_text(f"# sent as is\nX-Api-Key: {key}\n")
+    seen: list[dict[str, str]] = []
+    server = MCPServer("header-check")
+
+    @server.tool()
+    def ping_back(text: str) -> str:
+        return text
+
+    app = server.streamable_http_app()
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            seen.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        await app(scope, receive, send)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    web = uvicorn.Server(uvicorn.Config(recording, log_level="warning", lifespan="on"))
+    upstream = UpstreamConfig(
+        url=f"http://127.0.0.1:{port}/mcp",
+        headers_env={"Authorization": "UPSTREAM_AUTH"},
+        headers_file="headers.txt",
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: web.serve(sockets=[sock]))
+        await until(lambda: web.started)
+        async with gateway_stack(tmp_path, upstream, PriceTable()) as env, env.session() as session:
+            result = await call(session, "ping_back", {"text": "hello"})
+            assert not result.is_error
+            assert "hello" in json.dumps(result.model_dump(mode="json"))
+        web.should_exit = True
+    posts = [h for h in seen if "authorization" in h]
+    assert posts
+    assert all(h["authorization"] == secret and h["x-api-key"] == key for h in posts)
+    assert len(posts) == len(seen)  # every request carried them
+    assert secret not in caplog.text
+    assert "s3cret" not in caplog.text
+    assert key not in caplog.text

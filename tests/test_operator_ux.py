@@ -335,3 +335,50 @@ def test_demo_keep_running_help_names_node_npx_and_the_bridge_dir(tmp_path: Path
     assert "Node.js >= 22" in text
     for command in ("spend", "settings", "approvals", "ui"):
         assert f"brmcp-bridge --datadir {tmp_path} {command}" in text
+
+
+# -- brmcp-fakebr --write-confs -----------------------------------------------------------------
+
+
+def test_write_confs_follows_ports_and_keeps_the_users_settings(tmp_path: Path) -> None:
+    import dataclasses as dc
+
+    from brmcp.bridge.settings import load_settings
+    from brmcp.clientrpc import load_bot_config
+    from brmcp.testing.fakebr.cli import write_confs
+
+    @dc.dataclass
+    class _Fake:
+        nick: str
+        uid: str
+        url: str
+
+        def bot_config(self, datadir: Path, name: str) -> BotConfig:
+            cfg = BotConfig.defaults(datadir, name)
+            cfg.brrpcurl = self.url
+            return cfg
+
+    bot, alice = (
+        _Fake("bot", "1" * 64, "wss://127.0.0.1:1001/ws"),
+        _Fake("alice", "2" * 64, "wss://127.0.0.1:1002/ws"),
+    )
+    first = write_confs(tmp_path, [bot, alice])  # type: ignore[list-item]
+    serve, bridge = tmp_path / "brmcp-serve", tmp_path / "brmcp-bridge-alice"
+    assert first["bridges"] == {"alice": str(bridge)}
+    assert json.loads((serve / "brmcp.json").read_text())["allowed_uids"] == [alice.uid]
+    settings = load_settings(bridge / "mcpclient.json")
+    assert (settings.enabled, settings.mode, settings.allowed_bots) == (True, "approval", (bot.uid,))
+    assert (settings.per_call_cap_atoms, settings.per_day_cap_atoms) == (20_000, 100_000)
+    assert len(settings.token) == 32
+    assert (bridge / "mcpclient.json").stat().st_mode & 0o777 == 0o600
+    # The user changes a setting; the next run (new ports) rewrites the .conf files only.
+    (bridge / "mcpclient.json").write_text(settings.replace(mode="autopay").to_json())
+    alice.url = "wss://127.0.0.1:2002/ws"
+    second = write_confs(tmp_path, [bot, alice])  # type: ignore[list-item]
+    assert load_bot_config(bridge / "brmcp-bridge.conf").brrpcurl == "wss://127.0.0.1:2002/ws"
+    assert load_settings(bridge / "mcpclient.json").mode == "autopay"
+    assert load_settings(bridge / "mcpclient.json").token == settings.token
+    assert str(bridge / "mcpclient.json") not in second["written"]
+    assert any(
+        f"brmcp-bridge --datadir {bridge} config-snippet {bot.uid}" in line for line in second["next_steps"]
+    )

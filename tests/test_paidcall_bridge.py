@@ -223,7 +223,8 @@ async def test_payment_in_flight_when_the_agent_goes_away_completes_and_stays_as
                 await env.payer.entered.wait()
             link = env.bridge.link(BOT)
             assert link is not None
-            await anyio.sleep(0.2)  # the bridge notices the closed connection
+            # The agent counts as gone once it did not resume within the grace.
+            await until(lambda: any(c.gone.is_set() for c in link.relay._calls.values()))
             release.set()
             await until(lambda: [e.status for e in env.bridge.spend_log().entries] == ["paid"])
         entry = env.bridge.spend_log().entries[0]

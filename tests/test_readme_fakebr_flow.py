@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -69,12 +70,18 @@ async def test_readme_flow_with_fakebr_needs_no_hand_edited_config(tmp_path: Pat
             assert f"brmcp-bridge --datadir {bridge_dir} config-snippet {bot_uid}" in out
             assert json.loads((serve_dir / "brmcp.json").read_text())["allowed_uids"] == [alice_uid]
             async with (
-                _process("brmcp_serve", "--datadir", str(serve_dir), log=tmp_path / "serve.log") as serve,
+                _process(
+                    "brmcp_serve",
+                    *("--datadir", str(serve_dir), "--metrics", "127.0.0.1:0"),
+                    log=tmp_path / "serve.log",
+                ) as serve,
                 _process(
                     "brmcp.bridge",
                     "--datadir",
                     str(bridge_dir),
                     "--listen",
+                    "127.0.0.1:0",
+                    "--metrics",
                     "127.0.0.1:0",
                     log=tmp_path / "bridge.log",
                 ) as bridge,
@@ -91,12 +98,26 @@ async def test_readme_flow_with_fakebr_needs_no_hand_edited_config(tmp_path: Pat
                 server = snippet["mcp_json"]["mcpServers"][snippet["name"]]
                 await _agent(server["url"], server["headers"], bridge_dir)
                 assert serve.returncode is None
+                # Both daemons' Prometheus endpoints (--metrics) count the paid call.
+                async with httpx2.AsyncClient(timeout=10) as http:
+                    bot_metrics = (await http.get(_metrics_url(tmp_path / "serve.log"))).text
+                    bridge_metrics = (await http.get(_metrics_url(tmp_path / "bridge.log"))).text
+                assert 'brmcp_serve_charged_atoms_total{tool="fortune"} 10000.0' in bot_metrics
+                assert 'brmcp_serve_tool_calls_total{outcome="ok",tool="echo"} 1.0' in bot_metrics
+                assert "brmcp_bridge_paid_atoms_total 10000.0" in bridge_metrics
+                assert 'brmcp_bridge_payments_total{outcome="paid"} 1.0' in bridge_metrics
             code, spend_out, err = await _cli("--datadir", str(bridge_dir), "--json", "spend")
             assert code == 0, err
             spend = json.loads(spend_out)
             assert [(e["bot"], e["tool"], e["atoms"], e["status"]) for e in spend["entries"]] == [
                 (bot_uid, "fortune", 10_000, "paid")
             ]
+
+
+def _metrics_url(log: Path) -> str:
+    found = re.search(r"metrics at (http://\S+/metrics)", log.read_text())
+    assert found is not None, log.read_text()
+    return found.group(1)
 
 
 async def _agent(url: str, headers: dict[str, str], bridge_dir: Path) -> None:

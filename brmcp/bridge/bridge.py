@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -37,6 +38,9 @@ from .settle import Payer, Settler
 from .snapshots import BotSnapshot, SnapshotStore
 from .spend import SPEND_FILE, BotBalance, SpendLog, SpendSummary
 from .ui import UISessions, ui_handler
+
+if TYPE_CHECKING:
+    from ..metrics import BridgeMetrics
 
 __all__ = ["ADMIN_TOKEN_FILE", "DEFAULT_LISTEN", "Bridge", "BridgeConfig"]
 
@@ -445,6 +449,14 @@ class Bridge:
         the daemon's notification hook use it); returns the function that
         removes the listener."""
         return self._settler.watch(listener)
+
+    def use_metrics(self, metrics: BridgeMetrics) -> None:
+        """Count calls, payments and errors in ``metrics`` from now on, and
+        export the router's sessions and reassembly bytes and the number of
+        waiting approvals through it."""
+        self._settler.metrics = metrics
+        metrics.watch_router(lambda: self._router)
+        metrics.watch_pending(lambda: len(self._settler.approvals.pending()))
 
     @property
     def change_version(self) -> int:

@@ -165,6 +165,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", action="store_true", help="commands: print the daemon's JSON answer")
     parser.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        default=None,
+        help="daemon: serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, "
+        "e.g. 127.0.0.1:9465)",
+    )
+    parser.add_argument(
         "--notify-command",
         default=None,
         metavar="COMMAND",
@@ -679,6 +686,12 @@ def _serve(args: argparse.Namespace, datadir: Path, cfg: BotConfig, created: boo
     except (BridgeError, ValueError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
+    if args.metrics:
+        try:
+            daemon.enable_metrics(args.metrics)
+        except ValueError as exc:
+            print(f"{PROG}: --metrics: {exc}", file=sys.stderr)
+            return 1
     try:
         anyio.run(partial(daemon.run, handle_signals=True))
     except BridgeError as exc:

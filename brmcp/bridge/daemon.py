@@ -36,7 +36,7 @@ import signal
 import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -65,6 +65,9 @@ from .errors import BridgeError
 from .listener import parse_listen_address
 from .settings import Settings
 from .tipmatcher import TipMatcher
+
+if TYPE_CHECKING:
+    from ..metrics import MetricsEndpoint
 
 __all__ = [
     "BOT_CONFIG_NAME",
@@ -278,6 +281,8 @@ class BridgeDaemon:
         #: Run on each new payment waiting for approval (see :meth:`_notify`).
         self.notify_command = notify_command or None
         self._notified: set[str] = set()
+        #: The Prometheus endpoint (:meth:`enable_metrics`), or None.
+        self.metrics_endpoint: MetricsEndpoint | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._unwatch: Callable[[], None] = _nothing
         self.client = client
@@ -342,6 +347,20 @@ class BridgeDaemon:
         daemon = cls(root, client, listen=listen, clock=clock, notify_command=command.strip() or None)
         daemon.config_created = created
         return daemon
+
+    def enable_metrics(self, address: str) -> MetricsEndpoint:
+        """Count calls, payments, atoms, errors and waiting approvals in a
+        :class:`~brmcp.metrics.BridgeMetrics` and serve them at
+        ``http://<address>/metrics`` (loopback only) while :meth:`run` runs.
+        Raises ValueError for a bad or non-loopback address."""
+        # Imported here: brmcp.metrics uses the bridge's listener module.
+        from ..metrics import BridgeMetrics, MetricsEndpoint
+
+        metrics = BridgeMetrics()
+        endpoint = MetricsEndpoint(metrics.registry, address)
+        self.bridge.use_metrics(metrics)
+        self.metrics_endpoint = endpoint
+        return endpoint
 
     @property
     def base_url(self) -> str:
@@ -423,6 +442,13 @@ class BridgeDaemon:
                         self._tg = tg
                         if self.notify_command:
                             self._unwatch = self.bridge.watch(self._on_change)
+                        if self.metrics_endpoint is not None:
+                            try:
+                                await self.metrics_endpoint.start(tg)
+                            except OSError as exc:
+                                log.error("metrics endpoint not started: %s", exc)
+                            else:
+                                log.info("metrics at %s", self.metrics_endpoint.url)
                         if handle_signals:
                             await tg.start(self._signals, tg.cancel_scope)
                         tg.start_soon(self._pm_loop, pms)

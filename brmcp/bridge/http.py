@@ -30,16 +30,18 @@ charset=utf-8``, ``X-Content-Type-Options: nosniff``, trailing newline).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
+from collections import OrderedDict
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.types import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import Message, Receive, Scope, Send
 
 from ._asgi import (
@@ -52,8 +54,10 @@ from ._asgi import (
     send_text,
 )
 from .admin import MAX_ADMIN_BODY_BYTES
+from .events import ResumableSessionManager
 from .link import LinkError
 from .proxy import BotProxy
+from .relay import AgentCall
 from .settings import Settings
 
 __all__ = [
@@ -184,7 +188,7 @@ async def _send_unavailable(send: Send, exc: BaseException, message: dict[str, A
 class _Endpoint:
     __slots__ = ("manager", "proxy", "stop")
 
-    def __init__(self, proxy: BotProxy, manager: StreamableHTTPSessionManager) -> None:
+    def __init__(self, proxy: BotProxy, manager: ResumableSessionManager) -> None:
         self.proxy = proxy
         self.manager = manager
         self.stop = anyio.Event()
@@ -215,6 +219,26 @@ class EndpointHost(Protocol):
 AGENT_SESSION_IDLE_TIMEOUT = 3600.0
 
 
+#: The ``retry`` field (milliseconds) of every priming SSE event: how long an
+#: agent waits before it resumes a dropped stream.
+RETRY_INTERVAL_MS = 1000
+#: Seconds a call whose agent connection closed waits for a resume before
+#: the agent counts as gone.
+RESUME_GRACE = 3.0
+#: The first protocol version whose streams are primed and resumable.
+RESUMABLE_VERSION = "2025-11-25"
+#: Agent sessions whose initialize version is remembered.
+MAX_REMEMBERED_SESSIONS = 10_000
+
+
+async def _expire(calls: list[AgentCall]) -> None:
+    """After :data:`RESUME_GRACE`, the still-detached calls' agents are gone."""
+    await anyio.sleep(RESUME_GRACE)
+    for call in calls:
+        if call.detached:
+            call.gone.set()
+
+
 class BridgeApp:
     """The ASGI application (``bridge.asgi_app``). Mount it at the root of a
     loopback-only server, or let the bridge serve it on its own listener."""
@@ -233,6 +257,8 @@ class BridgeApp:
         self._max_body = max_body_bytes
         self._endpoints: dict[str, _Endpoint] = {}
         self._lock = anyio.Lock()
+        #: The protocol version each recent agent session asked for in initialize.
+        self._versions: OrderedDict[str, str] = OrderedDict()
 
     # -- endpoints ------------------------------------------------------------
 
@@ -247,13 +273,11 @@ class BridgeApp:
                     return endpoint
                 self.drop(uid)
             proxy = self._bridge._proxy(uid)
-            manager = StreamableHTTPSessionManager(
-                app=proxy.server,
-                json_response=False,
-                stateless=False,
-                security_settings=None,
+            manager = ResumableSessionManager(
+                proxy.server,
                 session_idle_timeout=AGENT_SESSION_IDLE_TIMEOUT,
                 max_request_body_size=self._max_body,
+                retry_interval=RETRY_INTERVAL_MS,
             )
             endpoint = _Endpoint(proxy, manager)
             await self._bridge._task_group().start(self._run_manager, endpoint)
@@ -367,9 +391,15 @@ class BridgeApp:
             log.info("bot %s unavailable: %s", uid[:8], exc)
             await _send_unavailable(send, exc, message)
             return
+        scope = self._versioned(scope)
         if method == "POST" and message is not None and message.get("method") == "tools/call":
             await self._serve_call(endpoint, scope, receive, send, message)
             return
+        if method == "POST" and message is not None and message.get("method") == "initialize":
+            await self._serve_initialize(endpoint, scope, receive, send, message)
+            return
+        if method == "GET":
+            self._resume(endpoint, scope)
         if method != "DELETE":
             await endpoint.manager.handle_request(scope, receive, send)
             return
@@ -388,13 +418,15 @@ class BridgeApp:
         if 200 <= status < 300 and len(ended) == 1:
             endpoint.proxy.link.forget_agent(ended[0].decode("latin-1"))
 
-    @staticmethod
     async def _serve_call(
-        endpoint: _Endpoint, scope: Scope, receive: Receive, send: Send, message: dict[str, Any]
+        self, endpoint: _Endpoint, scope: Scope, receive: Receive, send: Send, message: dict[str, Any]
     ) -> None:
-        """Serve a ``tools/call`` POST, and when its connection closes before
-        the answer was written, tell the link the agent went away (issue 11
-        §3: a parked approval is withdrawn, no payment is started)."""
+        """Serve a ``tools/call`` POST. When its connection closes before the
+        answer was written, the call is detached; unless the agent resumes
+        the stream (``GET`` with ``Last-Event-ID``) within
+        :data:`RESUME_GRACE` seconds, the agent counts as gone: a parked
+        approval is withdrawn and no payment is started (BRIDGE.md
+        §Resumability)."""
         finished = False
 
         async def watch(event: Message) -> None:
@@ -409,8 +441,63 @@ class BridgeApp:
             sessions = header_values(scope, b"mcp-session-id")
             if not finished and len(sessions) == 1 and "id" in message:
                 session_id = sessions[0].decode("latin-1")
-                if endpoint.proxy.link.relay.abandon(session_id, message["id"]):
+                calls = endpoint.proxy.link.relay.detach(session_id, message["id"])
+                if calls:
                     log.info("agent connection closed with call %r in flight", message["id"])
+                    with contextlib.suppress(RuntimeError):  # the bridge is closing
+                        self._bridge._task_group().start_soon(_expire, calls)
+
+    async def _serve_initialize(
+        self, endpoint: _Endpoint, scope: Scope, receive: Receive, send: Send, message: dict[str, Any]
+    ) -> None:
+        """Serve an ``initialize`` POST and remember the protocol version the
+        new session asked for (see :meth:`_versioned`)."""
+        params = message.get("params")
+        asked = params.get("protocolVersion") if isinstance(params, dict) else None
+
+        async def watch(event: Message) -> None:
+            if event["type"] == "http.response.start" and isinstance(asked, str):
+                for key, value in event.get("headers", ()):
+                    if key.lower() == b"mcp-session-id":
+                        self._versions[value.decode("latin-1")] = asked
+                        while len(self._versions) > MAX_REMEMBERED_SESSIONS:
+                            self._versions.popitem(last=False)
+            await send(event)
+
+        await endpoint.manager.handle_request(scope, receive, watch)
+
+    def _versioned(self, scope: Scope) -> Scope:
+        """A request of a session that negotiated 2025-11-25 or later but
+        names an older ``MCP-Protocol-Version`` is served as the negotiated
+        version: the agent speaks it (it asked for it), and the SDK primes
+        and stores streams (resumability) only for 2025-11-25 and later."""
+        sessions = header_values(scope, b"mcp-session-id")
+        if len(sessions) != 1:
+            return scope
+        asked = self._versions.get(sessions[0].decode("latin-1"))
+        versions = header_values(scope, b"mcp-protocol-version")
+        if asked is None or asked < RESUMABLE_VERSION or len(versions) != 1:
+            return scope
+        given = versions[0].decode("latin-1")
+        if given not in HANDSHAKE_PROTOCOL_VERSIONS or given >= RESUMABLE_VERSION:
+            return scope  # an unknown version is left for the SDK to refuse
+        headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() != b"mcp-protocol-version"]
+        headers.append((b"mcp-protocol-version", RESUMABLE_VERSION.encode()))
+        return {**scope, "headers": headers}
+
+    @staticmethod
+    def _resume(endpoint: _Endpoint, scope: Scope) -> None:
+        """A ``GET`` with ``Last-Event-ID`` resumes a stream: its call (if
+        still in flight) is attached again."""
+        sessions = header_values(scope, b"mcp-session-id")
+        last = header_values(scope, b"last-event-id")
+        if len(sessions) != 1 or len(last) != 1:
+            return
+        session_id = sessions[0].decode("latin-1")
+        store = endpoint.manager.store(session_id)
+        stream = store.stream_of(last[0].decode("latin-1")) if store is not None else None
+        if stream is not None and endpoint.proxy.link.relay.reattach(session_id, stream):
+            log.info("agent resumed the stream of call %s", stream)
 
     async def _check_post(
         self, scope: Scope, receive: Receive, send: Send

@@ -37,10 +37,14 @@ The payment loop, for one logical call:
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import secrets
+from collections import OrderedDict
 from typing import Any, cast
 
+import anyio
 from mcp.server import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
@@ -77,6 +81,11 @@ POLL_ATTEMPTS = 6
 #: Most payments one logical call makes: a call whose credit another call
 #: used pays again (within the caps) up to this, then ends with a note.
 MAX_PAYMENTS = 3
+#: Seconds the callKey of a call its agent did not receive is kept for a
+#: re-send (the harness replays outcomes for at least 30 minutes).
+RETAIN_SECONDS = 1800.0
+#: Most such keys kept per bot.
+MAX_RETAINED = 1024
 
 
 class BotProxy:
@@ -89,6 +98,9 @@ class BotProxy:
         self._settler = settler
         self._clock = clock
         self._name = name
+        #: (agent session, call fingerprint) → (callKey, expiry) of calls the
+        #: agent did not receive.
+        self._retained: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
         self.server = MirrorServer(
             f"brmcp-{link.uid[:8]}",
             link,
@@ -142,28 +154,92 @@ class BotProxy:
             except LinkError as exc:
                 raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
         if self.link.tools is not None and self.link.tool(tool) is None:
-            if self.link.stale:
+            if self.link.doubt_tools() or self.link.stale:
                 with contextlib.suppress(LinkError):
                     await self.link.refresh()
             if self.link.tool(tool) is None:
                 raise MCPError(INVALID_PARAMS, f'unknown tool "{tool}"')
-        with self.link.relay.track(agent) as tracked:
-            try:
-                result = await self._pay_loop(tool, arguments, tracked)
-            except MCPError:
+        metrics = self._settler.metrics
+        started = anyio.current_time()
+        outcome = "failed"
+        try:
+            with self.link.relay.track(agent) as tracked:
+                key, earlier = self._call_key(tool, arguments, tracked)
+                if earlier is not None:
+                    # Let the earlier copy finish what it started (a payment in
+                    # flight, an execution at the bot) before this one asks.
+                    await earlier.ended.wait()
+                abandoned = False
+                try:
+                    result = await self._pay_loop(tool, arguments, tracked, key)
+                except anyio.get_cancelled_exc_class():
+                    abandoned = True  # the agent cancelled (or its session ended)
+                    raise
+                except MCPError:
+                    if tracked is not None:
+                        await tracked.settle()
+                    raise
+                finally:
+                    if tracked is not None and (abandoned or tracked.detached or tracked.gone.is_set()):
+                        self._retain(tracked, key)
                 if tracked is not None:
                     await tracked.settle()
-                raise
-            if tracked is not None:
-                await tracked.settle()
-            return result
+                outcome = "tool_error" if result.is_error else "ok"
+                return result
+        finally:
+            if metrics is not None:
+                metrics.calls.labels(outcome).inc()
+                metrics.call_seconds.observe(anyio.current_time() - started)
+                if outcome == "failed":
+                    metrics.errors.labels("call").inc()
+
+    def _call_key(
+        self, tool: str, arguments: dict[str, Any] | None, tracked: AgentCall | None
+    ) -> tuple[str, AgentCall | None]:
+        """The callKey of a new logical call: a fresh one, unless the same
+        agent session re-sends a call (same tool, same arguments) whose
+        earlier copy it did not receive (its connection closed, or it
+        cancelled): that copy's key, so the bot runs and charges it at most
+        once and replays its outcome (BRIDGE.md §Resumability). Returns the
+        key and the earlier copy still in flight, if any."""
+        fresh = secrets.token_hex(16)
+        if tracked is None or not isinstance(tracked.agent, str):
+            return fresh, None
+        mark = _fingerprint(tool, arguments)
+        tracked.fingerprint = mark
+        for earlier in self.link.relay.calls_of(tracked.agent):
+            if (
+                earlier is not tracked
+                and earlier.fingerprint == mark
+                and (earlier.detached or earlier.gone.is_set())
+            ):
+                # The earlier copy stops paying and running; this one takes over.
+                earlier.gone.set()
+                earlier.fingerprint = None
+                tracked.call_key = earlier.call_key
+                return earlier.call_key, earlier
+        now = anyio.current_time()
+        while self._retained and next(iter(self._retained.values()))[1] < now:
+            self._retained.popitem(last=False)
+        kept = self._retained.pop((tracked.agent, mark), None)
+        key = kept[0] if kept is not None else fresh
+        tracked.call_key = key
+        return key, None
+
+    def _retain(self, tracked: AgentCall, key: str) -> None:
+        """Remember the key of a call its agent did not receive, for a re-send."""
+        if not isinstance(tracked.agent, str) or tracked.fingerprint is None:
+            return
+        self._retained[(tracked.agent, tracked.fingerprint)] = (key, anyio.current_time() + RETAIN_SECONDS)
+        self._retained.move_to_end((tracked.agent, tracked.fingerprint))
+        while len(self._retained) > MAX_RETAINED:
+            self._retained.popitem(last=False)
 
     async def _pay_loop(
-        self, tool: str, arguments: dict[str, Any] | None, tracked: AgentCall | None
+        self, tool: str, arguments: dict[str, Any] | None, tracked: AgentCall | None, key: str
     ) -> CallToolResult:
         progress = tracked.progress if tracked is not None and tracked.wants_progress else None
         gone = tracked.gone if tracked is not None else None
-        key = secrets.token_hex(16)
         request = CallToolRequest(
             params=CallToolRequestParams(
                 name=tool, arguments=arguments, _meta=cast(RequestParamsMeta, {CALL_KEY: key})
@@ -183,6 +259,12 @@ class BotProxy:
                 raise MCPError(
                     INTERNAL_ERROR, f"bot unavailable: {exc}; {_charged(paid_atoms, payments)}"
                 ) from None
+            except MCPError as exc:
+                if exc.error.code == INVALID_PARAMS and exc.error.message == f'unknown tool "{tool}"':
+                    # Listed here, unknown there: the bot restarted with
+                    # other tools. The next tools/list asks it again.
+                    self.link.doubt_tools()
+                raise
             receipt = parse_receipt(result.meta)
             result = _clean_result(result)
             if (
@@ -236,6 +318,12 @@ class BotProxy:
                     )
             note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
             return result.model_copy(update={"content": [*result.content, note]})
+
+
+def _fingerprint(tool: str, arguments: dict[str, Any] | None) -> str:
+    """What makes two calls "the same call": tool name and arguments."""
+    text = json.dumps([tool, arguments or {}], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _charged(paid_atoms: int, payments: int) -> str:

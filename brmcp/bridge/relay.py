@@ -90,7 +90,19 @@ class AgentCall:
     request's SDK context; relays to it are counted so the call can wait
     for them (:meth:`settle`) before its result is written."""
 
-    __slots__ = ("_idle", "_last_progress", "_pending", "agent", "ctx", "gone", "seq")
+    __slots__ = (
+        "_idle",
+        "_last_progress",
+        "_pending",
+        "agent",
+        "call_key",
+        "ctx",
+        "detached",
+        "ended",
+        "fingerprint",
+        "gone",
+        "seq",
+    )
 
     def __init__(self, ctx: ServerRequestContext[Any], seq: int) -> None:
         self.ctx = ctx
@@ -105,6 +117,14 @@ class AgentCall:
         #: Set when the agent's request went away without cancelling it (its
         #: HTTP connection closed): nobody is left to receive the outcome.
         self.gone = anyio.Event()
+        #: True while the agent's connection is closed and not resumed.
+        self.detached = False
+        #: The logical call's callKey and what identifies a re-send of it
+        #: (set by the proxy).
+        self.call_key = ""
+        self.fingerprint: str | None = None
+        #: Set when the call left the link (answered, failed or cancelled).
+        self.ended = anyio.Event()
 
     @property
     def request_id(self) -> Any:
@@ -185,21 +205,40 @@ class Relay:
             yield call
         finally:
             del self._calls[call.seq]
+            call.ended.set()
 
     @property
     def in_flight(self) -> int:
         return len(self._calls)
 
-    def abandon(self, session_id: str, request_id: Any) -> bool:
+    def calls_of(self, session_id: str) -> list[AgentCall]:
+        """The calls in flight from one agent HTTP session, oldest first."""
+        return sorted((c for c in self._calls.values() if c.agent == session_id), key=lambda c: c.seq)
+
+    def _find(self, session_id: str, request_id: Any) -> list[AgentCall]:
+        return [
+            call
+            for call in self._calls.values()
+            if call.agent == session_id and str(call.request_id) == str(request_id)
+        ]
+
+    def detach(self, session_id: str, request_id: Any) -> list[AgentCall]:
         """The agent's connection for request ``request_id`` of HTTP session
-        ``session_id`` closed before the answer was written: mark that call
-        :attr:`AgentCall.gone`. Returns True when such a call was in flight."""
-        found = False
-        for call in self._calls.values():
-            if call.agent == session_id and str(call.request_id) == str(request_id):
-                call.gone.set()
-                found = True
-        return found
+        ``session_id`` closed before the answer was written: mark those
+        calls detached and return them (the HTTP layer sets
+        :attr:`AgentCall.gone` unless they are resumed in time)."""
+        calls = self._find(session_id, request_id)
+        for call in calls:
+            call.detached = True
+        return calls
+
+    def reattach(self, session_id: str, request_id: Any) -> bool:
+        """The agent resumed the stream of ``request_id``: its calls are
+        attached again (unless already given up). True when one was found."""
+        calls = self._find(session_id, request_id)
+        for call in calls:
+            call.detached = False
+        return bool(calls)
 
     def set_level(self, ctx: ServerRequestContext[Any], level: LoggingLevel) -> None:
         """Remember the agent session's minimum log level (``logging/setLevel``)."""

@@ -23,12 +23,15 @@ import logging
 import math
 import secrets
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import anyio
 import anyio.to_thread
 
 from ..payment import PaymentRequired
+
+if TYPE_CHECKING:
+    from ..metrics import BridgeMetrics
 from .approvals import ApprovalQueue, PendingPayment
 from .clock import Clock, go_duration
 from .errors import BridgeError
@@ -117,6 +120,8 @@ class Settler:
         self.approvals = ApprovalQueue(clock, on_change=self._changed)
         self._listeners: list[Callable[[], None]] = []
         self._balances: dict[str, BotBalance] = {}
+        #: Prometheus metrics to update (:class:`brmcp.metrics.BridgeMetrics`), or None.
+        self.metrics: BridgeMetrics | None = None
         #: Bumped whenever the approvals or the spend log change.
         self.version = 0
 
@@ -193,9 +198,11 @@ class Settler:
         already in flight completes (its credit stays at the bot) and its
         spend entry says so."""
         amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
-        reason = await self._settle(bot, tool, amount, gone)
+        reason, attempted = await self._settle(bot, tool, amount, gone)
         if reason is not None:
             log.info("payment to bot %s for tool %s (%d atoms) not made: %s", bot, tool, amount, reason)
+            if not attempted and self.metrics is not None:
+                self.metrics.payments.labels("refused").inc()
         return reason
 
     def _parked(self, payment: PendingPayment) -> None:
@@ -209,27 +216,30 @@ class Settler:
             f"; {hint}" if hint else "",
         )
 
-    async def _settle(self, bot: str, tool: str, amount: int, gone: anyio.Event | None) -> str | None:
+    async def _settle(
+        self, bot: str, tool: str, amount: int, gone: anyio.Event | None
+    ) -> tuple[str | None, bool]:
+        """The refusal reason (None: paid) and whether the payer ran."""
         if amount <= 0:
-            return "bot requested a nonpositive amount"
+            return "bot requested a nonpositive amount", False
         approved = False
         while True:
             settings = self._settings()
             async with self._lock:
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(self._now()))
             if reason is not None:
-                return reason
+                return reason, False
             if gone is not None and gone.is_set():
-                return AGENT_GONE
+                return AGENT_GONE, False
             if not settings.autopay and not approved:
                 timeout = settings.approval_timeout_secs
                 decision = await self._park(bot, tool, amount, timeout, gone)
                 if decision == "gone":
-                    return AGENT_GONE
+                    return AGENT_GONE, False
                 if decision == "denied":
-                    return "payment denied by the user"
+                    return "payment denied by the user", False
                 if decision == "timeout":
-                    return f"approval timed out after {go_duration(timeout)}"
+                    return f"approval timed out after {go_duration(timeout)}", False
                 approved = True
             async with self._lock:
                 settings = self._settings()
@@ -238,16 +248,16 @@ class Settler:
                 now = self._now()
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(now))
                 if reason is not None:
-                    return reason
+                    return reason, False
                 if gone is not None and gone.is_set():
-                    return AGENT_GONE
+                    return AGENT_GONE, False
                 ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount)
                 try:
                     await self._persist()
                 except BridgeError as exc:
                     self._spend.withdraw(ticket)
                     log.error("spend log not written, payment to %s not made: %s", bot, exc)
-                    return f"could not record the spend, so nothing was paid: {exc}"
+                    return f"could not record the spend, so nothing was paid: {exc}", False
             spend_id = secrets.token_hex(4)
             log.info(
                 "spend %s: paying %d atoms to bot %s for tool %s (%s; recorded pending in the spend log)",
@@ -260,7 +270,7 @@ class Settler:
             # Shielded: once money may move, the agent going away or cancelling
             # does not interrupt it (the tip wait still bounds it).
             with anyio.CancelScope(shield=True):
-                return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id, gone)
+                return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id, gone), True
 
     async def _park(
         self, bot: str, tool: str, amount: int, approval_secs: float, gone: anyio.Event | None
@@ -311,6 +321,11 @@ class Settler:
             if scope.cancelled_caught:
                 reason = f"tip not confirmed within {go_duration(wait_secs)}; the attempt keeps running"
         finally:
+            if self.metrics is not None:
+                outcome = {STATUS_PAID: "paid", STATUS_FAILED: "failed"}.get(status, "unknown")
+                self.metrics.payments.labels(outcome).inc()
+                if status == STATUS_PAID:
+                    self.metrics.paid_atoms.inc(amount)
             if status == STATUS_PAID and gone is not None and gone.is_set():
                 err = AGENT_GONE_PAID
             if status == STATUS_PAID:

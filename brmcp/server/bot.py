@@ -274,6 +274,11 @@ async def _tip_loop(
             continue  # malformed: not acked, see _record
         new, credited = outcome
         await acker.ack(tip.sequence_id)
+        metrics = harness.metrics
+        if metrics is not None:
+            metrics.tips.labels("credited" if credited else "not_credited" if new else "duplicate").inc()
+            if credited:
+                metrics.tip_atoms.inc(credited)
         if new and backlog is not None:
             backlog.add(tip.uid, credited)
         if new:

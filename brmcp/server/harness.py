@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from mcp.server import NotificationOptions, Server, ServerRequestContext
@@ -43,6 +43,9 @@ from ..payment import (
 )
 from ..payment import valid_call_key as _is_valid_key
 from ..router import Router, RouterOptions
+
+if TYPE_CHECKING:
+    from ..metrics import ServeMetrics
 from ..sender import PMSender
 from . import store
 from ._accounts import Accounts
@@ -179,6 +182,8 @@ class Harness:
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config
+        #: Prometheus metrics to update (:class:`brmcp.metrics.ServeMetrics`), or None.
+        self.metrics: ServeMetrics | None = None
         self._clock = config.clock
         try:
             self._accounts = Accounts(config.data_dir, config.billing, config.clock)
@@ -850,16 +855,27 @@ class Harness:
             claim, duplicate = self._calls.claim(peer, call_key)
             if duplicate:
                 return await self._calls.wait(claim)
+        started = anyio.current_time()
+        outcome = "ok"
         try:
             result = await self._execute(peer, spec, arguments, prepared, call_key, claim, request, alongside)
+            if result.is_error:
+                outcome = "error"
         except _Refused as refusal:
+            outcome = _REFUSAL_OUTCOMES.get(refusal.reason, "refused")
             if claim is not None:
                 self._calls.release(claim, refusal.reason)
             return refusal.result
         except BaseException:
+            outcome = "error"
             if claim is not None and not claim.finished:
                 self._calls.release(claim, "the original call was abandoned")
             raise
+        finally:
+            metrics = self.metrics
+            if metrics is not None:
+                metrics.calls.labels(spec.name, outcome).inc()
+                metrics.call_seconds.labels(spec.name).observe(anyio.current_time() - started)
         return result
 
     async def _execute(
@@ -921,10 +937,12 @@ class Harness:
         except BaseException:
             # Cancelled (the caller gave up): refund and record like a failure.
             with anyio.CancelScope(shield=True):
-                await self._settle(call_id, peer, claim, charged, error_result("call cancelled"), True)
+                await self._settle(
+                    call_id, peer, claim, charged, error_result("call cancelled"), True, tool=spec.name
+                )
             raise
         with anyio.CancelScope(shield=True):
-            await self._settle(call_id, peer, claim, charged, result, failed, text)
+            await self._settle(call_id, peer, claim, charged, result, failed, text, tool=spec.name)
         return result
 
     async def _charge_once(self, call_id: str, peer: str, call_key: str | None, tool: str, price: int) -> int:
@@ -941,6 +959,8 @@ class Harness:
                     balance = max(0, await self._accounts.balance(peer))
         except Exception as exc:
             log.error("charge of %d atoms to %s failed: %s", price, peer, exc)
+            if self.metrics is not None:
+                self.metrics.errors.labels("ledger").inc()
             raise _Refused(
                 error_result("payment could not be recorded; nothing was charged; retry later"),
                 "ledger unavailable",
@@ -950,6 +970,8 @@ class Harness:
                 "payment required: %s called %s for %d atoms with a balance of %d", peer, tool, price, balance
             )
             raise _Refused(payment_required_result(tool, price, balance), "payment required")
+        if self.metrics is not None:
+            self.metrics.charged_atoms.labels(tool).inc(price)
         log.info(
             "charged %d atoms to %s for %s (call %s, balance now %s)",
             price,
@@ -1034,6 +1056,8 @@ class Harness:
         result: CallToolResult,
         failed: bool,
         text: str | None = None,
+        *,
+        tool: str = "",
     ) -> None:
         """Journal completion (refunding a failed paid call in the same
         transaction) and record the outcome for duplicates. ``text`` is the
@@ -1058,7 +1082,12 @@ class Harness:
                 # The journal row stays 'charged': the next start refunds it
                 # exactly once. The caller still gets its result.
                 log.error("could not journal completion of call %s for %s: %s", call_id, peer, exc)
+                if self.metrics is not None:
+                    self.metrics.errors.labels("ledger").inc()
             else:
+                if failed and self.metrics is not None:
+                    self.metrics.refunds.labels(tool).inc()
+                    self.metrics.refunded_atoms.labels(tool).inc(charged)
                 if failed:
                     log.info(
                         "refunded %d atoms to %s (call %s): the call failed: %s",
@@ -1083,6 +1112,10 @@ def _with_receipt(result: CallToolResult, receipt: Receipt) -> CallToolResult:
     meta = dict(result.meta or {})
     meta.update(receipt.to_meta())
     return result.model_copy(update={"meta": meta})
+
+
+#: Metric outcomes of the refusal reasons of :class:`_Refused`.
+_REFUSAL_OUTCOMES = {"payment required": "payment_required", "rate limited": "rate_limited"}
 
 
 def _first_text(result: CallToolResult, limit: int = 200) -> str:

@@ -37,6 +37,7 @@ from brmcp.gateway import (
     load_upstream_block,
 )
 from brmcp.lockfile import FileLock, LockHeldError, acquire
+from brmcp.metrics import MetricsEndpoint, ServeMetrics
 from brmcp.router import Router
 from brmcp.server import Harness, HarnessConfig, lock_brclient, run_bot
 
@@ -113,7 +114,21 @@ class ServeApp:
         self.config = config
         self.router: Router | None = None
         self.identity: PublicIdentity | None = None
+        #: The Prometheus endpoint (:meth:`enable_metrics`), or None.
+        self.metrics_endpoint: MetricsEndpoint | None = None
         self._ran = False
+
+    def enable_metrics(self, address: str) -> MetricsEndpoint:
+        """Count calls, charges, refunds, tips and errors in a
+        :class:`~brmcp.metrics.ServeMetrics` and serve them at
+        ``http://<address>/metrics`` (loopback only) while :meth:`run` runs.
+        Raises ValueError for a bad or non-loopback address."""
+        metrics = ServeMetrics()
+        endpoint = MetricsEndpoint(metrics.registry, address)
+        metrics.watch_router(lambda: self.router)
+        self.harness.metrics = metrics
+        self.metrics_endpoint = endpoint
+        return endpoint
 
     @classmethod
     def from_datadir(
@@ -241,6 +256,13 @@ class ServeApp:
                 await tg.start(self._signals, tg.cancel_scope)
             if self.gateway is not None:
                 await tg.start(self.gateway.run)
+            if self.metrics_endpoint is not None:
+                try:
+                    await self.metrics_endpoint.start(tg)
+                except OSError as exc:
+                    log.error("brmcp-serve: metrics endpoint not started: %s", exc)
+                else:
+                    log.info("brmcp-serve: metrics at %s", self.metrics_endpoint.url)
             self.router = await tg.start(
                 partial(run_bot, self.harness, self.client, on_connected=self._on_connected, exclusive=False)
             )

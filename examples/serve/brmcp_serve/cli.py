@@ -106,6 +106,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         nargs=argparse.REMAINDER,
         help="a stdio MCP server: the command and its arguments (must come last)",
     )
+    parser.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        default=None,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, e.g. 127.0.0.1:9464)",
+    )
     parser.add_argument("--json", action="store_true", help="reports: print JSON")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("balances", help="every caller's prepaid balance (read-only; safe while the bot runs)")
@@ -229,6 +235,12 @@ def _main(argv: Sequence[str] | None) -> int:
         except (ServeConfigError, HarnessError) as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
             return 1
+        if args.metrics:
+            try:
+                app.enable_metrics(args.metrics)
+            except ValueError as exc:
+                print(f"{PROG}: --metrics: {exc}", file=sys.stderr)
+                return 1
         try:
             anyio.run(partial(app.run, handle_signals=True))
         except KeyboardInterrupt:  # a second Ctrl-C while stopping
