@@ -212,24 +212,21 @@ class BotProxy:
         self, request: CallToolRequest, progress: Any, ahead: Payment | None, gone: anyio.Event | None
     ) -> CallToolResult | None:
         """:meth:`BotLink.exchange` of ``request``; while a payment made
-        alongside is still under way, the call is abandoned if that payment
-        fails first or the agent goes away (the bot is told the request is
-        cancelled, so a held call ends without a charge) and None is
-        returned."""
+        alongside is still under way, the call is abandoned if the agent
+        goes away (the bot is told the request is cancelled, so a held call
+        ends without a charge) and None is returned."""
         if ahead is None or ahead.done:
             return await self.link.exchange(request, CallToolResult, progress=progress)
         outcome: list[CallToolResult | BaseException] = []
         async with anyio.create_task_group() as tg:
 
-            async def watch() -> None:
-                if await ahead.wait() is not None:
-                    tg.cancel_scope.cancel()
-
             async def watch_agent(event: anyio.Event) -> None:
                 await event.wait()
                 tg.cancel_scope.cancel()
 
-            tg.start_soon(watch)
+            # A failed payment does not withdraw the call: the bot may already
+            # be charging it from other credit, so its answer (a result, or the
+            # refusal when its hold ends) is what the agent gets.
             if gone is not None:
                 tg.start_soon(watch_agent, gone)
             try:
