@@ -75,7 +75,8 @@ class Tally:
             out.append(f"{self.calls - self.answered} logical calls never answered")
         if self.paid_atoms != PRICE * self.answered + self.credit_left:
             out.append(
-                f"books: paid {self.paid_atoms} != {PRICE} x {self.answered} received + {self.credit_left} credit"
+                f"books: paid {self.paid_atoms} != {PRICE} x {self.answered} received"
+                f" + {self.credit_left} credit"
             )
         if self.executions != self.answered:
             out.append(f"{self.executions} executions for {self.answered} received results")
@@ -93,7 +94,8 @@ class Tally:
         return (
             f"seed {self.seed}: {self.calls} calls / {self.agents} agents in {self.seconds:.1f} s"
             f" ({self.calls / self.seconds:.1f} calls/s): answered {self.answered}, attempts {self.attempts},"
-            f" agent timeouts {self.agent_timeouts}, clear errors {self.clear_errors}, payments {self.payments}"
+            f" agent timeouts {self.agent_timeouts}, clear errors {self.clear_errors},"
+            f" payments {self.payments}"
             f" ({self.paid_atoms} atoms), executions {self.executions}, credit left {self.credit_left},"
             f" PMs dropped {self.pms_dropped} duplicated {self.pms_duplicated}, bot offline"
             f" {self.offline_periods}x, bridge re-sends {self.resends}"
@@ -101,9 +103,20 @@ class Tally:
 
 
 @asynccontextmanager
-async def _stack(tmp: Path, seed: int) -> AsyncIterator[tuple[Fabric, Harness, Bridge, list[int], list[str]]]:
-    faults = Faults(
-        latency=0.002, jitter=0.004, drop_rate=0.05, duplicate_rate=0.05, reorder_rate=0.05, reorder_delay=0.02
+async def _stack(
+    tmp: Path, seed: int, faulty: bool
+) -> AsyncIterator[tuple[Fabric, Harness, Bridge, list[int], list[str]]]:
+    faults = (
+        Faults(latency=0.002, jitter=0.004)
+        if not faulty
+        else Faults(
+            latency=0.002,
+            jitter=0.004,
+            drop_rate=0.05,
+            duplicate_rate=0.05,
+            reorder_rate=0.05,
+            reorder_delay=0.02,
+        )
     )
     paid: list[int] = []
     executed: list[str] = []
@@ -131,7 +144,7 @@ async def _stack(tmp: Path, seed: int) -> AsyncIterator[tuple[Fabric, Harness, B
                 paid.append(atoms)
 
         data = tmp / "bridge"
-        data.mkdir()
+        data.mkdir(parents=True)
         settings = Settings(
             enabled=True,
             token=TOKEN,
@@ -157,12 +170,15 @@ async def _stack(tmp: Path, seed: int) -> AsyncIterator[tuple[Fabric, Harness, B
         yield fabric, harness, bridge, paid, executed
 
 
-async def run_soak(tmp: Path, *, seed: int, calls: int = 200, agents: int = 8, chaos: bool = True) -> Tally:
-    """One soak run; returns its tally (check :meth:`Tally.problems`)."""
+async def run_soak(tmp: Path, *, seed: int, calls: int = 200, agents: int = 8, faults: bool = True) -> Tally:
+    """One soak run; returns its tally (check :meth:`Tally.problems`).
+    ``faults=False`` runs the same load on a clean fabric with the bot
+    always online (the benchmark's baseline)."""
+    chaos = faults
     rng = random.Random(seed)
     tally = Tally(seed=seed, calls=calls, agents=agents)
     started = time.monotonic()
-    async with _stack(tmp, seed) as (fabric, harness, bridge, paid, executed):
+    async with _stack(tmp, seed, faults) as (fabric, harness, bridge, paid, executed):
         address = bridge.listen_address
         assert address is not None
         url = f"http://{address[0]}:{address[1]}/mcp/{BOT}"

@@ -174,7 +174,7 @@ async def _send_unavailable(send: Send, exc: BaseException, message: dict[str, A
     answer: a JSON-RPC error for the request (SDK clients show its message)
     or the plain-text body."""
     text = str(exc)
-    if not text.startswith("no answer from bot"):
+    if "no answer from bot" not in text:
         await send_text(send, 503, "bot unavailable")
         return
     request_id = message.get("id") if message is not None else None

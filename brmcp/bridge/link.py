@@ -188,6 +188,7 @@ class BotLink:
         result_type: type[_T],
         *,
         progress: ProgressFn | None = None,
+        deadline: float | None = None,
     ) -> _T:
         """Send ``request`` and return the bot's reply, re-sending the same
         request (same params, so the same callKey) on the RTT-sized backoff
@@ -203,10 +204,15 @@ class BotLink:
         and is tried once more on a fresh session (a bot that forgot the
         session answers with an error).
 
+        ``deadline`` (on :func:`anyio.current_time`) ends the wait earlier:
+        the logical call's own deadline.
+
         Raises :class:`DeadlineError` at the deadline, :class:`LinkError`
         when the link is closed, and :class:`MCPError` for the bot's error."""
-        ttl = self._router.options.ttl
         start = anyio.current_time()
+        ttl = self._router.options.ttl
+        if deadline is not None:
+            ttl = max(0.0, min(ttl, deadline - start))
         end = start + ttl
         # A bot accepts a part until floor(now) > exp (WIRE.md §Deadlines), up
         # to a second past exp: cap exp one second early so no copy can start
@@ -433,6 +439,11 @@ class BotLink:
         return self._closed
 
     @property
+    def ttl(self) -> float:
+        """Seconds a request to the bot may take: the router's message TTL."""
+        return self._router.options.ttl
+
+    @property
     def capabilities(self) -> ServerCapabilities | None:
         """The capabilities the bot declared in its last ``initialize`` (None
         before the first); a reset keeps them until the next session's."""
@@ -469,15 +480,13 @@ class BotLink:
         async with self._snapshot_lock:
             if self._tools is not None and not self._stale:
                 return self._tools
-            async with self.lease() as (session, gen):
+            async with self.lease() as (_session, gen):
                 try:
                     with anyio.fail_after(self._connect_timeout):
                         declared = self._capabilities
                         # A bot without tools (a resources-only server) has none to list.
                         tools = (
-                            []
-                            if declared is not None and declared.tools is None
-                            else await _list_all(session)
+                            [] if declared is not None and declared.tools is None else await self._list_all()
                         )
                 except Exception as exc:
                     self.reset(gen)
@@ -487,6 +496,20 @@ class BotLink:
                 self._by_name = {t.name: t for t in tools}
                 self._stale = current is None or current.gen != gen
             return tools
+
+    async def _list_all(self) -> list[Tool]:
+        """Every page of ``tools/list``, each request re-sent on the backoff
+        (:meth:`exchange`): a lost PM does not hang the snapshot."""
+        tools: list[Tool] = []
+        cursor: str | None = None
+        for _ in range(_MAX_PAGES):
+            params = PaginatedRequestParams(cursor=cursor) if cursor is not None else None
+            page = await self.exchange(ListToolsRequest(params=params), ListToolsResult)
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        return tools
 
     # -- change notifications -----------------------------------------------
 
@@ -579,19 +602,6 @@ async def _first_of(*events: anyio.Event) -> None:
 def _can_subscribe(capabilities: ServerCapabilities | None) -> bool:
     resources = capabilities.resources if capabilities is not None else None
     return resources is not None and bool(resources.subscribe)
-
-
-async def _list_all(session: ClientSession) -> list[Tool]:
-    tools: list[Tool] = []
-    cursor: str | None = None
-    for _ in range(_MAX_PAGES):
-        params = PaginatedRequestParams(cursor=cursor) if cursor is not None else None
-        page = await session.send_request(ListToolsRequest(params=params), ListToolsResult)
-        tools.extend(page.tools)
-        cursor = page.next_cursor
-        if not cursor:
-            break
-    return tools
 
 
 def _describe(exc: BaseException) -> str:
