@@ -222,7 +222,7 @@ async def run_soak(tmp: Path, *, seed: int, calls: int = 200, agents: int = 8, f
                     await anyio.sleep(0.5)
             raise RuntimeError(f"agent {number} could not finish: {len(pending)} calls left")
 
-        async def _calls(session: ClientSession, pending: list[int], patient: bool, timeout: float) -> None:
+        async def _calls(session: ClientSession, pending: list[int], patient: bool, give_up: float) -> None:
             while pending:
                 index = pending[0]
                 request = CallToolRequest(
@@ -231,7 +231,7 @@ async def run_soak(tmp: Path, *, seed: int, calls: int = 200, agents: int = 8, f
                 for _attempt in range(40):
                     tally.attempts += 1
                     result: CallToolResult | None = None
-                    with anyio.move_on_after(timeout) as scope:
+                    with anyio.move_on_after(give_up) as scope:
                         try:
                             result = await session.send_request(request, CallToolResult)
                         except MCPError as exc:

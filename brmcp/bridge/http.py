@@ -243,6 +243,10 @@ async def _expire(calls: list[AgentCall]) -> None:
 #: SDK client refuses SSE events over 1 MiB by default; a larger answer is
 #: written as an ``application/json`` response instead (BRIDGE.md §Large results).
 MAX_SSE_ANSWER_BYTES = 1_000_000
+#: Seconds a call's SSE stream is held back waiting to see whether its answer
+#: must go as JSON; after that it streams (so a long call, e.g. one parked
+#: for approval, shows its priming event and can be resumed).
+MAX_HOLD_SECONDS = 5.0
 
 
 class _LargeAsJson:
@@ -252,8 +256,8 @@ class _LargeAsJson:
     answer is larger than :data:`MAX_SSE_ANSWER_BYTES`, it is sent as an
     ``application/json`` response (which SDK clients read without an event
     size limit); otherwise the held stream is released unchanged. A call
-    that relays progress, logs or requests before its answer streams as
-    before."""
+    that relays progress, logs or requests before its answer, or that takes
+    longer than :data:`MAX_HOLD_SECONDS`, streams as before."""
 
     def __init__(self, send: Send, request_id: Any, accepts_json: bool) -> None:
         self._send = send
@@ -263,8 +267,19 @@ class _LargeAsJson:
         self._held: list[Message] = []
         self._text = b""
         self._state = "holding"  # then "streaming" or "answered"
+        self._lock = anyio.Lock()
+
+    async def release(self) -> None:
+        """Stop holding: whatever was held is sent and the stream goes on."""
+        async with self._lock:
+            if self._state in ("holding", "release"):
+                await self._flush()
 
     async def __call__(self, event: Message) -> None:
+        async with self._lock:
+            await self._handle(event)
+
+    async def _handle(self, event: Message) -> None:
         if self._state == "streaming":
             await self._send(event)
             return
@@ -537,7 +552,15 @@ class BridgeApp:
         accepts = b",".join(header_values(scope, b"accept")).lower()
         out = _LargeAsJson(watch, message.get("id"), b"application/json" in accepts or b"*/*" in accepts)
         try:
-            await endpoint.manager.handle_request(scope, receive, out)
+            async with anyio.create_task_group() as tg:
+
+                async def release_later() -> None:
+                    await anyio.sleep(MAX_HOLD_SECONDS)
+                    await out.release()
+
+                tg.start_soon(release_later)
+                await endpoint.manager.handle_request(scope, receive, out)
+                tg.cancel_scope.cancel()
         finally:
             sessions = header_values(scope, b"mcp-session-id")
             if not finished and len(sessions) == 1 and "id" in message:
