@@ -107,6 +107,9 @@ CAPABILITIES_META_KEY = "brmcp/capabilities"
 #: Seconds a remembered snapshot's background refresh waits after the
 #: request that triggered it (so it never competes with that request).
 REFRESH_DELAY = 1.0
+#: Least seconds between two look-ups at the bot caused by a snapshot that
+#: disagrees with an agent's call (:meth:`BotLink.doubt_tools`).
+RECHECK_INTERVAL = 10.0
 #: What a bot whose capabilities are unknown is assumed to serve.
 _TOOLS_ONLY = ServerCapabilities(tools=ToolsCapability(list_changed=False))
 
@@ -204,6 +207,8 @@ class BotLink:
         self._announce = False
         #: The bot said its tool list changed: fetch before serving it.
         self._changed = False
+        #: When :meth:`doubt_tools` last asked for a look-up (monotonic s).
+        self._doubted_at: float | None = None
         self._dropping: set[str] = set()
         #: Sessions dialed so far (observability and tests).
         self.dials = 0
@@ -581,6 +586,23 @@ class BotLink:
         or the bot said its tool list changed (:meth:`refresh` fetches it
         before answering)."""
         return self._stale or self._changed
+
+    def doubt_tools(self) -> bool:
+        """The snapshot may be wrong: an agent called a tool it lacks, or the
+        bot answered that it does not know a tool it lists. A bot that
+        restarted with other tools (a new brmcp-serve, a gateway in front of
+        another upstream) forgets the bridge's session and sends no
+        ``notifications/tools/list_changed``, so nothing else would tell.
+        The next :meth:`refresh` then fetches ``tools/list`` before answering
+        (one round trip), at most once per :data:`RECHECK_INTERVAL` seconds
+        so an agent repeating an unknown name costs no more. Returns True
+        when it will."""
+        now = anyio.current_time()
+        if self._doubted_at is not None and now - self._doubted_at < RECHECK_INTERVAL:
+            return False
+        self._doubted_at = now
+        self._changed = True
+        return True
 
     def _install_tools(self, tools: list[Tool]) -> None:
         self._tools = tools

@@ -159,7 +159,7 @@ class BotProxy:
             except LinkError as exc:
                 raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
         if self.link.tools is not None and self.link.tool(tool) is None:
-            if self.link.stale:
+            if self.link.doubt_tools() or self.link.stale:
                 with contextlib.suppress(LinkError):
                     await self.link.refresh()
             if self.link.tool(tool) is None:
@@ -274,6 +274,12 @@ class BotProxy:
                 raise MCPError(
                     INTERNAL_ERROR, f"bot unavailable: {exc}; {_charged(paid_atoms, payments)}"
                 ) from None
+            except MCPError as exc:
+                if exc.error.code == INVALID_PARAMS and exc.error.message == f'unknown tool "{tool}"':
+                    # Listed here, unknown there: the bot restarted with
+                    # other tools. The next tools/list asks it again.
+                    self.link.doubt_tools()
+                raise
             receipt = parse_receipt(result.meta)
             result = _clean_result(result)
             if _asks_to_retry(result) and retries < MAX_DUPLICATE_RETRIES:
