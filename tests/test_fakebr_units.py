@@ -171,9 +171,10 @@ _ERRORS = [
         "(line 1:16): invalid value for int32 field maxAttempts: 2147483648",
     ),
     ("ChatService.PM", '{"msg":{"mode":"LOUD"}}', '(line 1:16): invalid value for enum field mode: "LOUD"'),
-    ("ChatService.PM", '{"msg":[]}', "(line 1:8): unexpected token []"),
-    ("VersionService.Version", "[]", "(line 1:1): unexpected token []"),
-    ("VersionService.Version", "null", "(line 1:1): unexpected token null"),
+    # protojson reports an unexpected token as a syntax error, an array by its "[".
+    ("ChatService.PM", '{"msg":[]}', "syntax error (line 1:8): unexpected token ["),
+    ("VersionService.Version", "[]", "syntax error (line 1:1): unexpected token ["),
+    ("VersionService.Version", "null", "syntax error (line 1:1): unexpected token null"),
 ]
 
 

@@ -179,20 +179,33 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "key of brmcp-bridge.conf); it gets BRMCP_PAYMENT_ID, BRMCP_BOT, BRMCP_TOOL, BRMCP_ATOMS and "
         "BRMCP_APPROVE_COMMAND in its environment",
     )
+    # The commands also take --datadir and --json after their name
+    # ("brmcp-bridge spend --json"); SUPPRESS keeps the value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--datadir", default=argparse.SUPPRESS, help="the data directory (as before the command)"
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON (as before the command)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    settings = sub.add_parser("settings", help="show the settings, or 'settings set KEY=VALUE...'")
+    settings = sub.add_parser(
+        "settings", parents=[common], help="show the settings, or 'settings set KEY=VALUE...'"
+    )
     settings.add_argument("action", nargs="?", choices=["set"], help="change settings")
     settings.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help=f"keys: {', '.join(setting_names())}")
     settings.add_argument(
         "--show-token", action="store_true", help=f"show the agents' token instead of {HIDDEN_TOKEN}"
     )
-    approvals = sub.add_parser("approvals", help="list payments waiting for approval, or approve/deny one")
+    approvals = sub.add_parser(
+        "approvals", parents=[common], help="list payments waiting for approval, or approve/deny one"
+    )
     approvals.add_argument("action", nargs="?", choices=["list", "approve", "deny"], default="list")
     approvals.add_argument("id", nargs="?", help="payment id (for approve/deny)")
-    sub.add_parser("spend", help="the spend log and the rolling 24-hour total")
-    ui = sub.add_parser("ui", help="print a one-time login link to the approvals page")
+    sub.add_parser("spend", parents=[common], help="the spend log and the rolling 24-hour total")
+    ui = sub.add_parser("ui", parents=[common], help="print a one-time login link to the approvals page")
     ui.add_argument("--open", action="store_true", help="also open the link in the default web browser")
-    snippet = sub.add_parser("config-snippet", help="agent configuration for one bot")
+    snippet = sub.add_parser("config-snippet", parents=[common], help="agent configuration for one bot")
     snippet.add_argument("uid", metavar="BOT_UID", help="the bot's 64-hex uid")
     return parser.parse_args(argv)
 

@@ -314,6 +314,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_confs:
         args.write_confs = str(Path(args.write_confs).expanduser().resolve())
     nicks = _users(args.users)
+    if args.port and not 1 <= args.port <= 65536 - len(nicks):
+        raise SystemExit(
+            f"brmcp-fakebr: --port {args.port}: the {len(nicks)} user(s) take ports {args.port} to "
+            f"{args.port + len(nicks) - 1}, which must lie within 1-65535 (0 or no --port: any free port)"
+        )
     try:
         datadir.mkdir(mode=0o700, parents=True, exist_ok=True)
         with acquire(datadir / LOCK_FILE, what="brmcp-fakebr", detail=str(datadir)):

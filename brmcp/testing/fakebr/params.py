@@ -107,6 +107,18 @@ def _error(column: int, text: str) -> ParamsError:
     return ParamsError(f"proto: (line 1:{column}): {text}")
 
 
+def _unexpected(column: int, value: Any) -> ParamsError:
+    """protojson's syntax error for an unexpected token: its raw text, just
+    the opening bracket for an array or object."""
+    if isinstance(value, list):
+        token = "["
+    elif isinstance(value, dict):
+        token = "{"
+    else:
+        token = _raw(value)[:20]
+    return ParamsError(f"proto: syntax error (line 1:{column}): unexpected token {token}")
+
+
 def _raw(value: Any) -> str:
     return dumps(value)
 
@@ -174,7 +186,7 @@ def _scalar(f: Field, value: Any, column: int) -> Any:
 
 def _message(msg: Message, pairs: Any, column: int) -> dict[str, Any]:
     if not isinstance(pairs, Pairs):
-        raise _error(column, f"unexpected token {_raw(plain(pairs))[:20]}")
+        raise _unexpected(column, plain(pairs))
     out: dict[str, Any] = {}
     seen: set[str] = set()
     offset = column + 1  # just past "{"
@@ -221,5 +233,5 @@ def decode_params(method: str, params: Any, *, present: bool = True) -> dict[str
     if not present:
         raise _error(1, "unexpected EOF")
     if params is None:
-        raise _error(1, "unexpected token null")
+        raise _unexpected(1, None)
     return _message(msg, params, 1)

@@ -17,19 +17,42 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 
 from ..fabric import Fabric
 
-if TYPE_CHECKING:
-    from .server import FakeBRClient
-
 __all__ = ["FakeRelay", "TipFailure"]
 
 log = logging.getLogger("brmcp.testing.fakebr")
+
+
+class FakeBRClient(Protocol):
+    """What the relay needs of a fake brclient (:class:`~.server.FakeBRClient`
+    has it; the relay does not import the server module)."""
+
+    nick: str
+    uid: str
+    wallet: bool
+    pm_pacing: float
+
+    def _receive_pm(self, from_uid: str, text: str, timestamp_ms: int) -> None: ...
+
+    def emit_received_tip(self, from_uid: str, amount_matoms: int) -> Any: ...
+
+    def emit_tip_progress(
+        self,
+        to_uid: str,
+        amount_matoms: int,
+        *,
+        nick: str | None = None,
+        completed: bool = False,
+        attempt: int = 0,
+        attempt_err: str = "",
+        will_retry: bool = False,
+    ) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +75,15 @@ class FakeRelay:
 
     def __init__(self, fabric: Fabric | None = None, *, seed: int | None = None) -> None:
         self._own_fabric = fabric is None
-        self.fabric = fabric if fabric is not None else Fabric(seed=seed)
+        # brclients check sizes themselves (after compression): the relay's
+        # own fabric carries anything up to the v1 limit.
+        self.fabric = fabric if fabric is not None else Fabric(seed=seed, max_pm_bytes=18 << 20)
         self.nicks: dict[str, str] = {}
         self._contacts: dict[str, dict[str, None]] = {}
         self._clients: dict[str, FakeBRClient] = {}
         self._pm_times: dict[tuple[str, str], deque[tuple[str, int]]] = {}
+        self._last_pm: dict[tuple[str, str], float] = {}
+        self._tip_locks: dict[tuple[str, str], anyio.Lock] = {}
         self._online: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -152,6 +179,12 @@ class FakeRelay:
     def is_offline(self, uid: str) -> bool:
         return self.fabric.is_offline(uid)
 
+    async def wait_online(self, uid: str) -> None:
+        """Return once ``uid`` is on the relay."""
+        while self.is_offline(uid):
+            assert self._online is not None
+            await self._online.wait()
+
     # -- traffic ------------------------------------------------------------------------
 
     def _register(self, client: FakeBRClient, uid: str | None) -> str:
@@ -172,13 +205,22 @@ class FakeRelay:
                 if sent == text:
                     del queue[index]
                     return stamp
-        return int(time.time() * 1000)
+        return _relay_stamp()
 
-    async def send_pm(self, from_uid: str, to_uid: str, text: str) -> None:
-        """Hand a PM to the relay (stamped now); raises the fabric's errors
-        (``PMTooLargeError``, ``LinkDownError``)."""
+    async def send_pm(self, from_uid: str, to_uid: str, text: str, *, pacing: float = 0.0) -> None:
+        """Hand a PM to the relay (stamped now, in whole seconds as the BR
+        server does); raises the fabric's errors (``PMTooLargeError``,
+        ``LinkDownError``). ``pacing``: a PM that follows another in the same
+        direction sooner than this many seconds waits for the rest."""
+        if pacing > 0:
+            key = (from_uid, to_uid)
+            now = time.monotonic()
+            due = self._last_pm.get(key, 0.0) + pacing
+            self._last_pm[key] = max(now, due)
+            if due > now:
+                await anyio.sleep(due - now)
         queue = self._pm_times.setdefault((from_uid, to_uid), deque())
-        entry = (text, int(time.time() * 1000))
+        entry = (text, _relay_stamp())
         queue.append(entry)
         if len(queue) > 10_000:
             queue.popleft()
@@ -203,6 +245,20 @@ class FakeRelay:
         self._tg.start_soon(self._run_tip, sender, to_uid, amount_matoms, max_attempts, failure)
 
     async def _run_tip(
+        self,
+        sender: FakeBRClient,
+        to_uid: str,
+        amount_matoms: int,
+        max_attempts: int,
+        failure: TipFailure | None,
+    ) -> None:
+        # Tips from one user to one payee run one at a time; an attempt that
+        # cannot finish holds every later one (clientrpc.md, real-bison-relay.md).
+        lock = self._tip_locks.setdefault((sender.uid, to_uid), anyio.Lock())
+        async with lock:
+            await self._run_one_tip(sender, to_uid, amount_matoms, max_attempts, failure)
+
+    async def _run_one_tip(
         self,
         sender: FakeBRClient,
         to_uid: str,
@@ -244,8 +300,32 @@ class FakeRelay:
                 attempt_err=f"fake relay: {to_uid} has no wallet to receive tips",
             )
             return
+        if sender.pm_pacing > 0:
+            await anyio.sleep(sender.pm_pacing)  # the invoice request and reply
+        if not recipient.wallet:
+            # brclient's stock no-wallet payment client: the payee's invoice is
+            # for 0 milliatoms and reports a 0-matoms tip at once; the tipper's
+            # attempt fails and would be retried after 24 h, holding later tips.
+            recipient.emit_received_tip(sender.uid, 0)
+            sender.emit_tip_progress(
+                to_uid,
+                amount_matoms,
+                nick=nick,
+                attempt=attempt,
+                attempt_err=(
+                    f"milliatoms requested in invoice (0) different than milliatoms originally "
+                    f"requested ({amount_matoms})"
+                ),
+                will_retry=True,
+            )
+            await anyio.sleep_forever()
         recipient.emit_received_tip(sender.uid, amount_matoms)
         sender.emit_tip_progress(to_uid, amount_matoms, nick=nick, attempt=attempt, completed=True)
+
+
+def _relay_stamp() -> int:
+    """The BR server's timestamp: whole seconds, in milliseconds."""
+    return int(time.time()) * 1000
 
 
 def _uid_of(user: str | FakeBRClient) -> str:

@@ -7,14 +7,16 @@ UTF-8 length plus one (the newline) and the file index starts at 1. Files
 rotate at 8 MiB. An ack clears everything up to and including its id, for
 every client; acking 0 does nothing; acking an id whose file index is above
 the current file drops every entry and restarts the ids at file 1.
+:meth:`ReplayLog.state` and :meth:`ReplayLog.restore` let a fake brclient keep
+its logs across restarts, as brclient's files on disk do (ids keep growing).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["ROTATE_BYTES", "ReplayLog", "sequence_id"]
 
@@ -78,6 +80,22 @@ class ReplayLog(Generic[T]):
             removed += 1
         self.acked = max(self.acked, seq)
         return removed
+
+    def state(self, encode: Callable[[T], Any]) -> dict[str, Any]:
+        """The log as JSON values (position, acked id, unacked entries via ``encode``)."""
+        return {
+            "file_index": self.file_index,
+            "offset": self.offset,
+            "acked": self.acked,
+            "entries": [[e.seq, encode(e.item)] for e in self._entries],
+        }
+
+    def restore(self, state: Mapping[str, Any], decode: Callable[[Any, int], T]) -> None:
+        """Load what :meth:`state` wrote (``decode(value, seq)`` rebuilds an entry)."""
+        self.file_index = int(state["file_index"])
+        self.offset = int(state["offset"])
+        self.acked = int(state.get("acked", 0))
+        self._entries = deque(_Entry(int(seq), decode(value, int(seq))) for seq, value in state["entries"])
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -32,6 +32,15 @@ What it reproduces:
   stream (10000 ``EOF`` or another error, sent only by :meth:`FakeBRClient.end_streams`
   or a failing replay).
 
+Real-client behaviour (proven against brnet by :mod:`brmcp.testing.compare`):
+amounts rounded to whole atoms, relay timestamps in whole seconds, the PM size
+limit after compression (and the recipient's silent drop of a compressible PM
+too large once inflated), tips to one payee one at a time, a PM call from a
+user off the relay waiting until it is back, ``wallet=False`` as brclient's
+no-wallet payment client, replay logs kept on disk across restarts (ids keep
+growing), and brclient's error texts in its order of checks. Speed options,
+off by default: ``pm_pacing`` and ``tip_restart_delay``.
+
 Control hooks for tests: :meth:`~FakeBRClient.drop_connections`,
 :meth:`~FakeBRClient.send_raw`, :meth:`~FakeBRClient.send_notification`,
 :meth:`~FakeBRClient.end_streams`, :meth:`~FakeBRClient.ping`,
@@ -41,26 +50,21 @@ Control hooks for tests: :meth:`~FakeBRClient.drop_connections`,
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import json
 import logging
 import math
 import os
-import re
 import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 from aiohttp import WSMsgType, web
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -73,10 +77,9 @@ from ...clientrpc.types import (
     ReceivedTip,
     TipProgressEvent,
     VersionResponse,
-    dcr_to_matoms,
 )
 from .certs import BRClientCerts, ensure_brclient_certs
-from .params import MESSAGES, Pairs, ParamsError, decode_params, plain
+from .params import Pairs, ParamsError, decode_params, plain
 from .relay import FakeRelay, TipFailure
 from .replaylog import ReplayLog
 
@@ -91,136 +94,33 @@ __all__ = [
     "RPCFault",
 ]
 
+from ._conn import _WS_CLOSED, _Conn, _Stream
+from ._limits import MAX_MSG_SIZE, RM_OVERHEAD, estimated_wire_size, whole_atoms_matoms
+from ._protocol import (
+    _ACKS,
+    _STREAMS,
+    CODE_EOF,
+    CODE_INTERNAL,
+    CODE_INVALID_PARAMS,
+    KIND_PM,
+    KIND_TIP_PROGRESS,
+    KIND_TIP_RECEIVED,
+    RPCFault,
+    _basic_auth,
+    _echo_id,
+    _envelope,
+    _go_float,
+    _go_percent_f,
+    _http_error,
+    _method_name,
+    _origin_ok,
+    _pad16,
+    _skip_ws,
+)
+
 log = logging.getLogger("brmcp.testing.fakebr")
 
-CODE_EOF = 10000
-CODE_INVALID_PARAMS = -32602
-CODE_INTERNAL = -32603
-
-#: Replay-log kinds (brclient's replaymsglog prefixes).
-KIND_PM = "pm"
-KIND_TIP_RECEIVED = "tipstream"
-KIND_TIP_PROGRESS = "tipprogress"
-
-_STREAMS = {
-    "ChatService.PMStream": KIND_PM,
-    "PaymentsService.TipStream": KIND_TIP_RECEIVED,
-    "PaymentsService.TipProgress": KIND_TIP_PROGRESS,
-}
-_ACKS = {
-    "ChatService.AckReceivedPM": KIND_PM,
-    "PaymentsService.AckTipReceived": KIND_TIP_RECEIVED,
-    "PaymentsService.AckTipProgress": KIND_TIP_PROGRESS,
-}
-#: Services brclient binds (clientrpc.md §7); methods the fake lacks are "unknown method".
-_BOUND_SERVICES = frozenset(
-    {
-        "VersionService",
-        "ChatService",
-        "PostsService",
-        "PaymentsService",
-        "GCService",
-        "ResourcesService",
-        "ContentService",
-    }
-)
-# Go's regexp: \w and \d are ASCII only.
-_SUFFIX = re.compile(r"([0-9A-Za-z_]+\.[0-9A-Za-z_]+)\[([0-9]+)\]")
-_ENVELOPE_KEYS = ("jsonrpc", "id", "params", "result", "error", "method")
-_WS_CLOSED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR)
-
 Ev = TypeVar("Ev", ReceivedPM, ReceivedTip, TipProgressEvent)
-
-
-class RPCFault(Exception):
-    """A JSON-RPC error the fake answers with."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _pad16(data: bytes) -> bytes:
-    """brclient's pong payload: the ping payload zero-padded or truncated to 16 bytes."""
-    return data[:16].ljust(16, b"\0")
-
-
-def _echo_id(raw: Any) -> Any:
-    """The id as Go echoes it: numbers pass through a float64."""
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, int):
-        return raw if abs(raw) <= 1 << 53 else float(raw)
-    return raw
-
-
-class _Stream:
-    __slots__ = ("conn", "end", "ended", "kind", "method", "request_id")
-
-    def __init__(self, conn: _Conn, request_id: Any, method: str, kind: str) -> None:
-        self.conn = conn
-        self.request_id = request_id
-        self.method = method
-        self.kind = kind
-        self.ended = anyio.Event()
-        self.end: tuple[int, str] = (CODE_EOF, "EOF")
-
-
-class _Conn:
-    """One websocket connection to the fake."""
-
-    def __init__(self, ws: web.WebSocketResponse, transport: Any, serial: int) -> None:
-        self.ws = ws
-        self.transport = transport
-        self.serial = serial
-        send, recv = anyio.create_memory_object_stream[bytes](math.inf)
-        self.out: MemoryObjectSendStream[bytes] = send
-        self.out_recv: MemoryObjectReceiveStream[bytes] = recv
-        self.in_flight = 0
-        self.slot_freed = anyio.Event()
-        self.streams: list[_Stream] = []
-        self.keepalive_ping: bytes | None = None
-        self.keepalive_pong = anyio.Event()
-        self.test_pings: dict[bytes, anyio.Event] = {}
-        self.pongs: list[bytes] = []
-        self.closed = False
-        self.close_reason = ""
-        self.tg: anyio.abc.TaskGroup | None = None
-
-    def enqueue(self, data: bytes) -> None:
-        if self.closed:
-            return
-        try:
-            self.out.send_nowait(data)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self.closed = True
-
-    def respond(self, request_id: Any, *, result: Any = None, error: tuple[int, str] | None = None) -> None:
-        message: dict[str, Any] = {"jsonrpc": "2.0", "id": _echo_id(request_id)}
-        if error is not None:
-            message["error"] = {"code": error[0], "message": error[1]}
-        else:
-            message["result"] = result if result is not None else {}
-        self.enqueue(frame(message))
-
-    def notify(self, method: str, params: Mapping[str, Any]) -> None:
-        self.enqueue(frame({"jsonrpc": "2.0", "params": params, "method": method}))
-
-    def abort(self, reason: str) -> None:
-        """Drop the TCP connection without a close frame (as Go's read loop does)."""
-        if not self.close_reason:
-            self.close_reason = reason
-        self.closed = True
-        if self.transport is not None:
-            self.transport.abort()
-        if self.tg is not None:
-            self.tg.cancel_scope.cancel()
-
-    def release_slot(self) -> None:
-        self.in_flight -= 1
-        self.slot_freed.set()
-        self.slot_freed = anyio.Event()
 
 
 class FakeBRClient:
@@ -235,7 +135,10 @@ class FakeBRClient:
     ``require_client_cert``: False models an empty ``rpcclientcapath``.
     ``ping_interval``/``ping_timeout``: the server's keepalive in seconds
     (None disables it). ``allow_remote_send_tip``/``max_remote_send_tip_amt``
-    (DCR, <= 0: no cap): brclient's guards on ``TipUser``.
+    (DCR, <= 0: no cap): brclient's guards on ``TipUser``. ``wallet``: False is
+    brclient's ``wallettype = disabled`` (tips to this user never complete).
+    ``pm_pacing`` (seconds, 0 = off; a real brclient ≈ 0.1) and
+    ``tip_restart_delay`` (seconds, 0 = off; brclient 60): the speed options.
 
     Use as ``async with FakeBRClient(relay, "bot", path) as br:``; while it runs
     the user is online on the relay, otherwise offline (PMs and tips wait).
@@ -262,6 +165,9 @@ class FakeBRClient:
         app_version: str = "0.2.4",
         go_runtime: str = "go1.23.4",
         max_in_flight: int = 16,
+        wallet: bool = True,
+        pm_pacing: float = 0.0,
+        tip_restart_delay: float = 0.0,
     ) -> None:
         self.relay = relay
         self.nick = nick
@@ -279,6 +185,17 @@ class FakeBRClient:
         self.max_remote_send_tip_amt = max_remote_send_tip_amt
         self.version = VersionResponse(app_version=app_version, go_runtime=go_runtime, app_name="brclient")
         self.max_in_flight = max_in_flight
+        #: False models brclient's ``[payment] wallettype = disabled``: tips to
+        #: this user never complete (it reports a 0-matoms tip at once).
+        self.wallet = wallet
+        #: Speed option (0 = off): seconds between back-to-back PMs in one
+        #: direction, and the time one tip takes; a real brclient batches its
+        #: rendezvous subscriptions every 0.1 s.
+        self.pm_pacing = pm_pacing
+        #: Speed option (0 = off): ``TipUser`` blocks until this many seconds
+        #: after the fake started (brclient's ``tipuser.restartdelay``, 60 s).
+        self.tip_restart_delay = tip_restart_delay
+        self._started_at = 0.0
         self.sig_key = (
             Ed25519PrivateKey.generate()
             .public_key()
@@ -288,6 +205,7 @@ class FakeBRClient:
         self.certs = BRClientCerts(self.root)
         # Replay logs and open streams, by kind.
         self.logs: dict[str, ReplayLog[Any]] = {k: ReplayLog(k) for k in _STREAMS.values()}
+        self._load_logs()
         self._streams: dict[str, list[_Stream]] = {k: [] for k in _STREAMS.values()}
         self._conns: list[_Conn] = []
         self._serial = 0
@@ -334,9 +252,47 @@ class FakeBRClient:
         site = web.SockSite(runner, sock, ssl_context=ctx)
         await site.start()
         self._runner = runner
+        self._started_at = time.monotonic()
         self.relay.set_online(self.uid)
         log.info("fakebr: %s (%s) serving clientrpc on %s", self.nick, self.uid[:16], self.url)
         return self
+
+    #: Where the replay logs persist between runs on the same root.
+    LOGS_FILE = "fakebr-replaylogs.json"
+
+    def _load_logs(self) -> None:
+        """Reload the replay logs a previous fake on this root and uid left
+        (brclient's logs live on disk: ids keep growing across restarts)."""
+        try:
+            saved = json.loads((self.root / self.LOGS_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        if not isinstance(saved, dict) or saved.get("uid") != self.uid:
+            return
+        decoders: dict[str, Callable[[Any], Any]] = {
+            KIND_PM: ReceivedPM.from_wire,
+            KIND_TIP_RECEIVED: ReceivedTip.from_wire,
+            KIND_TIP_PROGRESS: TipProgressEvent.from_wire,
+        }
+        for kind, log_state in (saved.get("logs") or {}).items():
+            decode = decoders.get(kind)
+            if decode is None:
+                continue
+            try:
+                self.logs[kind].restore(log_state, _by_value(decode))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("fakebr: %s: ignoring saved %s replay log: %s", self.nick, kind, exc)
+
+    def _save_logs(self) -> None:
+        state = {
+            "uid": self.uid,
+            "logs": {kind: rl.state(lambda ev: ev.to_wire()) for kind, rl in self.logs.items()},
+        }
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / self.LOGS_FILE).write_text(json.dumps(state))
+        except OSError as exc:
+            log.warning("fakebr: %s: cannot save the replay logs: %s", self.nick, exc)
 
     async def __aexit__(
         self,
@@ -346,6 +302,7 @@ class FakeBRClient:
     ) -> None:
         self.relay.set_offline(self.uid)
         self.drop_connections()
+        self._save_logs()
         runner, self._runner = self._runner, None
         if runner is not None:
             with anyio.CancelScope(shield=True):
@@ -615,6 +572,11 @@ class FakeBRClient:
         )
 
     def _receive_pm(self, from_uid: str, text: str, timestamp_ms: int) -> None:
+        if len(text.encode("utf-8")) + RM_OVERHEAD > MAX_MSG_SIZE:
+            # brclient's decompression is limited to the max message size: a
+            # compressible PM the sender accepted is dropped here, silently.
+            log.warning("fakebr: %s dropped a PM of %d bytes (zlib read limit)", self.nick, len(text))
+            return
         self.emit_pm(from_uid, text, timestamp_ms=timestamp_ms)
 
     # -- HTTP -------------------------------------------------------------------------------
@@ -880,7 +842,7 @@ class FakeBRClient:
             await self._pm(request)
             return {}
         if name == "PaymentsService.TipUser":
-            self._tip_user(request)
+            await self._tip_user(request)
             return {}
         kind = _ACKS.get(name)
         if kind is not None:
@@ -914,104 +876,49 @@ class FakeBRClient:
         text = str(msg.get("message", ""))
         if not text:
             raise RPCFault(CODE_INTERNAL, "msg is empty")
+        estimate = estimated_wire_size(text)
+        if estimate > MAX_MSG_SIZE:
+            raise RPCFault(
+                CODE_INTERNAL,
+                "cannot enqueue message rpc.RMPrivateMessage estimated as larger than max message size "
+                f"{estimate} > {MAX_MSG_SIZE}: RM is too large",
+            )
+        # A brclient that is off the relay holds the call until it is back.
+        await self.relay.wait_online(self.uid)
         try:
-            await self.relay.send_pm(self.uid, target, text)
+            await self.relay.send_pm(self.uid, target, text, pacing=self.pm_pacing)
         except Exception as exc:  # the fabric's size limit or an injected link failure
             raise RPCFault(CODE_INTERNAL, str(exc)) from None
 
-    def _tip_user(self, request: Mapping[str, Any]) -> None:
-        if not self.allow_remote_send_tip:
-            raise RPCFault(CODE_INTERNAL, "remote tip sending not allowed")
-        dcr_amount = float(request.get("dcr_amount", 0.0))
-        if self.max_remote_send_tip_amt > 0 and dcr_amount > self.max_remote_send_tip_amt:
-            raise RPCFault(CODE_INTERNAL, f"tip exceeds max limit: {_dcr_text(self.max_remote_send_tip_amt)}")
+    async def _tip_user(self, request: Mapping[str, Any]) -> None:
+        """brclient's order: the user, the remote-tip guards, then the amount
+        and attempts, then the wait for the tip subsystem (the restart delay),
+        then the amount's conversion to whole atoms."""
         user = str(request.get("user", ""))
         target = self._user_by_nick(user)
-        if not dcr_amount > 0 or math.isinf(dcr_amount):
-            raise RPCFault(CODE_INTERNAL, f"cannot pay user {user} {_dcr_text(dcr_amount)} <= 0")
+        dcr_amount = float(request.get("dcr_amount", 0.0))
+        if not self.allow_remote_send_tip:
+            raise RPCFault(CODE_INTERNAL, "remote tip sending not allowed")
+        if self.max_remote_send_tip_amt > 0 and dcr_amount > self.max_remote_send_tip_amt:
+            raise RPCFault(CODE_INTERNAL, f"tip exceeds max limit: {_go_float(self.max_remote_send_tip_amt)}")
+        if dcr_amount <= 0:
+            raise RPCFault(CODE_INTERNAL, f"cannot pay user {_go_percent_f(dcr_amount)} <= 0")
         max_attempts = int(request.get("max_attempts", 0))
         if max_attempts <= 0:
             raise RPCFault(CODE_INTERNAL, f"maxAttempts {max_attempts} <= 0")
+        ready = self._started_at + self.tip_restart_delay - time.monotonic()
+        if ready > 0:
+            await anyio.sleep(ready)
+        if math.isnan(dcr_amount) or math.isinf(dcr_amount):
+            raise RPCFault(CODE_INTERNAL, "invalid coin amount")
         failure = self._tip_failures.pop(0) if self._tip_failures else None
-        self.relay.start_tip(self, target, dcr_to_matoms(dcr_amount), max_attempts, failure)
+        self.relay.start_tip(self, target, whole_atoms_matoms(dcr_amount), max_attempts, failure)
 
 
-def _dcr_text(amount: float) -> str:
-    """dcrutil.Amount's text: up to 8 decimals, trailing zeros trimmed, `` DCR``."""
-    if math.isnan(amount):
-        return "NaN DCR"
-    text = f"{amount:.8f}".rstrip("0").rstrip(".")
-    return f"{text} DCR"
+def _by_value(decode: Callable[[Any], Any]) -> Callable[[Any, int], Any]:
+    """A :meth:`ReplayLog.restore` decoder that needs only the stored value."""
 
+    def restore(value: Any, _seq: int) -> Any:
+        return decode(value)
 
-def _method_name(method: str) -> str:
-    """Strip a decimal stream suffix and check ``Service.Method``; raises
-    :class:`RPCFault` for malformed or unknown names."""
-    match = _SUFFIX.search(method)
-    name = match.group(1) if match else method
-    service, dot, _ = name.partition(".")
-    if not dot:
-        raise RPCFault(CODE_INTERNAL, "method is not Service.Method")
-    if service not in _BOUND_SERVICES:
-        raise RPCFault(CODE_INTERNAL, "unknown service")
-    if name not in MESSAGES:
-        raise RPCFault(CODE_INTERNAL, "unknown method")
-    return name
-
-
-def _envelope(value: Any) -> dict[str, Any] | None:
-    """The JSON-RPC envelope fields, matched case-insensitively (Go's
-    encoding/json), the last duplicate winning; None for a non-object."""
-    if not isinstance(value, Pairs):
-        return None
-    env: dict[str, Any] = {}
-    for key, item in value:
-        folded = key.lower()
-        if folded in _ENVELOPE_KEYS:
-            env[folded] = item
-    return env
-
-
-def _skip_ws(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in " \t\r\n":
-        pos += 1
-    return pos
-
-
-def _http_error(status: int, text: str) -> web.Response:
-    """Go's ``http.Error``: the text plus a newline, as plain text."""
-    resp = web.Response(status=status, text=text + "\n")
-    resp.headers["Content-Type"] = "text/plain; charset=utf-8"
-    resp.headers["X-Content-Type-Options"] = "nosniff"
-    return resp
-
-
-def _basic_auth(header: str | None) -> tuple[str, str] | None:
-    """Go's ``Request.BasicAuth`` parsing."""
-    if header is None or len(header) < 6 or header[:6].lower() != "basic ":
-        return None
-    try:
-        decoded = base64.b64decode(header[6:], validate=True).decode("utf-8")
-    except (binascii.Error, ValueError):
-        return None
-    user, sep, password = decoded.partition(":")
-    if not sep:
-        return None
-    return user, password
-
-
-def _origin_ok(request: web.Request) -> bool:
-    """gorilla's same-origin check with brclient's port-stripping quirk: a host
-    that carries a port is compared whole, a port-less one becomes ``""``."""
-    origin = request.headers.get("Origin")
-    if origin is None or origin == "null" or origin.startswith("file://"):
-        return True
-
-    def strip(host: str) -> str:
-        return host if re.search(r":[0-9]*$", host) else ""
-
-    try:
-        origin_host = urlsplit(origin).netloc
-    except ValueError:
-        return False
-    return strip(origin_host).lower() == strip(request.host).lower()
+    return restore

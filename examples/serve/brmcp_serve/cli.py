@@ -113,12 +113,29 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback only, e.g. 127.0.0.1:9464)",
     )
     parser.add_argument("--json", action="store_true", help="reports: print JSON")
+    # The reports also take --datadir and --json after their name
+    # ("brmcp-serve balances --json"); SUPPRESS keeps the value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--datadir", default=argparse.SUPPRESS, help="the data directory (as before the command)"
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON (as before the command)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("balances", help="every caller's prepaid balance (read-only; safe while the bot runs)")
-    statement = sub.add_parser("statement", help="every money movement of one caller (read-only)")
+    sub.add_parser(
+        "balances",
+        parents=[common],
+        help="every caller's prepaid balance (read-only; safe while the bot runs)",
+    )
+    statement = sub.add_parser(
+        "statement", parents=[common], help="every money movement of one caller (read-only)"
+    )
     statement.add_argument("uid", metavar="UID", help="the caller's 64-hex uid")
     sub.add_parser(
-        "stats", help="tips, charges and refunds, per tool, reconciled with the ledger (read-only)"
+        "stats",
+        parents=[common],
+        help="tips, charges and refunds, per tool, reconciled with the ledger (read-only)",
     )
     return parser.parse_args(argv)
 
