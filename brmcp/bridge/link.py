@@ -252,6 +252,7 @@ class BotLink:
         *,
         progress: ProgressFn | None = None,
         quiet: anyio.Event | None = None,
+        deadline: float | None = None,
     ) -> _T:
         """Send ``request`` and return the bot's reply, re-sending the same
         request (same params, so the same callKey) on the RTT-sized backoff
@@ -269,11 +270,15 @@ class BotLink:
 
         ``quiet``: while this event is unset no copy is sent (the bot is
         expected to hold the request, e.g. until a payment lands).
+        ``deadline`` (on :func:`anyio.current_time`) ends the wait earlier:
+        the logical call's own deadline.
 
         Raises :class:`DeadlineError` at the deadline, :class:`LinkError`
         when the link is closed, and :class:`MCPError` for the bot's error."""
-        ttl = self._router.options.ttl
         start = anyio.current_time()
+        ttl = self._router.options.ttl
+        if deadline is not None:
+            ttl = max(0.0, min(ttl, deadline - start))
         end = start + ttl
         # A bot accepts a part until floor(now) > exp (WIRE.md §Deadlines), up
         # to a second past exp: cap exp one second early so no copy can start
@@ -554,6 +559,11 @@ class BotLink:
         self._era_confirmed = True
         self.reset(gen)
         self._schedule_save()
+
+    @property
+    def ttl(self) -> float:
+        """Seconds a request to the bot may take: the router's message TTL."""
+        return self._router.options.ttl
 
     @property
     def capabilities(self) -> ServerCapabilities | None:

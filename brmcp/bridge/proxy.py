@@ -89,6 +89,11 @@ POLL_ATTEMPTS = 6
 #: Most payments one logical call makes: a call whose credit another call
 #: used pays again (within the caps) up to this, then ends with a note.
 MAX_PAYMENTS = 3
+#: How the harness answers a duplicate whose original it refused before
+#: running (WIRE.md §callKey); the bridge then simply asks again.
+DUPLICATE_REFUSED = "duplicate call: the original call with this callKey was refused"
+#: Most such answers one call takes before returning one to the agent.
+MAX_DUPLICATE_RETRIES = 8
 #: Seconds the callKey of a call its agent did not receive is kept for a
 #: re-send (the harness replays outcomes for at least 30 minutes).
 RETAIN_SECONDS = 1800.0
@@ -195,7 +200,9 @@ class BotProxy:
                         await tracked.settle()
                     raise
                 finally:
-                    if tracked is not None and (abandoned or tracked.detached or tracked.gone.is_set()):
+                    if tracked is not None and (
+                        abandoned or tracked.detached or tracked.gone.is_set() or tracked.unknown
+                    ):
                         self._retain(tracked, key)
                 if tracked is not None:
                     await tracked.settle()
@@ -209,14 +216,19 @@ class BotProxy:
                     metrics.errors.labels("call").inc()
 
     async def _send(
-        self, request: CallToolRequest, progress: Any, ahead: Payment | None, gone: anyio.Event | None
+        self,
+        request: CallToolRequest,
+        progress: Any,
+        ahead: Payment | None,
+        gone: anyio.Event | None,
+        deadline: float | None = None,
     ) -> CallToolResult | None:
         """:meth:`BotLink.exchange` of ``request``; while a payment made
         alongside is still under way, the call is abandoned if the agent
         goes away (the bot is told the request is cancelled, so a held call
         ends without a charge) and None is returned."""
         if ahead is None or ahead.done:
-            return await self.link.exchange(request, CallToolResult, progress=progress)
+            return await self.link.exchange(request, CallToolResult, progress=progress, deadline=deadline)
         outcome: list[CallToolResult | BaseException] = []
         async with anyio.create_task_group() as tg:
 
@@ -231,7 +243,9 @@ class BotProxy:
                 tg.start_soon(watch_agent, gone)
             try:
                 outcome.append(
-                    await self.link.exchange(request, CallToolResult, progress=progress, quiet=ahead.settled)
+                    await self.link.exchange(
+                        request, CallToolResult, progress=progress, quiet=ahead.settled, deadline=deadline
+                    )
                 )
             except Exception as exc:
                 outcome.append(exc)
@@ -339,12 +353,16 @@ class BotProxy:
             else None
         )
         plain = request
+        retries = 0
+        # The logical call's deadline: the message TTL from its start, plus
+        # the time spent deciding and making payments.
+        deadline = anyio.current_time() + self.link.ttl
         if ahead is not None:
             # Only the first send is marked; reissues are plain.
             request = _with_meta(request, {PAY_ALONGSIDE_KEY: ahead.amount})
         while True:
             try:
-                sent = await self._send(request, progress, ahead, gone)
+                sent = await self._send(request, progress, ahead, gone, deadline)
                 if sent is None:
                     # The payment made alongside failed first, or the agent
                     # went away: the held call was withdrawn (cancelled at the
@@ -364,6 +382,8 @@ class BotProxy:
                 result = sent
                 request = plain
             except DeadlineError as exc:
+                if tracked is not None:
+                    tracked.unknown = True  # the bot may have run it: a re-send reuses the key
                 raise MCPError(INTERNAL_ERROR, f"{exc}; {_charged(paid_atoms, payments)}") from None
             except LinkError as exc:
                 raise MCPError(
@@ -377,6 +397,11 @@ class BotProxy:
                 raise
             receipt = parse_receipt(result.meta)
             result = _clean_result(result)
+            if _asks_to_retry(result) and retries < MAX_DUPLICATE_RETRIES:
+                # A re-sent copy waited on an earlier one the bot refused
+                # (payment_required): the key is free again, ask again.
+                retries += 1
+                continue
             if (
                 not era_switched
                 and result.is_error
@@ -427,7 +452,9 @@ class BotProxy:
                     " still asks for payment; that credit stays at the bot for later calls"
                 )
             else:
+                paying = anyio.current_time()
                 reason = await self._settler.settle(bot, tool, refusal, gone=gone)
+                deadline += anyio.current_time() - paying
                 if reason is None:
                     payments += 1
                     amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
@@ -447,6 +474,15 @@ class BotProxy:
                     )
             note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
             return result.model_copy(update={"content": [*result.content, note]})
+
+
+def _asks_to_retry(result: CallToolResult) -> bool:
+    """The bot's answer to a duplicate whose original it refused before
+    running: an error naming the callKey that asks for a retry with it."""
+    if not result.is_error or len(result.content) != 1:
+        return False
+    first = result.content[0]
+    return isinstance(first, TextContent) and first.text.startswith(DUPLICATE_REFUSED)
 
 
 def _fingerprint(tool: str, arguments: dict[str, Any] | None) -> str:
