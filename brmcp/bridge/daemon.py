@@ -111,7 +111,8 @@ class TipPaymentError(Exception):
 class TipStalledError(TipPaymentError):
     """A tip attempt failed and brclient retries it later (e.g. the payee
     has no wallet: the next attempt is a day away): the wait ends now, the
-    spend stays ``pending`` because the tip may still land."""
+    spend is ``failed`` with "may still land" in its err (a late completion
+    turns it paid)."""
 
     may_land = True
 
@@ -201,7 +202,7 @@ class TipPayer:
         if waiter.stalled:
             raise TipStalledError(
                 f"tip cannot complete now: {error}; brclient retries it later, so it may still land"
-                " (the spend stays pending)"
+                " (the spend log records it)"
             )
         if error is not None:
             raise TipPaymentError(f"tip failed: {error}")
@@ -644,7 +645,7 @@ class BridgeDaemon:
                 event.attempt_err,
             )
             # The attempt cannot complete now: the payment waiting for it
-            # ends at once (its spend stays pending: it may still land).
+            # ends at once (its spend says it may still land).
             self.matcher.stall(event.uid, event.amount_matoms, event.attempt_err)
             return True
         error = None if event.completed else (event.attempt_err or "tip attempt failed")
