@@ -306,9 +306,9 @@ async def test_tip_payer_reports_refusals_and_failures(tmp_path: Path) -> None:
         ):
             relay.kx(bot, alice)
             matcher = TipMatcher()
-            payer = TipPayer(client, matcher)
+            payer = TipPayer(client, matcher, reconnect_wait=0)
             with pytest.raises(TipPaymentError, match=r"^brclient not connected$"):
-                await payer.pay(bot.uid, 100)  # not connected yet
+                await payer.pay(bot.uid, 100)  # not connected yet (and told not to wait)
             await client.wait_connected()
             progress = client.tip_progress()
 
@@ -532,3 +532,67 @@ def test_daemon_reports_bad_configuration_in_one_line(
         f"brmcp-bridge: cannot open log file {blocker / 'brmcp-bridge.log'}: not a directory"
     )
     assert err.rstrip().endswith(f"(logfile in {conf})")
+
+
+async def test_tip_that_cannot_complete_ends_the_wait_at_once(tmp_path: Path) -> None:
+    """Issue 11 §8: the first TipProgress says the attempt failed and
+    brclient retries later (a payee without a wallet): the paid call ends
+    now with a clear note, not after tip_wait_secs; the spend stays pending
+    with the reason, and the late terminal event settles it."""
+    with anyio.fail_after(120):
+        async with serve_network(tmp_path) as env:
+            bot, alice = env.bot, env.alice
+            datadir = tmp_path / "bridge"
+            settings = bridge_settings(bot.uid, tip_wait_secs=600)
+            async with running_daemon(env, datadir, settings) as daemon:
+                url = f"{daemon.base_url}/mcp/{bot.uid}"
+                wallet_error = (
+                    "milliatoms requested in invoice (0) different than milliatoms originally requested"
+                )
+                alice.fail_next_tip(TipFailure(attempts=1, error=wallet_error, delay=0.5))
+                started = time.monotonic()
+                async with agent(url) as s:
+                    result = await s.call_tool("fortune", {})
+                assert time.monotonic() - started < 60
+                note = result.content[-1]
+                assert note.type == "text"
+                assert note.text == (
+                    f"brmcp-bridge: payment not made: tip cannot complete now: {wallet_error}; brclient"
+                    " retries it later, so it may still land (the spend log records it)"
+                )
+                entry = daemon.bridge.spend_log().entries[0]
+                assert (entry.atoms, entry.status) == (10_000, "failed")
+                assert wallet_error in entry.err
+                assert "may still land" in entry.err
+                # brclient's retry then completes: the late outcome settles the entry.
+                await until(lambda: daemon.bridge.spend_log().entries[0].status == "paid")
+                assert daemon.late_outcomes == 1
+
+
+async def test_tip_payer_waits_for_a_reconnect(tmp_path: Path) -> None:
+    """Issue 11 §7: a payment made while the clientrpc link reconnects waits
+    for it (bounded) instead of failing with "brclient not connected"."""
+    with anyio.fail_after(60):
+        async with (
+            fake_network(tmp_path, "bot", "alice") as (_relay, (bot, alice)),
+            alice.client(**FAST) as client,
+            anyio.create_task_group() as tg,
+        ):
+            matcher = TipMatcher()
+            payer = TipPayer(client, matcher, reconnect_wait=30)
+            await client.wait_connected()
+            progress = client.tip_progress()
+
+            async def feed() -> None:
+                async for ev in progress:
+                    if ev.final:
+                        matcher.resolve(ev.uid, ev.amount_matoms, None if ev.completed else ev.attempt_err)
+
+            tg.start_soon(feed)
+            alice.drop_connections()
+            await until(lambda: not client.connected)
+            await payer.pay(bot.uid, 1_234)  # waits for the reconnect, then pays
+            assert client.connections >= 2
+            tips = [p for m, p in alice.requests if m == "PaymentsService.TipUser"]
+            assert len(tips) == 1
+            tg.cancel_scope.cancel()

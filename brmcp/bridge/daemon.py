@@ -75,8 +75,10 @@ __all__ = [
     "RUNTIME_FILE",
     "TIP_MAX_ATTEMPTS",
     "BridgeDaemon",
+    "PatientSender",
     "TipPayer",
     "TipPaymentError",
+    "TipStalledError",
     "load_daemon_config",
     "read_runtime",
     "resolve_listen",
@@ -106,6 +108,46 @@ class TipPaymentError(Exception):
     error>``, ``tip failed: <attempt error>``)."""
 
 
+class TipStalledError(TipPaymentError):
+    """A tip attempt failed and brclient retries it later (e.g. the payee
+    has no wallet: the next attempt is a day away): the wait ends now, the
+    spend is ``failed`` with "may still land" in its err (a late completion
+    turns it paid)."""
+
+    may_land = True
+
+
+#: Seconds a payment or a PM waits for a clientrpc connection that is down
+#: (brclient restarting, the client reconnecting) before it fails.
+RECONNECT_WAIT = 30.0
+
+
+class PatientSender:
+    """The bridge's PM sender over a clientrpc :class:`Client`: a PM sent
+    while the connection is down waits for it (at most ``wait`` seconds)
+    instead of failing at once, so a call made during a reconnect goes
+    through. Raises what ``Client.send_pm`` raises."""
+
+    def __init__(self, client: Client, wait: float = RECONNECT_WAIT) -> None:
+        self._client = client
+        self._wait = wait
+
+    async def send_pm(self, peer: str, text: str) -> None:
+        await _await_connection(self._client, self._wait)
+        await self._client.send_pm(peer, text)
+
+
+async def _await_connection(client: Client, wait: float) -> None:
+    """Wait (at most ``wait`` seconds) for a live connection; returns either way."""
+    if client.connected or wait <= 0:
+        return
+    with anyio.move_on_after(wait):
+        try:
+            await client.wait_connected()
+        except ClientrpcNotConnected:
+            return
+
+
 class TipPayer:
     """The daemon's :class:`~brmcp.bridge.Payer`: a Bison Relay tip through
     brclient, confirmed by the terminal tip-progress event that ``matcher``
@@ -119,9 +161,17 @@ class TipPayer:
     it, which leaves the spend pending and counted, never paid twice.
     """
 
-    def __init__(self, client: Client, matcher: TipMatcher, *, max_attempts: int = TIP_MAX_ATTEMPTS) -> None:
+    def __init__(
+        self,
+        client: Client,
+        matcher: TipMatcher,
+        *,
+        max_attempts: int = TIP_MAX_ATTEMPTS,
+        reconnect_wait: float = RECONNECT_WAIT,
+    ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
+        self._reconnect_wait = reconnect_wait
         self._client = client
         self._matcher = matcher
         self._max_attempts = max_attempts
@@ -131,6 +181,7 @@ class TipPayer:
         if atoms <= 0:
             raise TipPaymentError(f"cannot tip {atoms} atoms")
         payee = payee_uid.lower()
+        await _await_connection(self._client, self._reconnect_wait)
         if not self._client.connected:
             raise TipPaymentError("brclient not connected")
         waiter = self._matcher.expect(payee, atoms * 1000)
@@ -148,6 +199,11 @@ class TipPayer:
             error = await waiter.wait()
         finally:
             waiter.cancel()
+        if waiter.stalled:
+            raise TipStalledError(
+                f"tip cannot complete now: {error}; brclient retries it later, so it may still land"
+                " (the spend log records it)"
+            )
         if error is not None:
             raise TipPaymentError(f"tip failed: {error}")
 
@@ -292,7 +348,7 @@ class BridgeDaemon:
         self.bridge = Bridge(
             BridgeConfig(
                 data_dir=self.datadir,
-                sender=client,
+                sender=PatientSender(client),
                 payer=self.payer,
                 listen=self.listen,
                 name=name,
@@ -588,6 +644,9 @@ class BridgeDaemon:
                 event.attempt,
                 event.attempt_err,
             )
+            # The attempt cannot complete now: the payment waiting for it
+            # ends at once (its spend says it may still land).
+            self.matcher.stall(event.uid, event.amount_matoms, event.attempt_err)
             return True
         error = None if event.completed else (event.attempt_err or "tip attempt failed")
         if self.matcher.resolve(event.uid, event.amount_matoms, error):

@@ -174,7 +174,7 @@ async def _send_unavailable(send: Send, exc: BaseException, message: dict[str, A
     answer: a JSON-RPC error for the request (SDK clients show its message)
     or the plain-text body."""
     text = str(exc)
-    if not text.startswith("no answer from bot"):
+    if "no answer from bot" not in text:
         await send_text(send, 503, "bot unavailable")
         return
     request_id = message.get("id") if message is not None else None
@@ -237,6 +237,120 @@ async def _expire(calls: list[AgentCall]) -> None:
     for call in calls:
         if call.detached:
             call.gone.set()
+
+
+#: Largest JSON-RPC answer written as one SSE event. The official Python
+#: SDK client refuses SSE events over 1 MiB by default; a larger answer is
+#: written as an ``application/json`` response instead (BRIDGE.md §Large results).
+MAX_SSE_ANSWER_BYTES = 1_000_000
+#: Seconds a call's SSE stream is held back waiting to see whether its answer
+#: must go as JSON; after that it streams (so a long call, e.g. one parked
+#: for approval, shows its priming event and can be resumed).
+MAX_HOLD_SECONDS = 5.0
+
+
+class _LargeAsJson:
+    """An ASGI ``send`` for a ``tools/call`` POST answered by the SDK as an
+    SSE stream: holds the stream back until it carries anything but its
+    priming event. When the first thing is the call's own answer and that
+    answer is larger than :data:`MAX_SSE_ANSWER_BYTES`, it is sent as an
+    ``application/json`` response (which SDK clients read without an event
+    size limit); otherwise the held stream is released unchanged. A call
+    that relays progress, logs or requests before its answer, or that takes
+    longer than :data:`MAX_HOLD_SECONDS`, streams as before."""
+
+    def __init__(self, send: Send, request_id: Any, accepts_json: bool) -> None:
+        self._send = send
+        self._id = request_id
+        self._accepts_json = accepts_json
+        self._start: Message | None = None
+        self._held: list[Message] = []
+        self._text = b""
+        self._state = "holding"  # then "streaming" or "answered"
+        self._lock = anyio.Lock()
+
+    async def release(self) -> None:
+        """Stop holding: whatever was held is sent and the stream goes on."""
+        async with self._lock:
+            if self._state in ("holding", "release"):
+                await self._flush()
+
+    async def __call__(self, event: Message) -> None:
+        async with self._lock:
+            await self._handle(event)
+
+    async def _handle(self, event: Message) -> None:
+        if self._state == "streaming":
+            await self._send(event)
+            return
+        if self._state == "answered":
+            return  # the rest of the SSE stream after a JSON answer
+        if event["type"] == "http.response.start":
+            ctype = b"".join(v for k, v in event.get("headers", ()) if k.lower() == b"content-type")
+            if not self._accepts_json or not ctype.startswith(b"text/event-stream"):
+                self._state = "streaming"
+                await self._send(event)
+                return
+            self._start = event
+            return
+        if event["type"] != "http.response.body" or self._start is None:
+            await self._flush()
+            await self._send(event)
+            return
+        self._held.append(event)
+        self._text += event.get("body", b"")
+        answer = self._answer()
+        if answer is None and self._state == "holding" and event.get("more_body", False):
+            return
+        if answer is not None and len(answer) > MAX_SSE_ANSWER_BYTES:
+            self._state = "answered"
+            headers = [
+                (k, v)
+                for k, v in self._start.get("headers", ())
+                if k.lower() not in (b"content-type", b"content-length", b"cache-control", b"connection")
+            ]
+            headers += [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(answer)).encode()),
+            ]
+            await self._send({"type": "http.response.start", "status": 200, "headers": headers})
+            await self._send({"type": "http.response.body", "body": answer, "more_body": False})
+            return
+        await self._flush()
+
+    def _answer(self) -> bytes | None:
+        """The call's answer when the held events are the priming event and
+        that answer; None while undecided. Anything else ends holding."""
+        text = self._text.replace(b"\r\n", b"\n")
+        while b"\n\n" in text:
+            block, _, text = text.partition(b"\n\n")
+            data = b"\n".join(
+                line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")
+            )
+            if not data.strip():
+                continue  # the priming event, or a keep-alive comment
+            try:
+                value = json.loads(data)
+            except ValueError:
+                self._state = "release"
+                return None
+            if (
+                isinstance(value, dict)
+                and value.get("id") == self._id
+                and ("result" in value or "error" in value)
+            ):
+                return data
+            self._state = "release"  # relayed traffic comes first: keep streaming
+            return None
+        return None
+
+    async def _flush(self) -> None:
+        start, held = self._start, self._held
+        self._state, self._start, self._held, self._text = "streaming", None, [], b""
+        if start is not None:
+            await self._send(start)
+        for event in held:
+            await self._send(event)
 
 
 class BridgeApp:
@@ -435,8 +549,18 @@ class BridgeApp:
                 finished = True
             await send(event)
 
+        accepts = b",".join(header_values(scope, b"accept")).lower()
+        out = _LargeAsJson(watch, message.get("id"), b"application/json" in accepts or b"*/*" in accepts)
         try:
-            await endpoint.manager.handle_request(scope, receive, watch)
+            async with anyio.create_task_group() as tg:
+
+                async def release_later() -> None:
+                    await anyio.sleep(MAX_HOLD_SECONDS)
+                    await out.release()
+
+                tg.start_soon(release_later)
+                await endpoint.manager.handle_request(scope, receive, out)
+                tg.cancel_scope.cancel()
         finally:
             sessions = header_values(scope, b"mcp-session-id")
             if not finished and len(sessions) == 1 and "id" in message:

@@ -250,6 +250,7 @@ class BotLink:
         result_type: type[_T],
         *,
         progress: ProgressFn | None = None,
+        deadline: float | None = None,
     ) -> _T:
         """Send ``request`` and return the bot's reply, re-sending the same
         request (same params, so the same callKey) on the RTT-sized backoff
@@ -265,10 +266,15 @@ class BotLink:
         and is tried once more on a fresh session (a bot that forgot the
         session answers with an error).
 
+        ``deadline`` (on :func:`anyio.current_time`) ends the wait earlier:
+        the logical call's own deadline.
+
         Raises :class:`DeadlineError` at the deadline, :class:`LinkError`
         when the link is closed, and :class:`MCPError` for the bot's error."""
-        ttl = self._router.options.ttl
         start = anyio.current_time()
+        ttl = self._router.options.ttl
+        if deadline is not None:
+            ttl = max(0.0, min(ttl, deadline - start))
         end = start + ttl
         # A bot accepts a part until floor(now) > exp (WIRE.md §Deadlines), up
         # to a second past exp: cap exp one second early so no copy can start
@@ -545,6 +551,11 @@ class BotLink:
         self._era_confirmed = True
         self.reset(gen)
         self._schedule_save()
+
+    @property
+    def ttl(self) -> float:
+        """Seconds a request to the bot may take: the router's message TTL."""
+        return self._router.options.ttl
 
     @property
     def capabilities(self) -> ServerCapabilities | None:

@@ -81,6 +81,11 @@ POLL_ATTEMPTS = 6
 #: Most payments one logical call makes: a call whose credit another call
 #: used pays again (within the caps) up to this, then ends with a note.
 MAX_PAYMENTS = 3
+#: How the harness answers a duplicate whose original it refused before
+#: running (WIRE.md §callKey); the bridge then simply asks again.
+DUPLICATE_REFUSED = "duplicate call: the original call with this callKey was refused"
+#: Most such answers one call takes before returning one to the agent.
+MAX_DUPLICATE_RETRIES = 8
 #: Seconds the callKey of a call its agent did not receive is kept for a
 #: re-send (the harness replays outcomes for at least 30 minutes).
 RETAIN_SECONDS = 1800.0
@@ -180,7 +185,9 @@ class BotProxy:
                         await tracked.settle()
                     raise
                 finally:
-                    if tracked is not None and (abandoned or tracked.detached or tracked.gone.is_set()):
+                    if tracked is not None and (
+                        abandoned or tracked.detached or tracked.gone.is_set() or tracked.unknown
+                    ):
                         self._retain(tracked, key)
                 if tracked is not None:
                     await tracked.settle()
@@ -250,10 +257,18 @@ class BotProxy:
         payments = 0
         polls = 0
         era_switched = False
+        retries = 0
+        # The logical call's deadline: the message TTL from its start, plus
+        # the time spent deciding and making payments.
+        deadline = anyio.current_time() + self.link.ttl
         while True:
             try:
-                result = await self.link.exchange(request, CallToolResult, progress=progress)
+                result = await self.link.exchange(
+                    request, CallToolResult, progress=progress, deadline=deadline
+                )
             except DeadlineError as exc:
+                if tracked is not None:
+                    tracked.unknown = True  # the bot may have run it: a re-send reuses the key
                 raise MCPError(INTERNAL_ERROR, f"{exc}; {_charged(paid_atoms, payments)}") from None
             except LinkError as exc:
                 raise MCPError(
@@ -267,6 +282,11 @@ class BotProxy:
                 raise
             receipt = parse_receipt(result.meta)
             result = _clean_result(result)
+            if _asks_to_retry(result) and retries < MAX_DUPLICATE_RETRIES:
+                # A re-sent copy waited on an earlier one the bot refused
+                # (payment_required): the key is free again, ask again.
+                retries += 1
+                continue
             if (
                 not era_switched
                 and result.is_error
@@ -299,7 +319,9 @@ class BotProxy:
                     " still asks for payment; that credit stays at the bot for later calls"
                 )
             else:
+                paying = anyio.current_time()
                 reason = await self._settler.settle(bot, tool, refusal, gone=gone)
+                deadline += anyio.current_time() - paying
                 if reason is None:
                     payments += 1
                     paid_atoms += (
@@ -318,6 +340,15 @@ class BotProxy:
                     )
             note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
             return result.model_copy(update={"content": [*result.content, note]})
+
+
+def _asks_to_retry(result: CallToolResult) -> bool:
+    """The bot's answer to a duplicate whose original it refused before
+    running: an error naming the callKey that asks for a retry with it."""
+    if not result.is_error or len(result.content) != 1:
+        return False
+    first = result.content[0]
+    return isinstance(first, TextContent) and first.text.startswith(DUPLICATE_REFUSED)
 
 
 def _fingerprint(tool: str, arguments: dict[str, Any] | None) -> str:

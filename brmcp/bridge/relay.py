@@ -102,6 +102,7 @@ class AgentCall:
         "fingerprint",
         "gone",
         "seq",
+        "unknown",
     )
 
     def __init__(self, ctx: ServerRequestContext[Any], seq: int) -> None:
@@ -125,6 +126,9 @@ class AgentCall:
         self.fingerprint: str | None = None
         #: Set when the call left the link (answered, failed or cancelled).
         self.ended = anyio.Event()
+        #: True when the call ended without knowing whether the bot ran it
+        #: (its deadline passed): a re-send must reuse its callKey.
+        self.unknown = False
 
     @property
     def request_id(self) -> Any:

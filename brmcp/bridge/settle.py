@@ -63,7 +63,10 @@ class Payer(Protocol):
     """Moves money to a bot. ``pay`` returns only once settlement of
     ``atoms`` atoms to ``payee_uid`` is confirmed and raises otherwise; the
     exception's text is shown to the agent verbatim, so make it a
-    human-readable reason. It may be cancelled (the tip wait expired or the
+    human-readable reason. An exception with a true ``may_land`` attribute
+    means the payment did not complete now but may still land (the spend
+    stays ``pending`` with that reason in ``err``); any other marks it
+    ``failed``. It may be cancelled (the tip wait expired or the
     call was abandoned); the payment's outcome is then unknown."""
 
     async def pay(self, payee_uid: str, atoms: int) -> None:
@@ -314,12 +317,18 @@ class Settler:
                     await self._payer.pay(bot, amount)
                 except Exception as exc:
                     reason = _error_text(exc)
-                    if not scope.cancel_called:
+                    if getattr(exc, "may_land", False):
+                        # It did not complete now: failed (not counted), and the
+                        # entry says it may still land; a late completion of
+                        # it turns the entry paid (SpendLog.resolve).
+                        status, err = STATUS_FAILED, reason
+                    elif not scope.cancel_called:
                         status, err = STATUS_FAILED, reason
                 else:
                     status = STATUS_PAID
             if scope.cancelled_caught:
                 reason = f"tip not confirmed within {go_duration(wait_secs)}; the attempt keeps running"
+                err = f"{reason}, so it may still land"
         finally:
             if self.metrics is not None:
                 outcome = {STATUS_PAID: "paid", STATUS_FAILED: "failed"}.get(status, "unknown")

@@ -21,7 +21,7 @@ class TipWaiter:
     """One expected tip. :meth:`wait` returns the terminal outcome exactly
     once it is known: None for success, or the attempt's error text."""
 
-    __slots__ = ("_done", "_error", "_key", "_matcher", "matoms", "payee")
+    __slots__ = ("_done", "_error", "_key", "_matcher", "_stalled", "matoms", "payee")
 
     def __init__(self, matcher: TipMatcher, payee: str, matoms: int) -> None:
         self._matcher = matcher
@@ -30,6 +30,7 @@ class TipWaiter:
         self._key = (payee.lower(), matoms)
         self._done = anyio.Event()
         self._error: str | None = None
+        self._stalled = False
 
     @property
     def done(self) -> bool:
@@ -39,6 +40,13 @@ class TipWaiter:
     def error(self) -> str | None:
         """The error text once :attr:`done` (None: the tip completed)."""
         return self._error
+
+    @property
+    def stalled(self) -> bool:
+        """True when the wait ended on an attempt that failed and that
+        brclient will retry later (:meth:`TipMatcher.stall`): the tip did
+        not complete now, but may still land."""
+        return self._stalled
 
     async def wait(self) -> str | None:
         """Wait for the outcome; None when the tip completed, else the
@@ -50,8 +58,9 @@ class TipWaiter:
         """Stop waiting: this waiter is never matched afterwards. Idempotent."""
         self._matcher._remove(self)
 
-    def _complete(self, error: str | None) -> None:
+    def _complete(self, error: str | None, *, stalled: bool = False) -> None:
         self._error = error
+        self._stalled = stalled
         self._done.set()
 
 
@@ -81,6 +90,23 @@ class TipMatcher:
         if not queue:
             del self._waiters[key]
         waiter._complete(error)
+        return True
+
+    def stall(self, payee: str, matoms: int, error: str) -> bool:
+        """An attempt of the oldest waiting tip for ``(payee, matoms)``
+        failed and brclient will retry it later (a non-terminal event with
+        ``willRetry``): end that wait at once with ``error``, marked
+        :attr:`TipWaiter.stalled`. Its terminal event, if it ever comes,
+        then matches nothing and settles the spend as a late outcome.
+        Returns False when nothing waits for it."""
+        key = (payee.lower(), matoms)
+        queue = self._waiters.get(key)
+        if not queue:
+            return False
+        waiter = queue.popleft()
+        if not queue:
+            del self._waiters[key]
+        waiter._complete(error or "tip attempt failed", stalled=True)
         return True
 
     def waiting(self) -> int:
