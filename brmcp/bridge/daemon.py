@@ -55,7 +55,7 @@ from ..clientrpc import (
     load_or_create_bot_config,
 )
 from ..clientrpc._glue import Acker, connection_signals, flush_on_connect
-from ..lockfile import FileLock, LockHeldError, acquire
+from ..lockfile import FileLock, acquire_datadir
 from ..router import RouterOptions
 from ._files import read_text, write_atomic
 from .approvals import PendingPayment
@@ -471,15 +471,7 @@ class BridgeDaemon:
             lock.release()
 
     def _lock_datadir(self) -> FileLock:
-        path = self.datadir / LOCK_FILE
-        try:
-            return acquire(path, what="brmcp-bridge", detail=str(self.datadir))
-        except LockHeldError as exc:
-            raise BridgeError(
-                f"another brmcp-bridge (pid {exc.pid}) is running on {self.datadir} (lock {path})"
-            ) from None
-        except OSError as exc:
-            raise BridgeError(f"cannot create the lock {path}: {exc}") from None
+        return acquire_datadir(self.datadir, LOCK_FILE, what="brmcp-bridge", error=BridgeError)
 
     async def _run(self, handle_signals: bool, task_status: anyio.abc.TaskStatus[BridgeDaemon]) -> None:
         other = await anyio.to_thread.run_sync(read_runtime, self.datadir)
