@@ -119,6 +119,24 @@ def acquire(path: str | os.PathLike[str], *, what: str, detail: str = "") -> Fil
     return FileLock(p, fd)
 
 
+def acquire_datadir(
+    datadir: Path, lock_name: str, *, what: str, error: type[Exception], already: str = "is running"
+) -> FileLock:
+    """Take ``datadir/lock_name`` for the program *what*, or raise *error* with one clear line.
+
+    Raises:
+        error: another process holds the lock (its pid is named), or the lock file cannot be
+            created (the OS reason is named).
+    """
+    path = datadir / lock_name
+    try:
+        return acquire(path, what=what, detail=str(datadir))
+    except LockHeldError as exc:
+        raise error(f"another {what} (pid {exc.pid}) {already} on {datadir} (lock {path})") from None
+    except OSError as exc:
+        raise error(f"cannot create the lock {path}: {exc}") from None
+
+
 def lock_dir() -> Path:
     """Where per-user locks that are not tied to one data directory live:
     ``$BRMCP_LOCK_DIR``, else ``$XDG_RUNTIME_DIR/brmcp``, else

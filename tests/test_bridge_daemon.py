@@ -558,10 +558,10 @@ async def test_tip_that_cannot_complete_ends_the_wait_at_once(tmp_path: Path) ->
                 assert note.type == "text"
                 assert note.text == (
                     f"brmcp-bridge: payment not made: tip cannot complete now: {wallet_error}; brclient"
-                    " retries it later, so it may still land (the spend stays pending)"
+                    " retries it later, so it may still land (the spend log records it)"
                 )
                 entry = daemon.bridge.spend_log().entries[0]
-                assert (entry.atoms, entry.status) == (10_000, "pending")
+                assert (entry.atoms, entry.status) == (10_000, "failed")
                 assert wallet_error in entry.err
                 assert "may still land" in entry.err
                 # brclient's retry then completes: the late outcome settles the entry.

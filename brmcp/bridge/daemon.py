@@ -55,7 +55,7 @@ from ..clientrpc import (
     load_or_create_bot_config,
 )
 from ..clientrpc._glue import Acker, connection_signals, flush_on_connect
-from ..lockfile import FileLock, LockHeldError, acquire
+from ..lockfile import FileLock, acquire_datadir
 from ..router import RouterOptions
 from ._files import read_text, write_atomic
 from .approvals import PendingPayment
@@ -111,7 +111,8 @@ class TipPaymentError(Exception):
 class TipStalledError(TipPaymentError):
     """A tip attempt failed and brclient retries it later (e.g. the payee
     has no wallet: the next attempt is a day away): the wait ends now, the
-    spend stays ``pending`` because the tip may still land."""
+    spend is ``failed`` with "may still land" in its err (a late completion
+    turns it paid)."""
 
     may_land = True
 
@@ -201,7 +202,7 @@ class TipPayer:
         if waiter.stalled:
             raise TipStalledError(
                 f"tip cannot complete now: {error}; brclient retries it later, so it may still land"
-                " (the spend stays pending)"
+                " (the spend log records it)"
             )
         if error is not None:
             raise TipPaymentError(f"tip failed: {error}")
@@ -470,15 +471,7 @@ class BridgeDaemon:
             lock.release()
 
     def _lock_datadir(self) -> FileLock:
-        path = self.datadir / LOCK_FILE
-        try:
-            return acquire(path, what="brmcp-bridge", detail=str(self.datadir))
-        except LockHeldError as exc:
-            raise BridgeError(
-                f"another brmcp-bridge (pid {exc.pid}) is running on {self.datadir} (lock {path})"
-            ) from None
-        except OSError as exc:
-            raise BridgeError(f"cannot create the lock {path}: {exc}") from None
+        return acquire_datadir(self.datadir, LOCK_FILE, what="brmcp-bridge", error=BridgeError)
 
     async def _run(self, handle_signals: bool, task_status: anyio.abc.TaskStatus[BridgeDaemon]) -> None:
         other = await anyio.to_thread.run_sync(read_runtime, self.datadir)
@@ -644,7 +637,7 @@ class BridgeDaemon:
                 event.attempt_err,
             )
             # The attempt cannot complete now: the payment waiting for it
-            # ends at once (its spend stays pending: it may still land).
+            # ends at once (its spend says it may still land).
             self.matcher.stall(event.uid, event.amount_matoms, event.attempt_err)
             return True
         error = None if event.completed else (event.attempt_err or "tip attempt failed")

@@ -339,9 +339,10 @@ class Settler:
                 except Exception as exc:
                     reason = _error_text(exc)
                     if getattr(exc, "may_land", False):
-                        # It did not complete now but may still land: it stays
-                        # pending and counted, and the entry says why.
-                        err = reason
+                        # It did not complete now: failed (not counted), and the
+                        # entry says it may still land; a late completion of
+                        # it turns the entry paid (SpendLog.resolve).
+                        status, err = STATUS_FAILED, reason
                     elif not scope.cancel_called:
                         status, err = STATUS_FAILED, reason
                 else:

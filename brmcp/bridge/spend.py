@@ -35,6 +35,9 @@ __all__ = [
     "SpendSummary",
 ]
 
+#: Marks a failed entry whose tip brclient still retries: a late completion
+#: of it turns the entry paid.
+MAY_LAND = "may still land"
 #: File name inside the bridge's data directory.
 SPEND_FILE = "mcpspend.json"
 STATUS_PENDING = "pending"
@@ -236,7 +239,10 @@ class SpendLog:
             entry = row.entry
             if (
                 not row.live
-                and entry.status == STATUS_PENDING
+                and (
+                    entry.status == STATUS_PENDING
+                    or (err is None and entry.status == STATUS_FAILED and MAY_LAND in entry.err)
+                )
                 and entry.atoms == atoms
                 and entry.bot.lower() == wanted
             ):

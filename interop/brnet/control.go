@@ -8,6 +8,13 @@ package main
 //	POST /restart/<nick>       stop the user's client and clientrpc server and
 //	                           start them again on the same root and port
 //	                           (a brclient restart; ?downms=N waits N ms between)
+//	POST /newgc/<nick>?name=   create a GC (clientrpc has no method for it)
+//	POST /post/<nick>?text=    publish a post to the user's subscribers
+//	POST /comment/<nick>?from=&pid=&text=
+//	                           comment on post pid (hex) received from uid from
+//	POST /fetch/<nick>?uid=&path=
+//	                           request a resource (path a/b/c) from uid; it
+//	                           reaches that user's ResourcesService.RequestsStream
 //
 // Replies are JSON; errors are {"error": "..."} with status 400/404/500.
 
@@ -20,6 +27,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/companyzero/bisonrelay/zkidentity"
 )
 
 func (nw *network) startControl(ctx context.Context) (net.Listener, error) {
@@ -71,6 +80,39 @@ func (nw *network) startControl(ctx context.Context) (net.Listener, error) {
 			return err
 		}
 		return n.waitConnected(30 * time.Second)
+	})
+	// Actions clientrpc has no method for (so tests can make real GC and post
+	// events): create a GC named ?name=, publish a post with body ?text=.
+	action("newgc", func(n *node, r *http.Request) error {
+		_, err := n.c.NewGroupChat(r.URL.Query().Get("name"))
+		return err
+	})
+	action("post", func(n *node, r *http.Request) error {
+		_, err := n.c.CreatePost(r.URL.Query().Get("text"), "")
+		return err
+	})
+	// Comment ?text= on the post ?pid= (hex) received from ?from= (hex uid).
+	action("comment", func(n *node, r *http.Request) error {
+		q := r.URL.Query()
+		var from, pid zkidentity.ShortID
+		if err := from.FromString(q.Get("from")); err != nil {
+			return fmt.Errorf("from: %w", err)
+		}
+		if err := pid.FromString(q.Get("pid")); err != nil {
+			return fmt.Errorf("pid: %w", err)
+		}
+		_, err := n.c.CommentPost(from, pid, q.Get("text"), nil)
+		return err
+	})
+	// Fetch the resource at ?path= (slash-separated) from ?uid= (hex).
+	action("fetch", func(n *node, r *http.Request) error {
+		var uid zkidentity.ShortID
+		if err := uid.FromString(r.URL.Query().Get("uid")); err != nil {
+			return fmt.Errorf("uid: %w", err)
+		}
+		path := strings.Split(r.URL.Query().Get("path"), "/")
+		_, err := n.c.FetchResource(uid, path, nil, 0, 0, nil)
+		return err
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(lis) }()

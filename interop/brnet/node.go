@@ -21,6 +21,7 @@ import (
 	"github.com/companyzero/bisonrelay/client"
 	"github.com/companyzero/bisonrelay/client/clientdb"
 	"github.com/companyzero/bisonrelay/client/clientintf"
+	"github.com/companyzero/bisonrelay/client/resources"
 	"github.com/companyzero/bisonrelay/client/rpcserver"
 	"github.com/companyzero/bisonrelay/zkidentity"
 	"github.com/decred/slog"
@@ -120,15 +121,19 @@ func (n *node) start(parent context.Context) error {
 	}
 	nick := n.cfg.nick
 	o := n.cfg.opts
+	// Resource requests from remote users go to the clientrpc
+	// ResourcesService.RequestsStream, as with brclient's clientrpc upstream.
+	rtr := resources.NewRouter()
 	ccfg := client.Config{
-		DB:             db,
-		Dialer:         clientintf.WithDialer(n.cfg.relayAddr, logger("DIAL"), dialTCP),
-		DialFunc:       loopbackOnly,
-		PayClient:      pc,
-		Logger:         logger,
-		ReconnectDelay: o.reconnectDelay,
-		CompressLevel:  o.compressLevel,
-		Collator:       collate.New(language.AmericanEnglish, collate.Loose),
+		ResourcesProvider: rtr,
+		DB:                db,
+		Dialer:            clientintf.WithDialer(n.cfg.relayAddr, logger("DIAL"), dialTCP),
+		DialFunc:          loopbackOnly,
+		PayClient:         pc,
+		Logger:            logger,
+		ReconnectDelay:    o.reconnectDelay,
+		CompressLevel:     o.compressLevel,
+		Collator:          collate.New(language.AmericanEnglish, collate.Loose),
 		CertConfirmer: func(context.Context, *tls.ConnectionState, *zkidentity.PublicIdentity) error {
 			return nil
 		},
@@ -177,7 +182,7 @@ func (n *node) start(parent context.Context) error {
 			},
 		}),
 		srv.InitGCService(rpcserver.GCServerCfg{Client: c, Log: rpcsLog, RootReplayMsgLogs: replay}),
-		srv.InitResourcesService(rpcserver.ResourcesServerCfg{Client: c, Log: rpcsLog}),
+		srv.InitResourcesService(rpcserver.ResourcesServerCfg{Client: c, Log: rpcsLog, Router: rtr}),
 		srv.InitContentService(rpcserver.ContentServerCfg{Client: c, Log: rpcsLog, RootReplayMsgLogs: replay}),
 	)
 	if initErr != nil {

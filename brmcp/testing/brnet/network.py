@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -301,6 +302,31 @@ class BrNet:
     def online(self, nick: str) -> None:
         """Let ``nick``'s client reconnect to the relay (after the reconnect delay)."""
         self._control(f"/online/{nick}")
+
+    def new_gc(self, nick: str, name: str) -> None:
+        """Have ``nick`` create a group chat called ``name`` (clientrpc has no
+        method for it); ``nick`` is its admin and may invite with
+        ``GCService.InviteToGC``. Raises :class:`BrNetError` on failure."""
+        self._control(f"/newgc/{nick}?name={urllib.parse.quote(name)}")
+
+    def post(self, nick: str, text: str) -> None:
+        """Have ``nick`` publish a post with body ``text`` to its subscribers
+        (clientrpc has no method for it). Raises :class:`BrNetError` on failure."""
+        self._control(f"/post/{nick}?text={urllib.parse.quote(text)}")
+
+    def comment(self, nick: str, author_uid: str, post_id: str, text: str) -> None:
+        """Have ``nick`` comment ``text`` on the post ``post_id`` (64 hex) it
+        received from ``author_uid`` (64 hex); the author gets a post-status
+        update. Raises :class:`BrNetError` on failure."""
+        q = urllib.parse.urlencode({"from": author_uid, "pid": post_id, "text": text})
+        self._control(f"/comment/{nick}?{q}")
+
+    def fetch(self, nick: str, uid: str, path: str) -> None:
+        """Have ``nick`` request the resource ``path`` (slash-separated) from
+        the user ``uid`` (64 hex), whose ``ResourcesService.RequestsStream``
+        receives the request. Raises :class:`BrNetError` on failure."""
+        q = urllib.parse.urlencode({"uid": uid, "path": path})
+        self._control(f"/fetch/{nick}?{q}")
 
     def restart_user(self, nick: str, down_seconds: float = 0.0) -> None:
         """Restart ``nick``'s client and clientrpc server on the same root and

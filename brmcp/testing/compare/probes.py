@@ -73,10 +73,16 @@ async def _next(sub: Subscription[_Raw], limit: float = 10.0) -> dict[str, Any] 
 
 
 async def _error(fn: Callable[[], Awaitable[Any]]) -> str:
+    """``"<code> <message>"`` of the error ``fn`` raises, or ``"ok"``.
+
+    Go's protobuf (``internal/detrand``) picks a plain or a no-break space
+    (U+00A0) after ``proto:`` in its error texts, fixed per binary: two
+    builds of the same brclient differ. The space is normalized so the
+    comparison does not depend on which build ran."""
     try:
         await fn()
     except RPCError as exc:
-        return f"{exc.code} {exc.message}"
+        return f"{exc.code} {exc.message}".replace("\u00a0", " ")
     return "ok"
 
 

@@ -36,7 +36,7 @@ from brmcp.gateway import (
     load_prices,
     load_upstream_block,
 )
-from brmcp.lockfile import FileLock, LockHeldError, acquire
+from brmcp.lockfile import FileLock, acquire_datadir
 from brmcp.metrics import MetricsEndpoint, ServeMetrics
 from brmcp.router import Router
 from brmcp.server import Harness, HarnessConfig, lock_brclient, run_bot
@@ -239,15 +239,9 @@ class ServeApp:
             await self._serve(handle_signals, task_status)
 
     def _lock_datadir(self) -> FileLock:
-        path = self.datadir / LOCK_FILE
-        try:
-            return acquire(path, what="brmcp-serve", detail=str(self.datadir))
-        except LockHeldError as exc:
-            raise ServeConfigError(
-                f"another brmcp-serve (pid {exc.pid}) is already running on {self.datadir} (lock {path})"
-            ) from None
-        except OSError as exc:
-            raise ServeConfigError(f"cannot create the lock {path}: {exc}") from None
+        return acquire_datadir(
+            self.datadir, LOCK_FILE, what="brmcp-serve", error=ServeConfigError, already="is already running"
+        )
 
     async def _serve(self, handle_signals: bool, task_status: anyio.abc.TaskStatus[ServeApp]) -> None:
         self._warn_if_closed()
