@@ -10,7 +10,7 @@ import gc
 import anyio
 from mcp.types import CallToolResult, TextContent
 
-from brmcp.server.callkeys import NOT_RETAINED_TEXT, CallKeyRegistry
+from brmcp.server.callkeys import NOT_RETAINED_TEXT, CallKeyRegistry, error_result
 from brmcp.server.tools import to_result
 
 PEER = "a" * 64
@@ -51,16 +51,28 @@ async def test_duplicates_wait_and_replay() -> None:
     assert registry.claim("b" * 64, "key-00000001")[1] is False
 
 
-async def test_release_wakes_duplicates_with_a_clear_error() -> None:
+async def test_release_wakes_duplicates_with_the_originals_refusal() -> None:
     registry = CallKeyRegistry()
     original, _ = registry.claim(PEER, "key-00000002")
     waiting, _ = registry.claim(PEER, "key-00000002")
-    registry.release(original, "payment required")
+    refusal = error_result('{"error":"payment_required","price_atoms":5}')
+    registry.release(original, "payment required", refusal)
     reply = await registry.wait(waiting)
-    assert reply.is_error
-    assert "refused before running (payment required)" in text(reply)
+    assert reply.model_dump() == refusal.model_dump()
+    assert reply is not refusal  # a copy: the duplicate's answer is its own
     # The key is free again.
     assert registry.claim(PEER, "key-00000002")[1] is False
+
+
+async def test_release_without_an_answer_wakes_duplicates_with_a_clear_error() -> None:
+    registry = CallKeyRegistry()
+    original, _ = registry.claim(PEER, "key-00000005")
+    waiting, _ = registry.claim(PEER, "key-00000005")
+    registry.release(original, "the original call was abandoned")
+    reply = await registry.wait(waiting)
+    assert reply.is_error
+    assert "refused before running (the original call was abandoned)" in text(reply)
+    assert registry.claim(PEER, "key-00000005")[1] is False
 
 
 async def test_outcomes_expire_after_the_window() -> None:

@@ -32,15 +32,17 @@ def error_result(text: str) -> CallToolResult:
 
 class Claim:
     """One claimed key. ``outcome`` is set when the original finished;
-    ``refusal`` when it was refused before running."""
+    ``refusal`` (the reason) when it was refused before running, with
+    ``refused`` the answer the original got when there was one."""
 
-    __slots__ = ("event", "expires", "key", "outcome", "refusal", "size")
+    __slots__ = ("event", "expires", "key", "outcome", "refusal", "refused", "size")
 
     def __init__(self, key: tuple[str, str]) -> None:
         self.key = key
         self.event = anyio.Event()
         self.outcome: CallToolResult | None = None
         self.refusal: str | None = None
+        self.refused: CallToolResult | None = None
         self.expires = float("inf")
         self.size = 0
 
@@ -119,11 +121,16 @@ class CallKeyRegistry:
         claim.event.set()
         self._enforce_memory()
 
-    def release(self, claim: Claim, reason: str) -> None:
-        """Forget a claim refused before execution and wake duplicates."""
+    def release(self, claim: Claim, reason: str, answer: CallToolResult | None = None) -> None:
+        """Forget a claim refused before execution and wake duplicates.
+        ``answer`` is the refusal the original got (``payment_required``,
+        rate limited...): the duplicates waiting right now get the same
+        answer, so two deliveries of one request are answered alike
+        (WIRE.md §Journal). Later calls with the key run afresh."""
         if self._claims.get(claim.key) is claim:
             del self._claims[claim.key]
         claim.refusal = reason
+        claim.refused = answer
         claim.event.set()
 
     def load(self, peer: str, key: str, outcome: CallToolResult | None, expires: float, size: int) -> None:
@@ -142,6 +149,8 @@ class CallKeyRegistry:
         await claim.event.wait()
         if claim.outcome is not None:
             return claim.outcome
+        if claim.refused is not None:
+            return claim.refused.model_copy(deep=True)
         reason = claim.refusal or "refused"
         return error_result(
             f"duplicate call: the original call with this callKey was refused before running ({reason}); "

@@ -864,7 +864,7 @@ class Harness:
         except _Refused as refusal:
             outcome = _REFUSAL_OUTCOMES.get(refusal.reason, "refused")
             if claim is not None:
-                self._calls.release(claim, refusal.reason)
+                self._calls.release(claim, refusal.reason, refusal.result)
             return refusal.result
         except BaseException:
             outcome = "error"
