@@ -534,13 +534,20 @@ def test_daemon_reports_bad_configuration_in_one_line(
     assert err.rstrip().endswith(f"(logfile in {conf})")
 
 
-async def test_tip_that_cannot_complete_ends_the_wait_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("holds", [True, False], ids=["bot-holds", "bot-refuses-at-once"])
+async def test_tip_that_cannot_complete_ends_the_wait_at_once(tmp_path: Path, holds: bool) -> None:
     """Issue 11 §8: the first TipProgress says the attempt failed and
     brclient retries later (a payee without a wallet): the paid call ends
     now with a clear note, not after tip_wait_secs; the spend stays pending
-    with the reason, and the late terminal event settles it."""
+    with the reason, and the late terminal event settles it. The tip was
+    made alongside the first send (WIRE.md §Pay alongside): a bot that
+    holds the marked call has it withdrawn and answers the unmarked copy at
+    once, as a bot that does not hold (the Go reference) does; the late
+    credit stays at the bot, nothing is charged."""
     with anyio.fail_after(120):
         async with serve_network(tmp_path) as env:
+            if not holds:
+                env.app.harness.config.hold_seconds = 0
             bot, alice = env.bot, env.alice
             datadir = tmp_path / "bridge"
             settings = bridge_settings(bot.uid, tip_wait_secs=600)
@@ -553,7 +560,8 @@ async def test_tip_that_cannot_complete_ends_the_wait_at_once(tmp_path: Path) ->
                 started = time.monotonic()
                 async with agent(url) as s:
                     result = await s.call_tool("fortune", {})
-                assert time.monotonic() - started < 60
+                # Well under the bot's 30 s hold, let alone tip_wait_secs.
+                assert time.monotonic() - started < 20
                 note = result.content[-1]
                 assert note.type == "text"
                 assert note.text == (
@@ -567,6 +575,16 @@ async def test_tip_that_cannot_complete_ends_the_wait_at_once(tmp_path: Path) ->
                 # brclient's retry then completes: the late outcome settles the entry.
                 await until(lambda: daemon.bridge.spend_log().entries[0].status == "paid")
                 assert daemon.late_outcomes == 1
+                # The books: the 10,000 atoms landed as credit at the bot and
+                # nothing was charged for the call the agent did not get.
+                await until(lambda: _balance_is(env, alice.uid, 10_000))
+                statement = await env.app.harness.statement(alice.uid)
+                assert [e.kind for e in statement] == ["tip"]
+                assert sum(e.atoms for e in statement) == 10_000
+
+
+async def _balance_is(env: ServeEnv, peer: str, atoms: int) -> bool:
+    return await env.app.harness.balance(peer) == atoms
 
 
 async def test_tip_payer_waits_for_a_reconnect(tmp_path: Path) -> None:

@@ -231,11 +231,12 @@ async def test_transport_retry_once(tmp_path: Path) -> None:
             assert not (await call(session, "free")).is_error
             link = env.bridge.link(BOT)
             assert link is not None
-            assert link.dials == 1
+            # The first-contact sid, then the modern one.
+            assert link.dials == 2
             env.fabric.fail_sends(CLIENT, 1)
             result = await call(session, "paid", {"text": "x"})
             assert result.structured_content == {"n": 1}
-            assert link.dials == 2
+            assert link.dials == 3
             assert env.payer.calls == [(BOT, 500)]
 
             # The reset marked the tool snapshot stale: it is still served
@@ -246,7 +247,7 @@ async def test_transport_retry_once(tmp_path: Path) -> None:
             # backoff until the deadline, so a short outage is survived.
             env.fabric.fail_sends(CLIENT, 2)
             assert not (await call(session, "free")).is_error
-            assert link.dials == 4
+            assert link.dials == 5
             assert env.executions["free"] == 3
 
 
@@ -469,6 +470,7 @@ async def test_expired_bot_session_recovers_transparently(tmp_path: Path) -> Non
             result = await call(session, "paid", {"text": "x"})
             assert result.structured_content == {"n": 1}
             # A modern-era session needs no initialize: the bot simply opens a
-            # new session under the same sid, with no reset and no extra PM.
-            assert link.dials == 1
+            # new session under the same sid, with no reset and no extra PM
+            # (the dials: the first-contact sid, then the modern one).
+            assert link.dials == 2
             assert env.payer.calls == [(BOT, 500)]

@@ -262,10 +262,11 @@ async def test_bot_errors_reach_the_agent_unchanged(tmp_path: Path) -> None:
             'unknown prompt "nope"',
         )
         # A bot error is an answer, not a transport failure: no new BR session
-        # (the first-contact modern probe and the handshake session it chose).
+        # (the first contact went on as the handshake session: the bot serves
+        # resources and prompts, which need its standing session).
         link = env.bridge.link(BOT)
         assert link is not None
-        assert link.dials == 2
+        assert link.dials == 1
 
 
 async def test_a_failed_send_is_retried_once_on_a_fresh_session(tmp_path: Path) -> None:

@@ -196,7 +196,8 @@ async def test_first_contact_is_one_round_trip_and_restart_costs_none(tmp_path: 
             await r.start_bridge()
             before = r.pms()
             async with r.agent() as agent:
-                # initialize's pre-flight: one modern tools/list, no handshake.
+                # initialize's pre-flight: one marked initialize, answered
+                # with the era and the tools (WIRE.md §Eras, first contact).
                 assert r.pms() - before == 2
                 before = r.pms()
                 assert {t.name for t in (await agent.list_tools()).tools} == {"paid", "free", "dyn"}
@@ -208,7 +209,9 @@ async def test_first_contact_is_one_round_trip_and_restart_costs_none(tmp_path: 
             link = r.bridge.link(BOT)
             assert link is not None
             assert link.era == "modern"
-            assert link.dials == 1
+            # The first-contact sid (abandoned: the bot serves the modern
+            # era) and the modern one the call went on.
+            assert link.dials == 2
             await until(r.snapshot_file().exists)
             saved = r.snapshot_file()
             assert stat.S_IMODE(os.stat(saved).st_mode) == 0o600
@@ -244,10 +247,10 @@ async def test_handshake_only_bot_is_detected_and_remembered(tmp_path: Path) -> 
             await r.start_bridge()
             before = r.pms()
             async with r.agent() as agent:
-                # The modern probe is refused (2 PMs), then the reference's
-                # warm-up: initialize, its answer, initialized, tools/list, its answer.
-                assert r.pms() - before == 7
-                assert methods[:2] == ["tools/list", "initialize"]
+                # Exactly the reference's warm-up: the marked initialize
+                # (answered plainly), initialized, tools/list, its answer.
+                assert r.pms() - before == 5
+                assert methods[:3] == ["initialize", "notifications/initialized", "tools/list"]
                 before = r.pms()
                 result = await call(agent, "echo", {"text": "hi"})
                 assert not result.is_error

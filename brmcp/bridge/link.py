@@ -49,10 +49,15 @@ from mcp.types import (
     DiscoverResult,
     EmptyResult,
     Implementation,
+    InitializedNotification,
+    InitializeRequest,
+    InitializeRequestParams,
+    InitializeResult,
     ListToolsRequest,
     ListToolsResult,
     PaginatedRequestParams,
     PromptListChangedNotification,
+    RequestParamsMeta,
     ResourceListChangedNotification,
     ResourceUpdatedNotification,
     ServerCapabilities,
@@ -64,10 +69,11 @@ from mcp.types import (
     UnsubscribeRequest,
     UnsubscribeRequestParams,
 )
-from mcp_types.version import LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
 from pydantic import BaseModel
 
 from ..conn import Conn, send_deadline
+from ..eras import CAPABILITIES_META_KEY, LIST_TOOLS_KEY, MODERN_VERSIONS_KEY, TOOLS_KEY
 from ..payment import PRICE_ATOMS_KEY
 from ..router import Router
 from .relay import Relay
@@ -101,10 +107,6 @@ TRANSPORT_ERROR_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT})
 #: its next update (a bot flooding updates for URIs nobody watches cannot
 #: pile up tasks or hold the subscription lock for ever).
 MAX_PENDING_DROPS = 32
-#: ``tools/list`` result ``_meta`` key under which a brmcp harness states, on
-#: modern-era sessions, the capabilities it would declare (WIRE.md §Eras):
-#: it spares the ``server/discover`` round trip.
-CAPABILITIES_META_KEY = "brmcp/capabilities"
 #: Seconds a remembered snapshot's background refresh waits after the
 #: request that triggered it (so it never competes with that request).
 REFRESH_DELAY = 1.0
@@ -140,12 +142,32 @@ def no_answer_hint(bot: str, seconds: float, own_uid: str | None) -> str:
 
 
 class _Session:
-    __slots__ = ("conn", "done", "era", "error", "gen", "ready", "retired", "session", "stop", "users")
+    __slots__ = (
+        "conn",
+        "done",
+        "era",
+        "error",
+        "gen",
+        "offer",
+        "prefetched",
+        "ready",
+        "retired",
+        "session",
+        "stop",
+        "switch",
+        "users",
+    )
 
-    def __init__(self, gen: int, conn: Conn, era: Era) -> None:
+    def __init__(self, gen: int, conn: Conn, era: Era, *, offer: bool = False) -> None:
         self.gen = gen
         self.conn = conn
         self.era: Era = era
+        #: A first contact: initialize carries the ``brmcp/listTools`` mark.
+        self.offer = offer
+        #: The first contact found a modern bot: dial again in the modern era.
+        self.switch = False
+        #: Tools a first contact brought (used by the next ``tools/list``).
+        self.prefetched: list[Tool] | None = None
         self.session: ClientSession | None = None
         self.error: BaseException | None = None
         self.ready = anyio.Event()
@@ -407,30 +429,50 @@ class BotLink:
             if state is not None and state.ready.is_set() and (state.done.is_set() or state.conn.closed):
                 self._retire(state)
                 state = None
-            if state is None:
-                try:
-                    conn = self._router.dial(self.uid)
-                except RuntimeError as exc:
-                    raise LinkError(str(exc)) from None
-                self._gen += 1
-                self.dials += 1
-                state = _Session(self._gen, conn, self._era or ERA_MODERN)
-                self._current = state
-                self._stale = True
-                self._tg.start_soon(self._run, state, name=f"brmcp-bridge-link-{self.uid[:8]}")
-            answer = min(self._retry.answer_timeout, self._connect_timeout)
-            with anyio.move_on_after(answer):
-                await state.ready.wait()
-            if not state.ready.is_set():
-                # The dial goes on in the background (re-sending initialize);
-                # the next request joins it.
-                raise LinkError(no_answer_hint(self.uid, answer, self._own_uid))
+            prefetched: list[Tool] | None = None
+            for _dial in range(2):
+                if state is None:
+                    state = self._dial()
+                    state.prefetched = prefetched
+                answer = min(self._retry.answer_timeout, self._connect_timeout)
+                with anyio.move_on_after(answer):
+                    await state.ready.wait()
+                if not state.ready.is_set():
+                    # The dial goes on in the background (re-sending initialize);
+                    # the next request joins it.
+                    raise LinkError(no_answer_hint(self.uid, answer, self._own_uid))
+                if not state.switch:
+                    break
+                # The first contact found a modern bot (or one that refuses
+                # initialize): the era is known now; dial in it.
+                prefetched = state.prefetched
+                if self._current is state:
+                    self._current = None
+                self._retire(state)
+                state = None
+            assert state is not None
             if state.session is None:
                 if self._current is state:
                     self._current = None
                 error = state.error
                 raise LinkError(_describe(error) if error is not None else "session closed")
             return state
+
+    def _dial(self) -> _Session:
+        """A new session in the bot's era (a first contact when unknown),
+        made current; its task starts at once. Raises :class:`LinkError`."""
+        try:
+            conn = self._router.dial(self.uid)
+        except RuntimeError as exc:
+            raise LinkError(str(exc)) from None
+        self._gen += 1
+        self.dials += 1
+        era = self._era
+        state = _Session(self._gen, conn, era or ERA_HANDSHAKE, offer=era is None)
+        self._current = state
+        self._stale = True
+        self._tg.start_soon(self._run, state, name=f"brmcp-bridge-link-{self.uid[:8]}")
+        return state
 
     async def _run(self, state: _Session) -> None:
         conn = state.conn
@@ -453,6 +495,11 @@ class BotLink:
                     # No initialize: the first request carries the envelope.
                     s.adopt(_modern_discover(self._capabilities))
                     capabilities = self._capabilities
+                elif state.offer:
+                    result = await self._first_contact(s, state)
+                    if result is None:
+                        return  # state.switch: the caller dials in the modern era
+                    capabilities = result.capabilities
                 else:
                     result = await self._initialize(s)
                     capabilities = result.capabilities
@@ -472,10 +519,46 @@ class BotLink:
             state.ready.set()
             state.done.set()
 
-    async def _initialize(self, session: ClientSession) -> Any:
+    async def _first_contact(self, session: ClientSession, state: _Session) -> InitializeResult | None:
+        """Open a first contact (WIRE.md §Eras, "First contact"): a marked
+        ``initialize``. A brmcp bot answers with its modern versions and its
+        tools: a bot that pushes nothing unasked is then used in the modern
+        era on a new sid (``state.switch``, tools in ``state.prefetched``;
+        returns None, and this sid is abandoned). Any other answer goes on
+        with the handshake here (``notifications/initialized``) and returns
+        the result, exactly the reference's PMs. A bot that refuses
+        ``initialize`` itself is tried in the modern era."""
+        try:
+            result: InitializeResult = await self._initialize(session, offer=True)
+        except MCPError as exc:
+            if exc.error.code in TRANSPORT_ERROR_CODES:
+                raise
+            log.info("bot %s refused initialize (%s); trying the modern era", self.uid[:8], _describe(exc))
+            if self._current is state:
+                self._era = ERA_MODERN
+            state.switch = True
+            return None
+        offered = _offered_tools(result)
+        if offered is not None and not _pushes(result.capabilities):
+            if self._current is state:
+                self._era = ERA_MODERN
+                self._capabilities = result.capabilities
+            state.prefetched = offered
+            state.switch = True
+            return None
+        session.adopt(result)
+        await session.send_notification(InitializedNotification())
+        if self._current is state:
+            self._era = ERA_HANDSHAKE
+            self._capabilities = result.capabilities
+        return result
+
+    async def _initialize(self, session: ClientSession, *, offer: bool = False) -> Any:
         """``initialize``, sent again on the RTT-sized backoff until answered
         (the bot answers every copy; a lost PM or a bot that was offline is
-        covered), for at most ``connect_timeout`` seconds (TimeoutError)."""
+        covered), for at most ``connect_timeout`` seconds (TimeoutError).
+        ``offer``: the first-contact ``initialize`` (marked, not adopted,
+        no ``notifications/initialized``; :meth:`_first_contact`)."""
         start = anyio.current_time()
         end = start + self._connect_timeout
         gap = self.rtt.rto
@@ -485,7 +568,7 @@ class BotLink:
             if now >= end:
                 raise TimeoutError
             with anyio.move_on_after(min(gap, end - now)):
-                result = await session.initialize()
+                result = await (_offer(session, self._client_info) if offer else session.initialize())
                 if first:
                     self.rtt.sample(anyio.current_time() - now)
                 return result
@@ -678,8 +761,18 @@ class BotLink:
                         if declared is not None and declared.tools is None:
                             tools, stated = [], None
                         else:
+                            current = self._current
+                            prefetched = (
+                                current.prefetched if current is not None and current.gen == gen else None
+                            )
                             try:
-                                tools, stated = await _list_all(session)
+                                if prefetched is not None:
+                                    # The first contact brought them: no PM.
+                                    assert current is not None
+                                    current.prefetched = None
+                                    tools, stated = prefetched, None
+                                else:
+                                    tools, stated = await _list_all(session)
                             except MCPError as exc:
                                 if era != ERA_MODERN or exc.error.code != METHOD_NOT_FOUND:
                                     raise
@@ -880,6 +973,37 @@ async def _list_all(session: ClientSession) -> tuple[list[Tool], ServerCapabilit
         if not cursor:
             break
     return tools, stated
+
+
+async def _offer(session: ClientSession, client_info: Implementation) -> InitializeResult:
+    """Send the first-contact ``initialize``: what ``session.initialize()``
+    sends, plus ``params._meta["brmcp/listTools"] = true`` (WIRE.md §Eras).
+    Raises RuntimeError for an answer in a version this client lacks."""
+    params = InitializeRequestParams(
+        protocol_version=LATEST_HANDSHAKE_VERSION,
+        capabilities=session._build_capabilities(LATEST_HANDSHAKE_VERSION),
+        client_info=client_info,
+        _meta=cast(RequestParamsMeta, {LIST_TOOLS_KEY: True}),
+    )
+    result = await session.send_request(InitializeRequest(params=params), InitializeResult)
+    if result.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        raise RuntimeError(f"Unsupported protocol version from the server: {result.protocol_version}")
+    return result
+
+
+def _offered_tools(result: InitializeResult) -> list[Tool] | None:
+    """The tools a first-contact answer brought, when it also names a
+    modern version this client speaks; None otherwise (a plain answer)."""
+    meta = result.meta
+    if not isinstance(meta, dict):
+        return None
+    versions = meta.get(MODERN_VERSIONS_KEY)
+    if not isinstance(versions, list) or LATEST_MODERN_VERSION not in versions:
+        return None
+    try:
+        return ListToolsResult.model_validate(meta.get(TOOLS_KEY)).tools
+    except ValueError:
+        return None
 
 
 def _pushes(capabilities: ServerCapabilities) -> bool:

@@ -79,6 +79,17 @@ from .snapshots import ERA_MODERN
 
 __all__ = ["MAX_PAYMENTS", "POLL_ATTEMPTS", "POLL_INTERVAL", "BotProxy", "strip_reserved_meta"]
 
+
+class _Withdrawn:
+    """The type of :data:`WITHDRAWN`."""
+
+    __slots__ = ()
+
+
+#: :meth:`BotProxy._send`: the call was withdrawn because the payment made
+#: alongside failed; ask again unmarked.
+WITHDRAWN = _Withdrawn()
+
 log = logging.getLogger("brmcp.bridge")
 
 #: Seconds between reissues while a payment's credit lands at the bot.
@@ -222,25 +233,37 @@ class BotProxy:
         ahead: Payment | None,
         gone: anyio.Event | None,
         deadline: float | None = None,
-    ) -> CallToolResult | None:
-        """:meth:`BotLink.exchange` of ``request``; while a payment made
-        alongside is still under way, the call is abandoned if the agent
-        goes away (the bot is told the request is cancelled, so a held call
-        ends without a charge) and None is returned."""
+    ) -> CallToolResult | _Withdrawn | None:
+        """:meth:`BotLink.exchange` of ``request``. While a payment made
+        alongside is still under way the bot may hold the call
+        (WIRE.md §Pay alongside); the call is withdrawn (the bot is told the
+        request is cancelled, so a held call ends without a charge):
+
+        * when the agent goes away: None is returned;
+        * when the payment fails (a tip that cannot complete now may still
+          land later): :data:`WITHDRAWN` is returned, and the caller asks
+          again unmarked under the same callKey, so the bot's answer decides
+          at once (the result, when the credit came after all or the call
+          already ran; else its refusal) instead of after its hold."""
         if ahead is None or ahead.done:
             return await self.link.exchange(request, CallToolResult, progress=progress, deadline=deadline)
         outcome: list[CallToolResult | BaseException] = []
+        withdrawn = False
         async with anyio.create_task_group() as tg:
 
             async def watch_agent(event: anyio.Event) -> None:
                 await event.wait()
                 tg.cancel_scope.cancel()
 
-            # A failed payment does not withdraw the call: the bot may already
-            # be charging it from other credit, so its answer (a result, or the
-            # refusal when its hold ends) is what the agent gets.
+            async def watch_payment(payment: Payment) -> None:
+                nonlocal withdrawn
+                if await payment.wait() is not None:
+                    withdrawn = True
+                    tg.cancel_scope.cancel()
+
             if gone is not None:
                 tg.start_soon(watch_agent, gone)
+            tg.start_soon(watch_payment, ahead)
             try:
                 outcome.append(
                     await self.link.exchange(
@@ -251,7 +274,7 @@ class BotProxy:
                 outcome.append(exc)
             tg.cancel_scope.cancel()
         if not outcome:
-            return None
+            return WITHDRAWN if withdrawn and (gone is None or not gone.is_set()) else None
         if isinstance(outcome[0], BaseException):
             raise outcome[0]
         return outcome[0]
@@ -363,10 +386,16 @@ class BotProxy:
         while True:
             try:
                 sent = await self._send(request, progress, ahead, gone, deadline)
+                if isinstance(sent, _Withdrawn):
+                    # The payment made alongside failed: ask again, unmarked,
+                    # under the same key (below, a refusal then ends the call
+                    # with the payment's note; nothing is paid twice).
+                    request = plain
+                    continue
                 if sent is None:
-                    # The payment made alongside failed first, or the agent
-                    # went away: the held call was withdrawn (cancelled at the
-                    # bot, nothing charged).
+                    # The agent went away while the payment made alongside
+                    # was under way: the held call was withdrawn (cancelled
+                    # at the bot, nothing charged).
                     assert ahead is not None
                     failed = await ahead.wait()
                     if failed is None:

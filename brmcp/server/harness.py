@@ -34,6 +34,7 @@ from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 
 from .. import wire
 from ..conn import Conn
+from ..eras import CAPABILITIES_META_KEY
 from ..payment import (
     CALL_KEY,
     Receipt,
@@ -54,6 +55,7 @@ from .callkeys import REPLAY_WINDOW, CallKeyRegistry, Claim, error_result
 from .catalog import Catalog, SessionState
 from .completions import Completer, CompletionSpec
 from .context import CallContext, peer_of
+from .firstcontact import MODERN_VERSIONS_KEY, OFFER_LINGER, TOOLS_KEY, FirstContactTap
 from .prompts import PromptHandler, PromptSpec, prompt_from_function
 from .ratelimit import RATE_LIMITED_TEXT, RateLimiter
 from .resources import (
@@ -87,9 +89,6 @@ MAX_HELD_CALLS = 4
 #: While holding, the balance is re-read at least this often (seconds), so a
 #: credit made outside the harness (an external ``Billing``) is seen too.
 _HOLD_RECHECK = 1.0
-#: ``tools/list`` result ``_meta`` key stating the capabilities on modern-era
-#: sessions (WIRE.md §Eras).
-CAPABILITIES_META_KEY = "brmcp/capabilities"
 #: Refused peers are logged at most this often (seconds), remembering this many.
 _DENIED_WARN_INTERVAL = 600.0
 _DENIED_WARN_MEMORY = 1024
@@ -709,7 +708,19 @@ class Harness:
         # listChanged is declared for resources and prompts (only present
         # once one is registered): the operator may call notify_*_list_changed.
         options = server.create_initialization_options(self._notifications())
-        await server.run(conn.read_stream, conn.write_stream, options)
+        # First contact in one round trip (WIRE.md §Eras): a marked
+        # initialize is answered with the modern versions and the tools.
+        tap = FirstContactTap(conn.read_stream, conn.write_stream, lambda: self._first_contact(conn.peer))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_close_abandoned_offer, tap, conn)
+            await server.run(tap.read_stream, tap.write_stream, options)
+            tg.cancel_scope.cancel()
+
+    def _first_contact(self, peer: str) -> dict[str, Any]:
+        """The ``_meta`` entries of a marked ``initialize`` answer for ``peer``."""
+        tools = [spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
+        listed = ListToolsResult(tools=tools).model_dump(by_alias=True, mode="json", exclude_none=True)
+        return {MODERN_VERSIONS_KEY: list(MODERN_PROTOCOL_VERSIONS), TOOLS_KEY: listed}
 
     # -- money ---------------------------------------------------------------------------
 
@@ -1144,3 +1155,15 @@ def _result_json(result: CallToolResult) -> str:
 
 def _outcome_json_for_error(text: str) -> str:
     return error_result(text).model_dump_json(by_alias=True, exclude_none=True)
+
+
+async def _close_abandoned_offer(tap: FirstContactTap, conn: Conn) -> None:
+    """Close a session whose marked ``initialize`` was answered when the
+    client says nothing more on it within ``OFFER_LINGER`` seconds (it went
+    to the modern era on another sid; WIRE.md §Eras)."""
+    await tap.offered.wait()
+    with anyio.move_on_after(OFFER_LINGER):
+        await tap.heard.wait()
+        return
+    log.debug("session %s: first contact went elsewhere; closing it", conn.session_id)
+    conn.close()

@@ -56,7 +56,10 @@ async def test_our_bridge_with_the_go_harness_falls_back_and_pays_once(
             assert link is not None
             assert link.era == "handshake"
             methods = [m.get("method") for m in tap.json(CLIENT, BOT)]
-            assert methods[:4] == ["tools/list", "initialize", "notifications/initialized", "tools/list"]
+            # The marked initialize (the Go harness answers it plainly), then
+            # exactly the reference's warm-up: no PM more than the Go bridge.
+            assert methods[:3] == ["initialize", "notifications/initialized", "tools/list"]
+            assert tap.json(CLIENT, BOT)[0]["params"]["_meta"] == {"brmcp/listTools": True}
             fortune = await s.call_tool("fortune", {})
             assert not fortune.is_error, [c.text for c in fortune.content if isinstance(c, TextContent)]
             # Paid alongside: the Go harness ignored the mark and refused; the
