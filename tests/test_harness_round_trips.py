@@ -264,3 +264,85 @@ async def test_duplicate_of_a_held_call_waits_and_is_charged_once(tmp_path: Path
         assert await harness.balance(ALICE) == 500
         metas = [json.loads(r.model_dump_json())["meta"] for r in results]
         assert metas[0] == metas[1]
+
+
+# -- first contact in one round trip (WIRE.md §Eras) --------------------------------
+
+
+async def _marked_initialize(session: ClientSession, meta: dict[str, Any] | None) -> types.InitializeResult:
+    params = types.InitializeRequestParams(
+        protocol_version="2025-11-25",
+        capabilities=types.ClientCapabilities(),
+        client_info=types.Implementation(name="probe", version="1"),
+        _meta=meta,  # type: ignore[arg-type]
+    )
+    return await session.send_request(types.InitializeRequest(params=params), types.InitializeResult)
+
+
+async def test_marked_initialize_brings_modern_versions_and_tools(tmp_path: Path) -> None:
+    harness, _ = standard_harness(tmp_path)
+    harness.config.tool_visible = lambda peer, name: not (peer == BOB and name == "paid")
+    async with served(harness) as srv:
+        for peer, expected in ((ALICE, {"paid", "free", "failing"}), (BOB, {"free", "failing"})):
+            conn = srv.clients[peer].dial(BOT)
+            async with ClientSession(conn.read_stream, conn.write_stream, read_timeout_seconds=10) as s:
+                before = _pms(srv, peer)
+                result = await _marked_initialize(s, {"brmcp/listTools": True})
+                assert _pms(srv, peer) - before == 2
+                assert result.meta is not None
+                assert result.meta["brmcp/modernVersions"] == [LATEST_MODERN_VERSION]
+                tools = types.ListToolsResult.model_validate(result.meta["brmcp/tools"]).tools
+                # What tools/list answers this caller (visibility applies).
+                assert {t.name for t in tools} >= expected - {"failing"}
+                assert ("paid" in {t.name for t in tools}) == (peer == ALICE)
+                paid = {t.name: t for t in tools}.get("paid")
+                if paid is not None:
+                    assert paid.meta is not None and paid.meta["brmcp/priceAtoms"] == 500
+                # The handshake goes on as usual on the same session.
+                s.adopt(result)
+                await s.send_notification(types.InitializedNotification())
+                listed = await s.list_tools()
+                assert [t.name for t in listed.tools] == [t.name for t in tools]
+
+
+async def test_plain_initialize_is_unchanged(tmp_path: Path) -> None:
+    harness, _ = standard_harness(tmp_path)
+    async with served(harness) as srv:
+        for meta in (None, {"brmcp/listTools": False}, {"brmcp/listTools": "yes"}, {"other": True}):
+            conn = srv.clients[ALICE].dial(BOT)
+            async with ClientSession(conn.read_stream, conn.write_stream, read_timeout_seconds=10) as s:
+                result = await _marked_initialize(s, meta)
+                assert result.meta is None or not ({"brmcp/tools", "brmcp/modernVersions"} & set(result.meta))
+
+
+async def test_abandoned_first_contact_session_is_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that went to the modern era elsewhere never sends
+    initialized: the offered session is closed after OFFER_LINGER of
+    silence, so it holds no session slot; one that goes on is kept."""
+    import brmcp.server.harness as harness_module
+
+    monkeypatch.setattr(harness_module, "OFFER_LINGER", 0.3)
+    harness, _ = standard_harness(tmp_path)
+    async with served(harness) as srv:
+
+        def sessions() -> int:
+            return sum(1 for c in list(srv.router._sessions.values()) if c.peer == ALICE)
+
+        conn = srv.clients[ALICE].dial(BOT)
+        async with ClientSession(conn.read_stream, conn.write_stream, read_timeout_seconds=10) as s:
+            await _marked_initialize(s, {"brmcp/listTools": True})
+            assert sessions() == 1
+            with anyio.fail_after(10):
+                while sessions():
+                    await anyio.sleep(0.05)
+        kept = srv.clients[ALICE].dial(BOT)
+        async with ClientSession(kept.read_stream, kept.write_stream, read_timeout_seconds=10) as s:
+            result = await _marked_initialize(s, {"brmcp/listTools": True})
+            s.adopt(result)
+            await s.send_notification(types.InitializedNotification())
+            await s.list_tools()
+            await anyio.sleep(0.6)
+            assert sessions() == 1
+            assert not (await call(s, "free", {"text": "still here"})).is_error
