@@ -133,12 +133,15 @@ class Env:
         return Bridge(config)
 
     @asynccontextmanager
-    async def session(self, token: str = TOKEN, url: str | None = None) -> AsyncIterator[ClientSession]:
-        """An initialized SDK client session through the bridge's listener."""
+    async def session(
+        self, token: str = TOKEN, url: str | None = None, **callbacks: Any
+    ) -> AsyncIterator[ClientSession]:
+        """An initialized SDK client session through the bridge's listener
+        (``callbacks``: ClientSession keyword arguments, e.g. message_handler)."""
         async with (
             httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http,
             streamable_http_client(url or self.url, http_client=http) as (read, write),
-            ClientSession(read, write) as session,
+            ClientSession(read, write, **callbacks) as session,
         ):
             await session.initialize()
             yield session

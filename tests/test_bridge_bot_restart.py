@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp.types as types
 import pytest
 from bridge_support import BOT, CLIENT, Env, bridge_env, call, until
 from mcp.shared.exceptions import MCPError
@@ -136,3 +137,41 @@ async def test_remembered_snapshot_after_both_restart(tmp_path: Path) -> None:
                         assert "free" not in listed
                 finally:
                     await bridge.close()
+
+
+async def test_agent_that_only_lists_sees_a_restarted_bots_tools(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent that never calls (so no call fails and nothing is doubted)
+    still learns the restarted bot's tools: a snapshot older than
+    SNAPSHOT_MAX_AGE is served and checked in the background, and the agent
+    gets notifications/tools/list_changed when it differed."""
+    import brmcp.bridge.link as link_module
+
+    monkeypatch.setattr(link_module, "SNAPSHOT_MAX_AGE", 0.2)
+    monkeypatch.setattr(link_module, "REFRESH_DELAY", 0.01)
+    changes: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ServerNotification):
+            changes.append(message.method)
+
+    with anyio.fail_after(60):
+        async with bridge_env(tmp_path) as env, env.session(message_handler=on_message) as session:
+            listed = {t.name for t in (await session.list_tools()).tools}
+            assert "free" in listed
+            link = env.bridge.link(BOT)
+            assert link is not None
+            async with _restarted_bot(tmp_path / "bot-restarted") as restarted:
+                await _serve(env, restarted)
+                # Young snapshot: served, nothing asked of the bot.
+                before = link.refreshes
+                assert "free" in {t.name for t in (await session.list_tools()).tools}
+                assert link.refreshes == before
+                await anyio.sleep(0.3)
+                # Old snapshot: still served at once, checked behind it.
+                assert "free" in {t.name for t in (await session.list_tools()).tools}
+                await until(lambda: "notifications/tools/list_changed" in changes)
+                listed = {t.name for t in (await session.list_tools()).tools}
+                assert "newer" in listed
+                assert "free" not in listed

@@ -240,3 +240,34 @@ def test_prepay_setting_file_cli_and_validation(tmp_path: Path) -> None:
         base.replace(prepay_bots=("nope",)).validate()
     assert _parse_pairs([f"prepay_bots={BOT},{CLIENT}"]) == {"prepay_bots": [BOT, CLIENT]}
     assert PAY_ALONGSIDE_KEY == "brmcp/payAlongside"
+
+
+async def test_a_failed_payment_alongside_withdraws_the_held_call_at_once(tmp_path: Path) -> None:
+    """The payment made alongside fails (no route): the bridge withdraws the
+    call the bot holds and asks again unmarked under the same key, so the
+    agent hears the refusal with the payment's note now, not when the
+    bot's hold (here 10 minutes) ends. Nothing is charged or run."""
+
+    async def no_route(payee: str, atoms: int) -> None:
+        raise RuntimeError("no route to bot")
+
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path) as env, env.session() as session:
+            env.harness.config.hold_seconds = 600
+            env.payer.behaviour = no_route
+            before = pms(env)
+            result = await call(session, "paid", {"text": "x"})
+            assert texts(result)[-1] == "brclientd: payment not made: no route to bot"
+            refusal = json.loads(texts(result)[0])
+            assert (refusal["error"], refusal["priceAtoms"]) == ("payment_required", 500)
+            # The marked call, its cancellation, the unmarked copy and the refusal.
+            assert pms(env) - before == 4
+            assert env.executions == {}
+            assert await env.harness.balance(CLIENT) == 0
+            assert [(e["status"], e["err"]) for e in spend(env)] == [("failed", "no route to bot")]
+            # The same key is not bound to anything: the next call pays and runs once.
+            env.payer.behaviour = None
+            again = await call(session, "paid", {"text": "x"})
+            assert again.structured_content == {"n": 1}
+            assert env.executions == {"paid": 1}
+            assert await env.harness.balance(CLIENT) == 0

@@ -276,6 +276,97 @@ async def test_handshake_only_bot_is_detected_and_remembered(tmp_path: Path) -> 
             assert r.pms() - before <= 5 + 2  # plus at most the background refresh
 
 
+def modern_only(server: Server[Any], methods: list[str]) -> Any:
+    """A bot ``accept`` that refuses ``initialize`` (a server of the modern
+    era only) and serves enveloped requests with the SDK."""
+
+    async def accept(conn: Conn) -> None:
+        first = await conn.read_stream.receive()
+        assert isinstance(first, SessionMessage)
+        message = first.message
+        method = getattr(message, "method", "")
+        methods.append(method)
+        if method == "initialize":
+            assert isinstance(message, types.JSONRPCRequest)
+            error = types.JSONRPCError(
+                jsonrpc="2.0",
+                id=message.id,
+                error=types.ErrorData(code=types.METHOD_NOT_FOUND, message="initialize: modern era only"),
+            )
+            await conn.write_stream.send(SessionMessage(error))
+            return
+        send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+
+        async def pump() -> None:
+            async with send:
+                await send.send(first)
+                async for item in conn.read_stream:
+                    if isinstance(item, SessionMessage):
+                        methods.append(getattr(item.message, "method", ""))
+                    await send.send(item)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pump)
+            await server.run(receive, conn.write_stream, server.create_initialization_options())
+            tg.cancel_scope.cancel()
+
+    return accept
+
+
+async def test_first_contact_with_a_bot_that_pushes_keeps_its_handshake_session(tmp_path: Path) -> None:
+    """A brmcp bot that serves resources (it may push updates) answers the
+    marked initialize with its tools, but the bridge stays on that
+    handshake session: initialized and tools/list there (5 PMs, the
+    reference's warm-up, on one sid), and the era is handshake."""
+    executions: dict[str, int] = {}
+    harness = build_harness(tmp_path / "bot", executions)
+
+    async def readme(ctx: CallContext) -> str:
+        return "hello"
+
+    harness.add_resource("file:///readme", readme, name="readme")
+    with anyio.fail_after(30):
+        async with rig(tmp_path, harness=harness) as r:
+            await r.start_bridge()
+            before = r.pms()
+            async with r.agent() as agent:
+                assert r.pms() - before == 5
+                assert {t.name for t in (await agent.list_tools()).tools} == {"paid", "free", "dyn"}
+                assert r.pms() - before == 5
+                assert not (await call(agent, "free")).is_error
+                assert r.pms() - before == 7
+            assert r.bridge is not None
+            link = r.bridge.link(BOT)
+            assert link is not None
+            assert link.era == "handshake"
+            assert link.dials == 1
+
+
+async def test_first_contact_with_a_modern_only_bot(tmp_path: Path) -> None:
+    """A bot that refuses initialize itself is asked in the modern era; the
+    era is remembered."""
+    methods: list[str] = []
+    bot = Server("modern-only", version="1", on_list_tools=_echo_tools, on_call_tool=_echo_call)
+    with anyio.fail_after(30):
+        async with rig(tmp_path, accept=modern_only(bot, methods)) as r:
+            await r.start_bridge()
+            before = r.pms()
+            async with r.agent() as agent:
+                # The refused initialize (2 PMs), then one modern tools/list.
+                assert r.pms() - before == 4
+                assert methods[:2] == ["initialize", "tools/list"]
+                before = r.pms()
+                result = await call(agent, "echo", {"text": "hi"})
+                assert not result.is_error
+                assert r.pms() - before == 2
+            assert r.bridge is not None
+            link = r.bridge.link(BOT)
+            assert link is not None
+            assert link.era == "modern"
+            await until(r.snapshot_file().exists)
+            await until(lambda: json.loads(r.snapshot_file().read_text())["era"] == "modern")
+
+
 async def test_tools_list_changed_is_refreshed_then_relayed(tmp_path: Path) -> None:
     methods: list[str] = []
     inbox: list[str] = []

@@ -113,6 +113,10 @@ REFRESH_DELAY = 1.0
 #: Least seconds between two look-ups at the bot caused by a snapshot that
 #: disagrees with an agent's call (:meth:`BotLink.doubt_tools`).
 RECHECK_INTERVAL = 10.0
+#: Seconds after which a snapshot served to an agent is refreshed in the
+#: background (a bot that restarted with other tools sends no list change;
+#: an agent that only lists would otherwise never see them).
+SNAPSHOT_MAX_AGE = 300.0
 #: What a bot whose capabilities are unknown is assumed to serve.
 _TOOLS_ONLY = ServerCapabilities(tools=ToolsCapability(list_changed=False))
 
@@ -232,6 +236,8 @@ class BotLink:
         self._changed = False
         #: When :meth:`doubt_tools` last asked for a look-up (monotonic s).
         self._doubted_at: float | None = None
+        #: When the snapshot was last fetched from the bot (monotonic s).
+        self._fetched_at: float | None = None
         self._dropping: set[str] = set()
         #: Sessions dialed so far (observability and tests).
         self.dials = 0
@@ -723,8 +729,21 @@ class BotLink:
         contact this request also tells the bot's era). A snapshot that is
         stale (remembered from an earlier run, or taken on a session since
         reset) is returned as it is and refreshed in the background after
-        the next request that reaches the bot. Raises :class:`LinkError`."""
+        the next request that reaches the bot; so is one fetched more than
+        :data:`SNAPSHOT_MAX_AGE` seconds ago (the agents get
+        ``notifications/tools/list_changed`` when it differed). Raises
+        :class:`LinkError`."""
         if self._tools is not None and not self._changed:
+            fetched = self._fetched_at
+            if (
+                not self._stale
+                and fetched is not None
+                and anyio.current_time() - fetched > SNAPSHOT_MAX_AGE
+                and not self._closed
+            ):
+                # Served as it is; checked at the bot in the background, and
+                # the agents told (tools/list_changed) when it differs.
+                self._start_refresh()
             if self._stale and self._era_confirmed:
                 self._refresh_wanted = True
                 if self._era == ERA_HANDSHAKE and not self.connected:
@@ -791,6 +810,7 @@ class BotLink:
                     self.reset(gen)
                     raise LinkError(f"tools/list: {_describe(exc)}") from exc
                 self.refreshes += 1
+                self._fetched_at = anyio.current_time()
                 changed = self._era != era or not self._era_confirmed
                 self._era = era
                 self._era_confirmed = True
