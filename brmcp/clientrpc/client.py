@@ -315,7 +315,10 @@ class Client(_BrclientMethods):
     def subscribe(self, method: str, decode: Callable[[Any], E], unacked_from: int = 0) -> Subscription[E]:
         """Open the stream ``method`` (e.g. ``"ChatService.PMStream"``, no suffix)
         now if connected and again after every reconnect; ``decode`` turns
-        notification params into events (raising ``ValueError`` to drop one)."""
+        notification params into events (raising ``ValueError``, or any other
+        exception, drops that one event with a one-line error). Events are
+        de-duplicated by value; unhashable ones (dicts, lists, mutable
+        dataclasses) by content (see :class:`Subscription`)."""
         if self._closed:
             raise ClientrpcNotConnected("brclient client closed")
         sub = Subscription(self, method, decode, unacked_from, self._dedupe_size)

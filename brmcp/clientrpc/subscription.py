@@ -5,9 +5,10 @@ drops replayed events it already yielded, so a consumer sees each event once
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -22,6 +23,40 @@ __all__ = ["Subscription"]
 log = logging.getLogger("brmcp.clientrpc")
 
 E = TypeVar("E", bound=Event)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Frozen:
+    """The de-duplication key of an unhashable event: its type and a hashable
+    copy of its content (a decoded value can never be a ``_Frozen``, so such a
+    key never equals a hashable event)."""
+
+    kind: type
+    content: Hashable
+
+
+def _dedupe_key(value: object) -> Hashable:
+    """``value`` itself when hashable; otherwise a :class:`_Frozen` copy that
+    is equal exactly when the content is (dicts and other mappings, lists,
+    tuples, sets and dataclass instances, nested). Raises ``TypeError`` for
+    another unhashable value (or ``RecursionError`` when nested too deeply)."""
+    try:
+        hash(value)
+    except TypeError:
+        pass
+    else:
+        return value
+    kind = type(value)
+    if isinstance(value, Mapping):
+        return _Frozen(kind, frozenset((_dedupe_key(k), _dedupe_key(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return _Frozen(kind, tuple(_dedupe_key(v) for v in value))
+    if isinstance(value, set | frozenset):
+        return _Frozen(kind, frozenset(_dedupe_key(v) for v in value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return _Frozen(kind, tuple(_dedupe_key(getattr(value, f.name)) for f in fields if f.compare))
+    raise TypeError(f"unhashable type: {kind.__name__!r}")
 
 
 class _Owner(Protocol):
@@ -44,7 +79,10 @@ class Subscription(Generic[E]):
     remembered (the newest ``dedupe_size`` of them, by value, i.e. event type,
     sequence id and content) and dropped when a reopened stream replays them;
     comparing the content too means that an id reused after brclient resets
-    its log is not mistaken for a duplicate. Events queue without bound while
+    its log is not mistaken for a duplicate. An unhashable event (a decoder
+    returning dicts, lists or mutable dataclasses) is compared by its content;
+    one that cannot be compared at all is delivered with a warning (a replay
+    may then deliver it again, never lose it). Events queue without bound while
     the consumer is busy, so the connection keeps draining (clientrpc.md §1
     Backpressure). The iterator ends when the subscription or the client closes.
 
@@ -73,7 +111,7 @@ class Subscription(Generic[E]):
         self._client = client
         self._decode = decode
         self._dedupe_size = max(1, dedupe_size)
-        self._seen: OrderedDict[E, None] = OrderedDict()
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
         self._queue: deque[E] = deque()
         self._wakeup = anyio.Event()
         self._open_on: int | None = None
@@ -141,28 +179,49 @@ class Subscription(Generic[E]):
 
     def _deliver(self, params: Any) -> bool:
         """Decode one notification's ``params`` and queue the event unless it
-        is a replayed duplicate. Returns False when it did not decode (counted
-        in :attr:`malformed`, logged in one line and dropped)."""
+        is a replayed duplicate. Returns False when the decoder raised (counted
+        in :attr:`malformed`, logged in one line and dropped): a decoder's
+        error never reaches the connection's reader."""
         try:
             event = self._decode(params)
-        except (ProtojsonError, ValueError, TypeError) as exc:
+        except Exception as exc:
             self.malformed += 1
-            log.error("clientrpc: dropping a malformed %s event: %s", self.method, exc)
+            reason = str(exc).splitlines()[0] if str(exc) else ""
+            if not isinstance(exc, ProtojsonError | ValueError | TypeError):
+                reason = f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
+            log.error("clientrpc: dropping a malformed %s event: %s", self.method, reason)
             return False
         self._push(event)
         return True
 
     def _push(self, event: E) -> None:
+        """Queue ``event`` unless an equal one was already delivered. Events
+        are compared by value, unhashable ones (a decoder returning dicts or
+        lists) through :func:`_dedupe_key`; an event that cannot be compared
+        at all is delivered without replay protection, with a one-line warning."""
         if self._closed:
             return
         seen = self._seen
-        if event in seen:
-            seen.move_to_end(event)
-            self.duplicates += 1
-            return
-        seen[event] = None
-        if len(seen) > self._dedupe_size:
-            seen.popitem(last=False)
+        try:
+            key = _dedupe_key(event)
+            duplicate = key in seen
+        except Exception as exc:  # also a __hash__ or __eq__ that raises
+            log.warning(
+                "clientrpc: a %s event (%s) cannot be compared for de-duplication (%s: %s); "
+                "delivering it, a replay may deliver it again",
+                self.method,
+                type(event).__name__,
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+            )
+        else:
+            if duplicate:
+                seen.move_to_end(key)
+                self.duplicates += 1
+                return
+            seen[key] = None
+            if len(seen) > self._dedupe_size:
+                seen.popitem(last=False)
         self._queue.append(event)
         self.delivered += 1
         self._wake()
