@@ -30,7 +30,7 @@ from .clock import Clock, SystemClock
 from .errors import BridgeError
 from .http import MAX_BODY_BYTES, BridgeApp
 from .link import CONNECT_TIMEOUT, BotLink
-from .listener import ListenerLimits, OwnedListener, parse_listen_address
+from .listener import ListenerLimits, OwnedListener, bind_failure_hint, parse_listen_address
 from .proxy import BotProxy
 from .retry import RetryPolicy
 from .settings import SETTINGS_FILE, Settings, describe_changes, load_settings, mint_token, save_settings
@@ -357,7 +357,7 @@ class Bridge:
                 try:
                     bound = await listener.start(tg)
                 except OSError as exc:
-                    raise BridgeError(f"listen {address}: {exc}") from None
+                    raise BridgeError(f"listen {address}: {exc}{bind_failure_hint(exc)}") from None
                 self._listener = listener
                 self._listener_token = settings.token
                 url = _http_url(bound, address)
