@@ -421,8 +421,12 @@ class BotLink:
             return reply
         waited = anyio.current_time() - start
         why = f" (last failure: {_describe(last[-1])})" if last else ""
+        took = f"{waited:.0f}" if waited >= 1 else f"{waited:.1f}"
+        text = f"no reply from bot {self.uid[:8]} within {took} s after {sends} send(s){why}"
+        if sends == 0:
+            text = f"the call's deadline passed before the request could be sent to bot {self.uid[:8]}{why}"
         raise DeadlineError(
-            f"no reply from bot {self.uid[:8]} within {waited:.0f} s after {sends} send(s){why}",
+            text,
             sends=sends,
             seconds=waited,
         )
