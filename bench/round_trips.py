@@ -65,20 +65,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx2
-import uvicorn
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -268,34 +266,6 @@ async def run_column(kind: str, latency: float, binary: Path | None) -> Column:
 
 
 # -- brnet: our bridge and our harness on a real Bison Relay network ----------
-
-
-@contextmanager
-def uvicorn_stops_serving_on_cancel() -> Iterator[None]:
-    """Work around a stale event-loop registration that breaks a bridge
-    restart in one process. :meth:`BridgeDaemon.run` stops only when
-    cancelled; its listener task is then cancelled inside uvicorn's serve
-    loop, so uvicorn never closes its asyncio server (which would remove
-    the listening socket from the event loop), and ``OwnedListener`` closes
-    the socket itself. The loop still holds a reader for that fd number:
-    the next socket given the same number (the restarted bridge's
-    listener) is never polled, and every request to it hangs. While this
-    context is active, uvicorn's servers are closed however ``serve`` ends.
-    The fix belongs in ``brmcp.bridge.listener`` (see the bench report)."""
-    original = uvicorn.Server.serve
-
-    async def serve(self: uvicorn.Server, sockets: list[socket.socket] | None = None) -> None:
-        try:
-            await original(self, sockets)
-        finally:
-            for server in getattr(self, "servers", ()):
-                server.close()
-
-    uvicorn.Server.serve = serve  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        uvicorn.Server.serve = original  # type: ignore[method-assign]
 
 
 @asynccontextmanager
@@ -579,10 +549,9 @@ async def main(quick: bool, brnet: bool | None) -> int:
             columns.append(col)
     skipped: list[Column] = []
     if brnet_exe is not None:
-        with uvicorn_stops_serving_on_cancel():
-            for latency in latencies:
-                col = await run_brnet(latency, brnet_exe)
-                (skipped if col.skipped is not None else columns).append(col)
+        for latency in latencies:
+            col = await run_brnet(latency, brnet_exe)
+            (skipped if col.skipped is not None else columns).append(col)
     width = 50
     print(
         f"{'PMs and wall time per agent-visible call':<{width}}" + "".join(f"{c.name:>34}" for c in columns)
