@@ -233,6 +233,13 @@ class OwnedListener:
                 except Exception:
                     log.exception("bridge listener on %s:%d failed", self._host, self._port)
                 finally:
+                    # Cancelled inside uvicorn's serve loop, uvicorn never
+                    # closes its asyncio servers: the event loop would keep
+                    # watching this fd number, and a later socket given the
+                    # same number (a listener restarted in this process)
+                    # would never be polled. Close them before the socket.
+                    for listening in getattr(server, "servers", ()):
+                        listening.close()
                     sock.close()
                     self._done.set()
 
