@@ -97,7 +97,7 @@ class Settings:
     * ``approval_timeout_secs``: how long a parked payment waits (≤ 0: 120).
     * ``tip_wait_secs``: how long a payment may take (≤ 0: 180).
     * ``prepay_bots``: bot uids whose balance the bridge keeps topped up
-      ahead of need (BRIDGE.md §Prepay); None or empty: prepay is off.
+      ahead of need (BRIDGE.md §Pay alongside and prepay); None or empty: prepay is off.
       Written only when set (the Go reference has no such key and ignores it).
     """
 

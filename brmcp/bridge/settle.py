@@ -208,7 +208,7 @@ class Settler:
         """Pay what ``bot`` asked for ``tool``. Returns None once the payment
         is confirmed, else the reason nothing (certain) was paid, as shown
         to the agent after ``<name>: payment not made: ``. ``prepay``: a
-        payment ahead of need (BRIDGE.md §Prepay), marked so in the spend
+        payment ahead of need (BRIDGE.md §Pay alongside and prepay), marked so in the spend
         log and in the approval queue (``<tool> (prepayment)``); the caps
         and the approval mode apply as to any payment.
 

@@ -65,7 +65,7 @@ class SpendEntry:
     """One payment attempt: ``ts`` unix seconds when it was launched,
     ``bot`` the payee uid, ``tool`` the tool that asked, ``rail`` ``"tip"``,
     ``atoms`` the amount, ``status`` and ``err`` as in the module docs;
-    ``prepay`` marks a prepayment (BRIDGE.md §Prepay): money sent ahead of
+    ``prepay`` marks a prepayment (BRIDGE.md §Pay alongside and prepay): money sent ahead of
     need, written ``"prepay": true`` (omitted otherwise; the Go reference
     ignores the key)."""
 
