@@ -1,5 +1,5 @@
 """The bridge's HTTP gate, settings hot-apply and listener lifecycle
-(go-brmcp.md §4.2-4.3, the http_test.go list of §4.10), plus the hardening
+(BRIDGE.md §Settings, §Security model; the Go reference's ``bridge/http_test.go``), plus the hardening
 on top of the reference: DNS-rebinding checks, batch rejection and hostile
 requests."""
 
@@ -389,7 +389,7 @@ def test_malformed_settings_files(tmp_path: Path) -> None:
 
 def test_settings_file_quirks_follow_go(tmp_path: Path) -> None:
     """Keys match case-insensitively, unknown keys are ignored, null keeps
-    the default, and nothing is minted on load (go-brmcp.md §4.2)."""
+    the default, and nothing is minted on load (BRIDGE.md §Settings)."""
     path = tmp_path / "mcpclient.json"
     path.write_text(
         json.dumps(

@@ -1,5 +1,5 @@
 """The client bridge: a local MCP endpoint per bot, under the user's spending
-policy (go-brmcp.md §4; BRIDGE.md).
+policy (BRIDGE.md).
 
 Stock MCP agents connect to ``http://127.0.0.1:PORT/mcp/<bot uid>`` with a
 bearer token and see an ordinary MCP server; behind it the bridge relays over
@@ -54,7 +54,7 @@ ADMIN_TOKEN_FILE = "mcpadmin.token"
 
 @dataclass(frozen=True, slots=True)
 class BridgeConfig:
-    """What the host supplies (go-brmcp.md §4.1).
+    """What the host supplies (BRIDGE.md §Embedding the library in another daemon).
 
     * ``data_dir``: directory for ``mcpclient.json`` (settings),
       ``mcpspend.json`` (spend log) and ``mcpadmin.token``. Required.
@@ -273,7 +273,7 @@ class Bridge:
         return self._settings.allows(peer)
 
     async def apply_settings(self, settings: Settings) -> Settings:
-        """Apply and persist ``settings`` hot (go-brmcp.md §4.2): defaults
+        """Apply and persist ``settings`` hot (BRIDGE.md §Settings): defaults
         are applied, allowed bots validated, a 32-hex token minted when
         enabled without one; the file is written atomically (mode 0600);
         links of de-listed bots are closed; the owned listener is started,

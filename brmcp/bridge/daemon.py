@@ -1,6 +1,7 @@
 """The standalone bridge daemon (``brmcp-bridge``): a :class:`Bridge` hosted on
 the user's running brclient through clientrpc (BRIDGE.md "Running the
-daemon"; go-brmcp.md §4, §4.9; clientrpc.md §4.4, §6).
+daemon", §Embedding the library in another daemon for ``TipMatcher``;
+clientrpc.md §4.4, §6).
 
 What the daemon supplies to the bridge:
 
@@ -94,7 +95,8 @@ LOCK_FILE = "brmcp-bridge.lock"
 #: Written while the daemon runs: ``{"pid", "started", "listen", "url", "sighup"}`` (JSON,
 #: mode 0600); see :func:`read_runtime`.
 RUNTIME_FILE = "brmcp-bridge.runtime.json"
-#: ``TipUser`` invoice attempts per payment (go-brmcp.md §5 "Pay steps").
+#: ``TipUser`` invoice attempts per payment (BRIDGE.md §Running the daemon; the Go
+#: reference, karamble/brmcp, `cmd/brmcp-serve/main.go`, pays with 3 attempts too).
 TIP_MAX_ATTEMPTS = 3
 #: ``brmcp-bridge.conf`` key: a command run on each new payment waiting for approval.
 NOTIFY_KEY = "approvalnotify"

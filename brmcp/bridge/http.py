@@ -1,5 +1,5 @@
-"""The bridge's HTTP surface: a pure ASGI app (go-brmcp.md §4.3, plus the
-hardening listed in BRIDGE.md §Security).
+"""The bridge's HTTP surface: a pure ASGI app (BRIDGE.md §Security model: the
+reference's gate plus the hardening listed there).
 
 Every request passes the gate in this order:
 

@@ -1,7 +1,8 @@
-"""The bridge's own loopback HTTP listener (go-brmcp.md §4.3 "Owned
-listener"): uvicorn serving the bridge's ASGI app on one socket, started and
-stopped at runtime inside a task group the bridge owns, with a header-read
-timeout, a keep-alive timeout and a connection cap (:class:`ListenerLimits`)."""
+"""The bridge's own loopback HTTP listener (BRIDGE.md §Embedding the library
+in another daemon, ``listen``; §Listener limits): uvicorn serving the bridge's
+ASGI app on one socket, started and stopped at runtime inside a task group the
+bridge owns, with a header-read timeout, a keep-alive timeout and a connection
+cap (:class:`ListenerLimits`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The user's bridge policy, stored as ``mcpclient.json`` (go-brmcp.md §4.2).
+"""The user's bridge policy, stored as ``mcpclient.json`` (BRIDGE.md §Settings).
 
 The file has exactly the Go reference's keys, order and layout, so either
 implementation reads what the other wrote::
@@ -83,7 +83,7 @@ def is_uid(value: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """The bridge policy (go-brmcp.md §4.2). Immutable; derive changed
+    """The bridge policy (BRIDGE.md §Settings). Immutable; derive changed
     copies with :meth:`replace`.
 
     * ``enabled``: serve the local endpoint at all.

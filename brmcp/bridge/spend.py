@@ -1,4 +1,4 @@
-"""The spend log ``mcpspend.json`` (go-brmcp.md §4.8).
+"""The spend log ``mcpspend.json`` (BRIDGE.md §Spend log and approvals).
 
 A JSON array of entries, oldest first, each with the keys (in this order)
 ``ts`` (unix seconds), ``bot`` (payee uid), ``tool``, ``rail`` (``"tip"``),

@@ -1,6 +1,6 @@
 """Bot glue: serve a :class:`~brmcp.server.Harness` through a running brclient
-over clientrpc (go-brmcp.md §3.12; clientrpc.md §6 "What brmcp server/bot.go
-does").
+over clientrpc (the Go reference, karamble/brmcp, ``server/bot.go``; WIRE.md
+§Payments for the tip credit; clientrpc.md §6 "What brmcp server/bot.go does").
 
 Three consumers run side by side, each acknowledging an event only after it
 was processed (at-least-once; clientrpc.md §4.3):
