@@ -24,6 +24,7 @@ __all__ = [
     "CALL_KEY_MAX_BYTES",
     "CALL_KEY_MIN_BYTES",
     "CHARGED_ATOMS_KEY",
+    "HELD_KEY",
     "PAYMENT_REQUIRED",
     "PAY_ALONGSIDE_KEY",
     "PRICE_ATOMS_KEY",
@@ -58,6 +59,9 @@ BALANCE_ATOMS_KEY = "brmcp/balanceAtoms"
 #: is making alongside it (WIRE.md §Pay alongside): a positive JSON integer,
 #: the atoms of the tip in flight.
 PAY_ALONGSIDE_KEY = "brmcp/payAlongside"
+#: Result ``_meta`` key: ``true`` on the answer to a call the server held
+#: until a credit landed (WIRE.md §Pay alongside): its receipt counts that credit.
+HELD_KEY = "brmcp/held"
 #: Inclusive bounds on a honoured callKey's length in UTF-8 bytes (§2.8).
 CALL_KEY_MIN_BYTES = 8
 CALL_KEY_MAX_BYTES = 128

@@ -128,6 +128,8 @@ def test_spend_from_the_file(tmp_path: Path) -> None:
         {"ts": now - 60, "bot": BOT, "tool": "fortune", "rail": "tip", "atoms": 10_000, "status": "paid"},
         {"ts": now - 30, "bot": BOT, "tool": "fortune", "rail": "tip", "atoms": 10_000}
         | {"status": "failed", "err": "no route"},
+        {"ts": now - 20, "bot": BOT, "tool": "fortune", "rail": "tip", "atoms": 10_000}
+        | {"status": "failed", "err": "denied", "prepay": True},
     ]
     path = tmp_path / "mcpspend.json"
     path.write_text(json.dumps(entries, indent=2))
@@ -140,6 +142,8 @@ def test_spend_from_the_file(tmp_path: Path) -> None:
     status, out, _ = run("--datadir", str(tmp_path), "spend")
     assert status == 0
     assert "failed (no route)" in out
+    # A prepayment is marked as one in the table too (the JSON has "prepay": true).
+    assert "failed (prepayment) (denied)" in out
     assert out.endswith("spent in the last 24 hours: 10000 atoms\n")
     path.write_text("[{")
     status, _, err = run("--datadir", str(tmp_path), "spend")

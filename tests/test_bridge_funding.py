@@ -300,3 +300,122 @@ async def test_a_held_call_is_not_sent_again_when_its_payment_confirms(tmp_path:
                 assert pms(env) - before == 2
                 assert env.executions == {"paid": 1}
                 assert await env.harness.balance(CLIENT) == 0
+
+
+async def test_credit_already_at_the_bot_is_not_paid_again_and_again(tmp_path: Path) -> None:
+    """Review finding: with credit at the bot the bridge did not know about,
+    every call paid alongside although the bot charged the existing credit
+    at once; the receipt came before the tip's confirmation, so that tip
+    was never counted and the next call paid again (the bot's balance
+    stayed a price ahead for ever). Now a receipt of a call charged at once
+    leaves the tip on top of the known balance: the calls after it use it."""
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path) as env, env.session() as session:
+            await env.harness.credit(CLIENT, 500)  # an operator top-up, say
+            for n in (1, 2, 3, 4):
+                result = await call(session, "paid", {"text": "x"})
+                assert result.structured_content == {"n": n}
+                await until(lambda: all(e["status"] == "paid" for e in spend(env)))
+            # The reference pays three tips here (calls 2-4, each after a
+            # refusal); so does this bridge (one of them ahead of need).
+            assert len(env.payer.calls) == 3
+            balance = await env.harness.balance(CLIENT)
+            assert balance <= 500
+            # Books to the atom: 500 credited + tips = 4 charges + what is left.
+            assert 500 + sum(a for _, a in env.payer.calls) == 4 * 500 + balance
+            assert env.executions == {"paid": 4}
+
+
+async def test_a_bridge_restart_does_not_pay_alongside_an_unknown_balance(tmp_path: Path) -> None:
+    """After a restart the bridge no longer knows the balance; having paid
+    this bot before, it sends the call unmarked and lets the bot's answer
+    tell (a receipt when the credit is there: no tip at all)."""
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path, settings=fixture_settings(prepay_bots=(BOT,))) as env:
+            async with env.session() as session:
+                assert (await call(session, "paid", {"text": "x"})).structured_content == {"n": 1}
+                await until(lambda: len(spend(env)) == 2 and spend(env)[1]["status"] == "paid")
+            assert await env.harness.balance(CLIENT) == 500  # prepaid for the next call
+            await env.bridge.close()
+            bridge = env.new_bridge(listen="127.0.0.1:0")
+            env.fabric.attach(CLIENT, bridge.handle_pm)
+            await bridge.start()
+            try:
+                address = bridge.listen_address
+                assert address is not None
+                url = f"http://{address[0]}:{address[1]}/mcp/{BOT}"
+                async with env.session(url=url) as session:
+                    assert (await call(session, "paid", {"text": "x"})).structured_content == {"n": 2}
+                    # Charged from the prepaid credit: no tip alongside it; prepay tops up again.
+                    await until(lambda: len(env.payer.calls) == 3)
+                    await anyio.sleep(0.2)
+                    assert len(env.payer.calls) == 3
+                    assert [e.get("prepay", False) for e in spend(env)][-1] is True
+            finally:
+                await bridge.close()
+            assert await env.harness.balance(CLIENT) == 500
+            assert env.executions == {"paid": 2}
+
+
+async def test_two_calls_do_not_both_wait_for_one_prepayment(tmp_path: Path) -> None:
+    """Review finding: calls arriving while a prepayment is on its way all
+    waited for it, but it covers one; the others were held by the bot until
+    its hold ran out. Now the second pays alongside for itself."""
+
+    async def slow(payee: str, atoms: int) -> None:
+        await anyio.sleep(0.5)
+        await env.payer.credit(payee, atoms)
+
+    settings = fixture_settings(prepay_bots=(BOT,))
+    with anyio.fail_after(20):  # the bot's hold is 10 minutes: a stall fails the test
+        async with bridge_env(tmp_path, settings=settings) as env, env.session() as session:
+            env.harness.config.hold_seconds = 600
+            assert (await call(session, "paid", {"text": "x"})).structured_content == {"n": 1}
+            env.payer.behaviour = slow
+            await until(lambda: len(env.payer.calls) == 2)  # the prepayment, under way
+            results: list[Any] = []
+            async with anyio.create_task_group() as tg:
+                for _ in range(2):
+                    tg.start_soon(lambda: _append(results, call(session, "paid", {"text": "x"})))
+            assert sorted(r.structured_content["n"] for r in results) == [2, 3]
+            env.payer.behaviour = None
+            await until(lambda: all(e["status"] == "paid" for e in spend(env)))
+            balance = await env.harness.balance(CLIENT)
+            assert sum(a for _, a in env.payer.calls) == 3 * 500 + balance
+            assert env.executions == {"paid": 3}
+
+
+async def test_a_denied_prepayment_lets_the_waiting_call_ask_for_its_own(tmp_path: Path) -> None:
+    """Review finding: in approval mode a call that waited for a proposed
+    prepayment failed with "payment denied by the user" when the user
+    denied the prepayment. Now the call is offered its own payment."""
+    settings = fixture_settings(prepay_bots=(BOT,), mode="approval")
+    with anyio.fail_after(30):
+        async with (
+            bridge_env(tmp_path, settings=settings, auto_clock=False) as env,
+            env.session() as session,
+        ):
+            results: list[Any] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: _append(results, call(session, "paid", {"text": "x"})))
+                await until(lambda: len(env.bridge.pending_payments()) == 1)
+                env.bridge.resolve_payment(env.bridge.pending_payments()[0].id, True)
+            assert results[0].structured_content == {"n": 1}
+            await until(lambda: len(env.bridge.pending_payments()) == 1)
+            (prepay,) = env.bridge.pending_payments()
+            assert prepay.tool == "paid (prepayment)"
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: _append(results, call(session, "paid", {"text": "x"})))
+                await anyio.sleep(0.3)  # the call is sent, waiting on the prepayment
+                env.bridge.resolve_payment(prepay.id, False)
+                await until(lambda: any(p.tool == "paid" for p in env.bridge.pending_payments()))
+                (own,) = [p for p in env.bridge.pending_payments() if p.tool == "paid"]
+                env.bridge.resolve_payment(own.id, True)
+            assert results[1].structured_content == {"n": 2}
+            assert len(env.payer.calls) == 2
+            assert env.executions == {"paid": 2}
+            assert await env.harness.balance(CLIENT) == 0
+
+
+async def _append(results: list[Any], pending: Any) -> None:
+    results.append(await pending)

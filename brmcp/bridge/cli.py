@@ -542,6 +542,8 @@ def _cmd_spend(datadir: Path, args: argparse.Namespace) -> None:
         print(f"{'WHEN (UTC)':<20} {'BOT':<18} {'TOOL':<20} {'ATOMS':>12}  STATUS")
         for e in entries:
             status = _shown(e.get("status") or "paid")
+            if e.get("prepay"):
+                status += " (prepayment)"
             if e.get("err"):
                 status += f" ({_shown(e['err'])})"
             print(

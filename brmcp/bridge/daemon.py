@@ -693,5 +693,5 @@ def _describe(settings: Settings) -> str:
     return (
         f"enabled={str(settings.enabled).lower()} mode={settings.mode} "
         f"per_call_cap_atoms={settings.per_call_cap_atoms} per_day_cap_atoms={settings.per_day_cap_atoms} "
-        f"allowed_bots={bots}"
+        f"allowed_bots={bots} prepay_bots={len(settings.prepay_bots or ())}"
     )

@@ -34,7 +34,7 @@ from typing import Any
 
 import anyio
 
-from ..payment import PaymentRequired, parse_payment_required, parse_receipt
+from ..payment import HELD_KEY, PaymentRequired, parse_payment_required, parse_receipt
 from .settings import Settings
 from .settle import Settler
 
@@ -47,13 +47,19 @@ class Payment:
     """One payment ahead of need: ``amount`` atoms; :meth:`wait` returns
     None once it is confirmed, else the reason nothing (certain) was paid."""
 
-    __slots__ = ("_done", "_reason", "amount", "prepay")
+    __slots__ = ("_done", "_reason", "amount", "attached", "included", "prepay")
 
     def __init__(self, amount: int, *, prepay: bool) -> None:
         self.amount = amount
         self.prepay = prepay
         self._done = anyio.Event()
         self._reason: str | None = "not finished"
+        #: Calls sent marked with this payment (a prepayment covers one).
+        self.attached = 0
+        #: Whether a receipt already counts this payment's credit: True (a
+        #: call the bot held for it), False (a call charged without it: the
+        #: credit is on top), None (no receipt seen yet).
+        self.included: bool | None = None
 
     def _finish(self, reason: str | None) -> None:
         self._reason = reason
@@ -105,12 +111,27 @@ class Funding:
 
     # -- the known balance --------------------------------------------------------
 
-    def observe(self, tool: str, result: Any) -> None:
+    def observe(self, tool: str, result: Any, ahead: Payment | None = None) -> None:
         """Learn the balance from a tool result: a receipt or a refusal sets
         it; a successful result without a receipt from a fixed-price tool
-        (a Go bot) lowers a known balance by the price."""
-        receipt = parse_receipt(getattr(result, "meta", None))
+        (a Go bot) lowers a known balance by the price.
+
+        ``ahead``: the payment made alongside this call and not counted yet.
+        A receipt of a call the bot held (``_meta`` ``brmcp/held``; WIRE.md
+        §Pay alongside) counts its credit; one of a call charged at once
+        (from credit already there) does not, so that payment's credit is
+        added on top (if the tip had in fact landed first the balance is
+        overstated, which costs at most a refusal later, never a tip too
+        many)."""
+        meta = getattr(result, "meta", None)
+        receipt = parse_receipt(meta)
         refusal = parse_payment_required(result)
+        if receipt is not None and ahead is not None and ahead.included is None:
+            held = isinstance(meta, dict) and meta.get(HELD_KEY) is True
+            ahead.included = held
+            if not held and ahead.confirmed:
+                self._set(receipt.balance_atoms + ahead.amount)
+                return
         if receipt is not None:
             self._set(receipt.balance_atoms)
         elif refusal is not None:
@@ -137,16 +158,29 @@ class Funding:
         already in flight, or a new one for the shortfall when the price is
         fixed, the known balance short and the policy lets it go unasked.
         None: send the call unmarked."""
+        price = self._price_of(tool)
         inflight = self._inflight
         if inflight is not None and not inflight.done:
-            return inflight  # a prepayment on its way: this call waits for it
-        price = self._price_of(tool)
+            covered = (self.balance or 0) + inflight.amount - inflight.attached * (price or 0)
+            if price and covered >= price:
+                # A prepayment on its way covers this call: it waits for it.
+                inflight.attached += 1
+                return inflight
         if not price:
             return None
+        if self.balance is None and self._settler.has_paid(self.bot):
+            # Unknown (this bridge restarted) but paid before: credit may be
+            # there already; the call goes unmarked and its answer tells.
+            return None
         have = self.balance or 0
+        if inflight is not None and not inflight.done:
+            have = max(0, have + inflight.amount - inflight.attached * price)
         if have >= price:
             return None
-        return self._start(tool, price, have, prepay=False, gone=gone)
+        payment = self._start(tool, price, have, prepay=False, gone=gone)
+        if payment is not None:
+            payment.attached = 1
+        return payment
 
     def after_call(self, tool: str, result: Any) -> None:
         """A call of ``tool`` succeeded: top the balance up for the next one
@@ -191,9 +225,11 @@ class Funding:
             reason = str(exc) or type(exc).__name__
             log.error("payment ahead of need to %s failed: %s", self.bot[:8], reason)
         finally:
-            if reason is None and self._observed == observed:
-                # No receipt since (one may already count this credit): the
-                # balance now includes it.
+            if reason is None and (
+                payment.included is False or (payment.included is None and self._observed == observed)
+            ):
+                # The receipt seen left it out, or no receipt since (one may
+                # already count this credit): the balance now includes it.
                 self.balance = (self.balance or 0) + payment.amount
             if reason is not None and payment.prepay:
                 log.info("prepayment of %d atoms to %s not made: %s", payment.amount, self.bot[:8], reason)

@@ -452,7 +452,7 @@ class BotProxy:
                 request = plain = _with_key(plain, secrets.token_hex(16))
                 continue
             if funding is not None:
-                funding.observe(tool, result)
+                funding.observe(tool, result, ahead)
             refusal = parse_payment_required(result)
             if receipt is not None:
                 self._settler.note_balance(bot, receipt.balance_atoms)
@@ -467,15 +467,18 @@ class BotProxy:
                 # not hold marked calls, or a hold that ran out): wait for
                 # that payment, then reissue as after any payment.
                 failed = await ahead.wait()
-                amount, ahead = ahead.amount, None
-                if failed is not None:
+                amount, shared, ahead = ahead.amount, ahead.prepay, None
+                if failed is not None and not shared:
                     note = TextContent(type="text", text=f"{self._name}: payment not made: {failed}")
                     return result.model_copy(update={"content": [*result.content, note]})
-                payments += 1
-                paid_atoms += amount
-                polls = 0
-                if gone is None or not gone.is_set():
-                    continue
+                if failed is None:
+                    payments += 1
+                    paid_atoms += amount
+                    polls = 0
+                    if gone is None or not gone.is_set():
+                        continue
+                # else: a prepayment this call waited for was not made (denied,
+                # failed): the call pays for itself below, as any refused call.
             if payments and polls < POLL_ATTEMPTS - 1 and (gone is None or not gone.is_set()):
                 # Paid: the credit may still be on its way to the bot.
                 await self._clock.sleep(POLL_INTERVAL)

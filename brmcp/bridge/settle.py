@@ -185,6 +185,11 @@ class Settler:
             await self._persist()
             return True
 
+    def has_paid(self, bot: str) -> bool:
+        """True when the spend log holds a payment to ``bot`` that did not
+        fail (made, or still pending)."""
+        return any(e.bot == bot and e.counts for e in self._spend.entries)
+
     def precheck(self, bot: str, amount: int, *, unasked: bool = True) -> str | None:
         """The reason a payment of ``amount`` atoms to ``bot`` would be
         refused by the policy in force right now (disabled, de-listed, caps;
