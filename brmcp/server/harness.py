@@ -204,6 +204,12 @@ class Harness(CatalogMethods):
     def calls_per_minute(self) -> int:
         return self._limiter.per_minute
 
+    def take_call_token(self, peer: str) -> bool:
+        """Take one token from ``peer``'s rate-limit bucket (as each
+        tools/call, resources/read and prompts/get does); False when the
+        caller is over its limit."""
+        return self._limiter.take(peer)
+
     @property
     def server(self) -> Server[Any]:
         """The MCP SDK server that serves every session."""
@@ -305,12 +311,6 @@ class Harness(CatalogMethods):
 
     def tools(self) -> list[ToolSpec]:
         return list(self._tools.values())
-
-    def take_call_token(self, peer: str) -> bool:
-        """Take one token from ``peer``'s rate-limit bucket (as each
-        tools/call, resources/read and prompts/get does); False when the
-        caller is over its limit."""
-        return self._limiter.take(peer)
 
     # -- lifecycle ---------------------------------------------------------------------
 
