@@ -11,8 +11,8 @@ Run: ``python bench/bridge_bench.py`` (about half a minute) or ``--quick``.
    * a free ``tools/call`` after warm-up: target exactly 2 (one round trip);
    * a first paid call with no balance (call → payment_required, tip,
      reissue → result) and a paid call after a top-up, printed next to the
-     Go reference's flow (go-brmcp.md §4.5: 4 and 2 PMs; the tip itself is
-     not a PM).
+     Go reference's flow (docs/interop.md §PMs per agent-visible call: 4 and
+     2 PMs; the tip itself is not a PM).
 2. Local overhead. Sequential free calls per second for (x) a direct SDK
    streamable-HTTP client against a plain SDK ``Server`` with the same tool
    served by its ``streamable_http_app`` on uvicorn, and (y) agent → bridge

@@ -6,7 +6,7 @@ The public surface is small and re-exported here:
 * :class:`Router` demultiplexes PMs into MCP sessions (:class:`Conn`), sending
   through the host's :class:`PMSender`;
 * :func:`parse_payment_required` and the ``_meta`` key constants describe
-  paid tools (go-brmcp.md §2.7);
+  paid tools (WIRE.md §Payments);
 * the wire codec lives in :mod:`brmcp.wire`, test helpers in
   :mod:`brmcp.testing`.
 """

@@ -3,7 +3,8 @@
 Files and texts shared with the Go reference (``mcpclient.json``,
 ``mcpspend.json``, the ``payment_required`` text) must be byte-compatible in
 both directions, so this module mirrors the parts of ``encoding/json`` they
-rely on (go-brmcp.md §2.7, §4.2, §4.8):
+rely on (docs/interop.md §Go's JSON rules; WIRE.md §Payments, BRIDGE.md
+§Settings, §Spend log and approvals):
 
 * encoding: keys in the order given (Go struct order), HTML-safe escaping of
   ``<``, ``>``, ``&``, U+2028 and U+2029, short escapes for control

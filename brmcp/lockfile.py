@@ -9,8 +9,8 @@ process simply takes it. A second process gets :class:`LockHeldError`
 naming the holder's pid.
 
 Used for ``brmcp-serve`` and ``brmcp-bridge`` data directories, the
-``brmcp-fakebr`` data directory, and one harness per brclient
-(:func:`brclient_lock_path`).
+``brmcp-fakebr`` data directory, and one event consumer (a harness or a
+``brmcp-bridge``) per brclient (:func:`acquire_brclient`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,20 @@ try:
 except ImportError:  # pragma: no cover - Windows has no flock
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["FileLock", "LockHeldError", "acquire", "brclient_lock_path", "lock_dir", "read_holder"]
+__all__ = [
+    "HARNESS",
+    "FileLock",
+    "LockHeldError",
+    "acquire",
+    "acquire_brclient",
+    "acquire_datadir",
+    "brclient_lock_path",
+    "lock_dir",
+    "read_holder",
+]
+
+#: What a harness (``run_bot``, so ``brmcp-serve``) records in the brclient lock.
+HARNESS = "brmcp harness"
 
 
 class LockHeldError(Exception):
@@ -151,11 +164,57 @@ def lock_dir() -> Path:
 
 
 def brclient_lock_path(server_cert: str | os.PathLike[str]) -> Path:
-    """The lock naming one brclient: ``harness-<sha256 of its rpc.cert>.lock``
-    in :func:`lock_dir`. brclient's TLS certificate is unique to one brclient
-    and every program driving it must pin it (clientrpc.md §1), so two
-    harnesses on one brclient compute the same path even when their config
-    files name different copies of the certificate. Raises OSError when the
-    certificate cannot be read."""
+    """The lock naming one brclient: ``brclient-<sha256 of its rpc.cert>.lock``
+    (first 32 hex digits) in :func:`lock_dir`. brclient's TLS certificate is
+    unique to one brclient and every program driving it must pin it
+    (clientrpc.md §1), so every harness and ``brmcp-bridge`` on one brclient
+    computes the same path even when their config files name different
+    copies of the certificate. Raises OSError when the certificate cannot be
+    read."""
     digest = hashlib.sha256(Path(server_cert).read_bytes()).hexdigest()
-    return lock_dir() / f"harness-{digest[:32]}.lock"
+    return lock_dir() / f"brclient-{digest[:32]}.lock"
+
+
+def acquire_brclient(
+    server_cert: str | os.PathLike[str], url: str, *, what: str, error: type[Exception]
+) -> FileLock:
+    """Take the one-consumer-per-brclient lock (:func:`brclient_lock_path`)
+    for the program *what* (:data:`HARNESS` or ``"brmcp-bridge"``) driving
+    the brclient at *url*, or raise *error* with one line.
+
+    brclient's PM and tip-progress streams go to every program connected to
+    it and its acks are global and destructive (clientrpc.md §4.3): a second
+    consumer would ack, and so delete, events the first has not handled yet,
+    and two harnesses would each credit every tip into their own ledger.
+    Harnesses and bridges therefore share this one lock.
+
+    Raises:
+        error: another program holds the lock (its kind and pid are named,
+            with why two cannot share a brclient), brclient's certificate
+            cannot be read, or the lock file cannot be created.
+    """
+    try:
+        path = brclient_lock_path(server_cert)
+    except OSError as exc:
+        raise error(f"cannot read brclient's certificate {os.fspath(server_cert)}: {exc}") from None
+    try:
+        return acquire(path, what=what, detail=f"brclient at {url}")
+    except LockHeldError as exc:
+        holder = exc.holder.get("what")
+        if what == HARNESS and holder == HARNESS:
+            raise error(
+                f"another harness (pid {exc.pid}) is already serving the brclient at {url}; two "
+                "harnesses on one brclient would both consume its tips and PMs (brclient's acks are "
+                "global), crediting callers' tips to the wrong ledger: stop the other one first "
+                f"(lock {path})"
+            ) from None
+        other = (
+            "harness" if holder == HARNESS else holder if isinstance(holder, str) and holder else "program"
+        )
+        raise error(
+            f"another {other} (pid {exc.pid}) is already using the brclient at {url}; two processes on one "
+            "brclient would each consume the other's PMs and tips (brclient's acks are global, so each "
+            f"deletes events the other has not handled yet): stop the other one first (lock {path})"
+        ) from None
+    except OSError as exc:
+        raise error(f"cannot create the brclient lock {path}: {exc}") from None

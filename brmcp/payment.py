@@ -1,4 +1,4 @@
-"""Payment metadata shared by bots and callers (go-brmcp.md §2.7, §2.8).
+"""Payment metadata shared by bots and callers (WIRE.md §Payments, §callKey).
 
 * ``_meta`` keys: :data:`PRICE_ATOMS_KEY` and :data:`PRICING_KEY` on tools in
   ``tools/list``; :data:`CALL_KEY` in ``tools/call`` ``params._meta``.
@@ -78,7 +78,7 @@ _FIELDS: dict[str, _gojson.Kind] = {
 
 @dataclass(frozen=True, slots=True)
 class PaymentRequired:
-    """A bot's ``payment_required`` refusal (go-brmcp.md §2.7).
+    """A bot's ``payment_required`` refusal (WIRE.md §Payments).
 
     ``price_atoms`` is the tool's price, ``balance_atoms`` the caller's
     prepaid balance when the debit failed and ``shortfall_atoms`` the
@@ -112,10 +112,10 @@ def payment_required_text(
     tool: str, price_atoms: int, balance_atoms: int, shortfall_atoms: int | None = None
 ) -> str:
     """The refusal text a bot sends when ``balance_atoms`` cannot cover
-    ``price_atoms``, byte-identical to the Go harness (go-brmcp.md §2.7,
-    §3.6 step 4), e.g. ``{"error":"payment_required","tool":"fortune",
-    "priceAtoms":10000,"balanceAtoms":0,"shortfallAtoms":10000,
-    "acceptedRails":["tip"]}``. ``shortfall_atoms`` defaults to
+    ``price_atoms``, byte-identical to the Go harness (WIRE.md §Payments:
+    the refusal, and step 4 of the server order), e.g.
+    ``{"error":"payment_required","tool":"fortune","priceAtoms":10000,
+    "balanceAtoms":0,"shortfallAtoms":10000,"acceptedRails":["tip"]}``. ``shortfall_atoms`` defaults to
     ``price_atoms - balance_atoms``. All amounts in atoms."""
     if shortfall_atoms is None:
         shortfall_atoms = price_atoms - balance_atoms
@@ -130,7 +130,7 @@ def payment_required_text(
 def payment_required_result(tool: str, price_atoms: int, balance_atoms: int) -> CallToolResult:
     """The whole refusal: ``isError`` with the JSON of
     :func:`payment_required_text` as its single text content and no
-    ``structuredContent`` (go-brmcp.md §2.7)."""
+    ``structuredContent`` (WIRE.md §Payments)."""
     text = payment_required_text(tool, price_atoms, balance_atoms)
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
@@ -154,7 +154,8 @@ def _decode(text: str) -> PaymentRequired | None:
 
 
 def parse_payment_required(result: CallToolResult | None) -> PaymentRequired | None:
-    """Find a payment refusal in a tool result (go-brmcp.md §2.7).
+    """Find a payment refusal in a tool result (WIRE.md §Payments,
+    "Recognising a refusal").
 
     Returns None unless ``result`` is an ``isError`` result; then the first
     text content, in order, whose text decodes (with Go's rules: keys
@@ -175,7 +176,7 @@ def parse_payment_required(result: CallToolResult | None) -> PaymentRequired | N
 
 def valid_call_key(value: Any) -> bool:
     """True when ``value`` is a callKey a bot honours: a string of 8..128
-    UTF-8 bytes (go-brmcp.md §2.8); anything else runs the call unkeyed."""
+    UTF-8 bytes (WIRE.md §callKey); anything else runs the call unkeyed."""
     if not isinstance(value, str):
         return False
     size = len(value.encode("utf-8", "surrogatepass"))

@@ -1,8 +1,8 @@
 """A deliberately literal, slow model of the Go reference's envelope parser
-and assembler (go-brmcp.md §1.2, §1.4, §1.5), written independently of
+and assembler (WIRE.md §Parsing, §Deadlines, §Reassembly), written independently of
 ``brmcp.wire`` so tests can compare the two.
 
-Nothing here is optimised or clever: each rule of go-brmcp.md §1.2 is one
+Nothing here is optimised or clever: each rule of WIRE.md §Parsing is one
 step, the base64 decoder re-implements Go's ``StdEncoding`` quantum by
 quantum without ``binascii``, and the assembler scans every pending message
 on every call. Use it only on small inputs.
@@ -111,7 +111,7 @@ class ModelPart:
 
 
 def model_parse(text: str) -> ModelPart | None:
-    """go-brmcp.md §1.2 rules 1-7, one by one."""
+    """WIRE.md §Parsing rules 1-7, one by one."""
     try:
         return _model_parse(text)
     except _Reject:
@@ -169,7 +169,7 @@ def _model_parse(text: str) -> ModelPart:
 
 
 # ---------------------------------------------------------------------------
-# Assembler (go-brmcp.md §1.4 and §1.5), literal.
+# Assembler (WIRE.md §Deadlines and §Reassembly), literal.
 
 
 class ModelError(Exception):

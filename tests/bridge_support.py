@@ -1,4 +1,5 @@
-"""Shared fixture for the bridge tests (go-brmcp.md §4.10 "Fixture").
+"""Shared fixture for the bridge tests (the fixture of the Go reference's
+``bridge/bridge_test.go``, karamble/brmcp).
 
 A harness bot on the in-memory fabric serves ``paid`` (500 atoms, returns
 ``{"n": k}``), ``free`` and ``dyn`` (dynamic price 7 atoms); the bridge is

@@ -116,7 +116,7 @@ def err_text(result: types.CallToolResult) -> str:
 
 
 def payment_required_json(tool: str, price: int, balance: int) -> str:
-    """The exact refusal text of go-brmcp.md §2.7 (Go struct key order)."""
+    """The exact refusal text of WIRE.md §Payments (Go struct key order)."""
     return (
         f'{{"error":"payment_required","tool":"{tool}","priceAtoms":{price},'
         f'"balanceAtoms":{balance},"shortfallAtoms":{price - balance},"acceptedRails":["tip"]}}'

@@ -44,6 +44,8 @@ async def test_settings_show_and_set(tmp_path: Path) -> None:
                 ({"allowed_bots": ["zz"]}, 'allowed bot "zz" is not a 64-hex uid'),
                 ({"per_call_cap_atoms": "lots"}, "per_call_cap_atoms"),
                 ([1, 2], "JSON object"),
+                ({"token": "abc"}, "token is 3 character(s): use at least 16"),
+                ({"token": "with space 0123456789"}, "token must not contain spaces"),
             ):
                 refused = await http.put("/admin/settings", json=body, headers=_admin(env))
                 assert refused.status_code == 400, body

@@ -60,6 +60,9 @@ def test_settings_set_and_show_without_a_daemon(tmp_path: Path) -> None:
         ("allowed_bots=nothex", 'allowed bot "nothex" is not a 64-hex uid'),
         ("colour=blue", "unknown setting 'colour'"),
         ("per_day_cap_atoms=lots", "per_day_cap_atoms='lots': not an integer number of atoms"),
+        ("token=abc", "token is 3 character(s): use at least 16 (or token= and enabled=true"),
+        ("token=0123456789abcde", "token is 15 character(s): use at least 16"),
+        ("token=0123456789 abcdef", "token must not contain spaces"),
     ]:
         status, _, err = run("--datadir", d, "settings", "set", pair)
         assert status == 1, pair
@@ -88,6 +91,13 @@ def test_settings_set_and_show_without_a_daemon(tmp_path: Path) -> None:
     assert err.strip() == f"brmcp-bridge: the daemon is not running (no {runtime}); read from {path}"
     status, out, _ = run("--datadir", d, "--json", "settings", "--show-token")
     assert json.loads(out) == saved.to_dict()
+
+    # A token of at least 16 characters may be set.
+    status, _, err = run("--datadir", d, "settings", "set", "token=0123456789abcdef")
+    assert status == 0, err
+    assert load_settings(path).token == "0123456789abcdef"
+    status, _, err = run("--datadir", d, "settings", "set", f"token={saved.token}")
+    assert status == 0, err
 
     # A later change keeps the token; a malformed file is named and left alone.
     status, _, _ = run("--datadir", d, "settings", "set", "per_call_cap_atoms=500")

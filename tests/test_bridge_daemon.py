@@ -357,6 +357,7 @@ async def test_reload_logs_the_endpoint_and_survives_a_taken_port(
                 assert daemon.bridge.settings.enabled
                 assert "reloaded settings: enabled=true mode=autopay" in caplog.text
                 assert f"the endpoint could not be opened: listen {daemon.listen}" in caplog.text
+                assert "start brmcp-bridge with --listen 127.0.0.1:<free port> to pick another" in caplog.text
                 assert daemon.bridge.listen_address is None
                 # The next reload opens it, and says where.
                 caplog.clear()
@@ -374,6 +375,28 @@ async def test_reload_logs_the_endpoint_and_survives_a_taken_port(
                 assert f"bridge disabled: endpoint {daemon.base_url} closed" in caplog.text
                 assert daemon.bridge.listen_address is None
                 tg.cancel_scope.cancel()
+
+
+async def test_console_daemon_on_a_taken_port_says_to_use_listen(tmp_path: Path) -> None:
+    """Enabled, and another program holds the endpoint's port: brmcp-bridge
+    exits 1 with one line naming the address and the --listen option."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with anyio.fail_after(60):
+        async with fake_network(tmp_path / "br", "bot", "alice") as (_, (bot, alice)):
+            datadir = tmp_path / "bridge"
+            prepare_bridge_dir(datadir, alice, bridge_settings(bot.uid))
+            with socket.socket() as squatter:
+                squatter.bind(("127.0.0.1", 0))
+                squatter.listen(1)
+                listen = f"127.0.0.1:{squatter.getsockname()[1]}"
+                cmd = [sys.executable, "-m", "brmcp.bridge", "--datadir", str(datadir), "--listen", listen]
+                done = await anyio.run_process(cmd, env=env, check=False)
+            assert done.returncode == 1
+            last = done.stderr.decode().strip().splitlines()[-1]
+            assert last.startswith(f"brmcp-bridge: listen {listen}: ")
+            assert "in use" in last
+            assert "--listen 127.0.0.1:<free port>" in last
+            assert "brmcp-bridge.conf has no key for it" in last
 
 
 def test_resolve_listen_pins_a_free_port() -> None:

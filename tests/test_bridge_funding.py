@@ -18,6 +18,7 @@ from brmcp.bridge.cli import _parse_pairs
 from brmcp.bridge.errors import SettingsError
 from brmcp.bridge.settings import settings_from_json
 from brmcp.payment import PAY_ALONGSIDE_KEY, parse_receipt
+from brmcp.testing.fabric import Faults
 
 
 def pms(env: Env) -> int:
@@ -271,3 +272,31 @@ async def test_a_failed_payment_alongside_withdraws_the_held_call_at_once(tmp_pa
             assert again.structured_content == {"n": 1}
             assert env.executions == {"paid": 1}
             assert await env.harness.balance(CLIENT) == 0
+
+
+async def test_a_held_call_is_not_sent_again_when_its_payment_confirms(tmp_path: Path) -> None:
+    """While the bot holds a call paid alongside, the bridge sends no copy;
+    when the payment confirms, the bot's answer is one relay hop away, so
+    the re-send clock restarts from that moment instead of firing at once
+    on a stale "last heard" (found on brnet at 250 ms: a duplicate send, 3
+    PMs more). Here a PM takes 0.2 s, so the bridge's retransmission
+    timeout is about 1.2 s, and the tip confirms just before it fires."""
+
+    async def slow_tip(payee: str, atoms: int) -> None:
+        await anyio.sleep(1.15)
+        await env.payer.credit(payee, atoms)
+
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path) as env:
+            env.fabric.faults = Faults(latency=0.2)
+            async with env.session() as session:
+                link = env.bridge.link(BOT)
+                assert link is not None
+                env.payer.behaviour = slow_tip
+                before = pms(env)
+                result = await call(session, "paid", {"text": "x"})
+                assert result.structured_content == {"n": 1}
+                assert link.resends == 0
+                assert pms(env) - before == 2
+                assert env.executions == {"paid": 1}
+                assert await env.harness.balance(CLIENT) == 0

@@ -1,5 +1,5 @@
 """The bridge's HTTP gate, settings hot-apply and listener lifecycle
-(go-brmcp.md §4.2-4.3, the http_test.go list of §4.10), plus the hardening
+(BRIDGE.md §Settings, §Security model; the Go reference's ``bridge/http_test.go``), plus the hardening
 on top of the reference: DNS-rebinding checks, batch rejection and hostile
 requests."""
 
@@ -43,7 +43,20 @@ async def test_bearer_and_path_gate(tmp_path: Path) -> None:
             assert wrong.status_code == 401
             assert (await http.post("/elsewhere", json=INIT, headers=MCP_HEADERS)).status_code == 401
             short = await http.post("/mcp/abc123", json=INIT, headers=auth())
-            assert (short.status_code, short.text) == (404, "unknown bot\n")
+            assert (short.status_code, short.text) == (
+                404,
+                'unknown bot: malformed uid "abc123" in the path'
+                " (a bot uid is 64 hex characters: /mcp/<bot uid>)\n",
+            )
+            zz = await http.post("/mcp/zz", json=INIT, headers=auth())
+            assert zz.status_code == 404
+            assert zz.text.startswith('unknown bot: malformed uid "zz"')
+            assert "64 hex characters" in zz.text
+            elsewhere = await http.post("/other", json=INIT, headers=auth())
+            assert (elsewhere.status_code, elsewhere.text) == (
+                404,
+                "unknown bot: the endpoint is /mcp/<bot uid> (64 hex characters)\n",
+            )
             unlisted = await http.post(f"/mcp/{OTHER_BOT}", json=INIT, headers=auth())
             assert unlisted.status_code == 404
             for bad in (f"/mcp/{BOT}/", f"/mcp/{BOT}/x", f"/other/{BOT}"):
@@ -376,7 +389,7 @@ def test_malformed_settings_files(tmp_path: Path) -> None:
 
 def test_settings_file_quirks_follow_go(tmp_path: Path) -> None:
     """Keys match case-insensitively, unknown keys are ignored, null keeps
-    the default, and nothing is minted on load (go-brmcp.md §4.2)."""
+    the default, and nothing is minted on load (BRIDGE.md §Settings)."""
     path = tmp_path / "mcpclient.json"
     path.write_text(
         json.dumps(

@@ -208,3 +208,18 @@ async def test_1100_idle_and_trickling_connections_do_not_starve_an_agent(tmp_pa
                         await proc.wait()
                     if proc.returncode is None:
                         proc.kill()
+
+
+async def test_a_listener_cancelled_mid_serve_does_not_break_the_next_one() -> None:
+    """A daemon stopped by cancellation (its task group cancelled while
+    uvicorn serves) must leave the event loop clean: a listener started
+    afterwards in the same process, whose socket may get the same fd
+    number, answers requests (before the fix they all hung)."""
+    with anyio.fail_after(30):
+        for _round in range(3):
+            async with anyio.create_task_group() as tg:
+                listener = OwnedListener(_App(), "127.0.0.1:0", ListenerLimits())
+                host, port = await listener.start(tg)
+                async with httpx2.AsyncClient(timeout=5) as http:
+                    assert (await http.get(f"http://{host}:{port}/")).status_code == 200
+                tg.cancel_scope.cancel()  # as BridgeDaemon.run is stopped: no listener.stop()

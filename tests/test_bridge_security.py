@@ -37,9 +37,10 @@ async def test_fifty_concurrent_paid_calls_never_pass_the_daily_cap(tmp_path: Pa
             assert len(succeeded) == env.executions.get("paid", 0)
             for result in refused:
                 last = texts(result)[-1]
-                # A cap refusal, or (rarely) a call that paid while a concurrent
-                # call spent its credit first: the bot's refusal comes back after
-                # the polls, unchanged (go-brmcp.md §4.5).
+                # A cap refusal. A call that paid while a concurrent call spent its
+                # credit goes round the payment loop again within the caps (BRIDGE.md
+                # §The payment flow), so it ends in a cap refusal too; a bare
+                # payment_required is what the Go reference's bridge returns after its polls.
                 assert "would exceed the daily cap" in last or last.startswith('{"error":"payment_required"')
             # Every atom paid bought a call: nothing is left over at the bot.
             assert await env.harness.balance(CLIENT) + 500 * len(succeeded) == 500 * len(paid)

@@ -1,6 +1,7 @@
 """Bridge building blocks without a network: Go duration text, the test
 clock, TipMatcher, the payment_required parser, the Go-compatible JSON and
-the spend log file (go-brmcp.md §2.7, §4.6-4.9)."""
+the spend log file (WIRE.md §Payments; BRIDGE.md §The payment flow, §Spend log
+and approvals, §Embedding the library in another daemon; docs/interop.md §Go's JSON rules)."""
 
 from __future__ import annotations
 

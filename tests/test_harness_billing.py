@@ -1,5 +1,6 @@
 """Billing configuration: the built-in SQLite ledger or an operator's own
-Billing store (issue 4; go-brmcp.md §3.1, §3.15 TestLedgerOpensOnlyWithoutBilling)."""
+Billing store (issue 4; the Go reference's ``Billing``, karamble/brmcp
+``server/harness.go``, and ``server/billing_test.go`` TestLedgerOpensOnlyWithoutBilling)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The in-memory callKey registry (brmcp/server/callkeys.py; go-brmcp.md
-§3.6, §3.8): duplicates wait for and replay the original, refusals release
+"""The in-memory callKey registry (brmcp/server/callkeys.py; WIRE.md
+§callKey): duplicates wait for and replay the original, refusals release
 the key, outcomes expire after the window, memory stays bounded, and
 retained outcomes cost the garbage collector nothing."""
 

@@ -1,5 +1,5 @@
 """callKey idempotency and concurrency through the SDK client over the
-fabric (issue 4; go-brmcp.md §2.8, §3.6, §3.8, §3.15
+fabric (issue 4; WIRE.md §callKey; the Go reference's ``server/harness_test.go``
 TestCallKeyIdempotency)."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The paid tool gate and the per-call pipeline, through the official SDK
-client over the fabric (issue 4; go-brmcp.md §2.7, §2.10, §3.4-§3.7, §3.14,
-§3.15 TestPaidToolGate, TestRateLimit, TestToolVisibility)."""
+client over the fabric (issue 4; WIRE.md §Payments; the Go reference's
+``server/harness_test.go`` TestPaidToolGate, ``server/ratelimit_test.go``
+TestRateLimit, ``server/visibility_test.go`` TestToolVisibility)."""
 
 from __future__ import annotations
 

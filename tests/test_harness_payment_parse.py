@@ -1,6 +1,6 @@
 """``brmcp.parse_payment_required`` on Go-shaped results (issue 4;
-go-brmcp.md §2.7: scan every text content, first match wins, Go decoding
-rules)."""
+WIRE.md §Payments, "Recognising a refusal": scan every text content, first
+match wins, Go decoding rules)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The durable ledger and paid-call journal across restarts (issue 4;
-go-brmcp.md §3.8, §3.9, §3.11, §3.14, §3.15 journal_test, ledger_test,
-replay_test). A restart is a new Harness on the same data_dir."""
+WIRE.md §callKey, across restarts; the Go reference's ``server/journal_test.go``,
+``ledger_test.go``, ``replay_test.go``). A restart is a new Harness on the same data_dir."""
 
 from __future__ import annotations
 

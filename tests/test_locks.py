@@ -1,7 +1,8 @@
 """One process per identity (SECURITY.md, README "One process per identity"):
 lock files naming their holder, a second brmcp-serve / brmcp-bridge /
 brmcp-fakebr on a data directory in use refusing to start, and a second
-harness on one brclient refusing with the reason."""
+consumer of one brclient's events (harness or brmcp-bridge) refusing with
+the reason."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from serve_support import prepare_serve_dir, serve_network
 from brmcp.bridge import BridgeDaemon, BridgeError
 from brmcp.clientrpc import write_bot_config
 from brmcp.lockfile import LockHeldError, acquire, brclient_lock_path, read_holder
+from brmcp.server import Harness, HarnessConfig, HarnessError, run_bot
+from brmcp.testing.fakebr import FakeBRClient
 
 SERVE_SRC = str(Path(__file__).resolve().parents[1] / "examples" / "serve")
 ENV = {
@@ -143,4 +146,93 @@ async def test_second_bridge_daemon_on_a_data_dir_refuses(tmp_path: Path) -> Non
                 ):
                     await second.run()
                 assert json.loads((datadir / "brmcp-bridge.lock").read_text())["what"] == "brmcp-bridge"
+                tg.cancel_scope.cancel()
+
+
+def _bridge_dir(root: Path, br: FakeBRClient) -> Path:
+    """A brmcp-bridge data directory driving the fake brclient ``br``."""
+    root.mkdir()
+    write_bot_config(root / "brmcp-bridge.conf", br.bot_config(root, "brmcp-bridge"))
+    return root
+
+
+async def test_second_bridge_daemon_on_one_brclient_refuses(tmp_path: Path) -> None:
+    """Another data directory, the same brclient: the brclient lock refuses the
+    second bridge (in-process and as the brmcp-bridge command), naming the
+    first one's pid and why; once the first stopped, another may start."""
+    with anyio.fail_after(90):
+        async with fake_network(tmp_path / "br", "alice") as (_, (alice,)):
+            first = BridgeDaemon.from_datadir(_bridge_dir(tmp_path / "one", alice), listen="127.0.0.1:0")
+            async with anyio.create_task_group() as tg:
+                await tg.start(first.run)
+                other = _bridge_dir(tmp_path / "two", alice)
+                second = BridgeDaemon.from_datadir(other, listen="127.0.0.1:0")
+                with pytest.raises(BridgeError) as caught:
+                    await second.run()
+                message = str(caught.value)
+                pid = os.getpid()
+                assert message.startswith(
+                    f"another brmcp-bridge (pid {pid}) is already using the brclient at {alice.url}; "
+                )
+                assert "would each consume the other's PMs and tips" in message
+                assert brclient_lock_path(alice.certs.server_cert).name in message
+                assert "\n" not in message
+                assert not (other / "brmcp-bridge.runtime.json").exists()  # refused before starting
+
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "brmcp.bridge",
+                    "--datadir",
+                    str(other),
+                    "--listen",
+                    "127.0.0.1:0",
+                ]
+                refused = await anyio.run_process(cmd, env=ENV, check=False)
+                assert refused.returncode == 1
+                lines = refused.stderr.decode().strip().splitlines()
+                assert lines[-1].startswith(
+                    f"brmcp-bridge: another brmcp-bridge (pid {pid}) is already using the brclient at "
+                    f"{alice.url}"
+                )
+                assert "would each consume the other's PMs and tips" in lines[-1]
+                tg.cancel_scope.cancel()
+            # The first one stopped: the second may now run.
+            third = BridgeDaemon.from_datadir(other, listen="127.0.0.1:0")
+            async with anyio.create_task_group() as tg:
+                await tg.start(third.run)
+                tg.cancel_scope.cancel()
+
+
+async def test_a_bridge_and_a_harness_cannot_share_a_brclient(tmp_path: Path) -> None:
+    """Both consume the brclient's PMs and tip progress (acks are global), so
+    whichever starts second is refused, naming the other kind and its pid."""
+    pid = os.getpid()
+    with anyio.fail_after(90):
+        async with serve_network(tmp_path) as env:
+            # brmcp-serve's harness holds the bot's brclient: a bridge there is refused.
+            daemon = BridgeDaemon.from_datadir(
+                _bridge_dir(tmp_path / "bridge", env.bot), listen="127.0.0.1:0"
+            )
+            with pytest.raises(BridgeError) as refused_bridge:
+                await daemon.run()
+            assert str(refused_bridge.value).startswith(
+                f"another harness (pid {pid}) is already using the brclient at {env.bot.url}; two processes"
+                " on one brclient would each consume the other's PMs and tips"
+            )
+
+            # A bridge holds alice's brclient: a harness there is refused.
+            bridge = BridgeDaemon.from_datadir(
+                _bridge_dir(tmp_path / "alice-bridge", env.alice), listen="127.0.0.1:0"
+            )
+            async with anyio.create_task_group() as tg:
+                await tg.start(bridge.run)
+                harness = Harness(HarnessConfig(data_dir=tmp_path / "alice-bot", allowed_peers={env.bot.uid}))
+                async with env.alice.client() as client:
+                    with pytest.raises(HarnessError) as refused_harness:
+                        await run_bot(harness, client)
+                assert str(refused_harness.value).startswith(
+                    f"another brmcp-bridge (pid {pid}) is already using the brclient at {env.alice.url}; two"
+                    " processes on one brclient would each consume the other's PMs and tips"
+                )
                 tg.cancel_scope.cancel()

@@ -28,7 +28,7 @@ from bridge_support import (
 from mcp.shared.exceptions import MCPError
 
 from brmcp import RouterOptions, wire
-from brmcp.bridge import RetryPolicy
+from brmcp.bridge import ManualClock, RetryPolicy, proxy
 from brmcp.bridge.link import no_answer_hint
 from brmcp.bridge.settle import AGENT_GONE_PAID
 
@@ -108,6 +108,46 @@ async def test_bot_offline_past_the_deadline_gets_a_clear_error_and_runs_nothing
         await anyio.sleep(0.2)
         assert env.executions == {}
         assert await env.harness.balance(CLIENT) == 500
+
+
+class _WallSleepClock(ManualClock):
+    """The fixture's clock, except that a sleep (the credit polls) takes real time."""
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+        await super().sleep(seconds)
+
+
+async def test_deadline_used_up_by_credit_polls_says_so_and_what_was_paid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The payment is made but the bot never sees the credit: the polls after
+    it outlast the call's deadline, so no request is sent again. The agent
+    hears that the deadline passed while paying and waiting for the credit,
+    and what was paid, not "no reply within 0 s after 0 send(s)"."""
+    options = RouterOptions(ttl=2.0)
+    monkeypatch.setattr(proxy, "POLL_INTERVAL", 2.5)
+    clock = _WallSleepClock(1_800_000_000, auto=True)
+    async with (
+        bridge_env(tmp_path, retry=FAST, router_options=options, clock=clock) as env,
+        env.session() as session,
+    ):
+
+        async def pay_without_credit(payee: str, atoms: int) -> None:
+            return None  # paid, but the bot's ledger never sees it
+
+        env.payer.behaviour = pay_without_credit
+        with anyio.fail_after(30), pytest.raises(MCPError) as failure:
+            await call(session, "paid", {"text": "x"})
+        message = failure.value.error.message
+        assert message == (
+            f"the call's deadline passed while paying bot {BOT[:8]} and waiting for it to see the credit;"
+            " paid 500 atoms for this call (1 payment(s)); credit the bot did not use stays there for"
+            " later calls"
+        )
+        assert "0 send(s)" not in message
+        assert env.payer.calls == [(BOT, 500)]
+        assert env.executions == {}
 
 
 async def test_unanswered_initialize_names_the_likely_causes(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 serve app on a fake brclient with a caller on another (tools/list, a free
 call, payment_required, a tip, the keyed retry charged once), hot reload of
 the allowlist and rate, and the console command with SIGHUP/SIGTERM
-(go-brmcp.md §5)."""
+(README §Running a real bot)."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ async def _run_workload(
 # really re-sent). The transport's guarantee is the client-side one asserted
 # below: each call gets exactly one outcome, never another call's response.
 # Executing a paid tool at most once is the serving harness's job, keyed by
-# the caller's brmcp/callKey (go-brmcp.md §2.8, §3.8), not the transport's.
+# the caller's brmcp/callKey (WIRE.md §callKey), not the transport's.
 @pytest.mark.anyio  # explicit: conftest adds the marker too late for parametrized tests
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_duplicates_reordering_jitter_and_an_outage(seed: int) -> None:

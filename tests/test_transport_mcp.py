@@ -1,6 +1,6 @@
 """The official MCP SDK client and server, unmodified, over Router + Conn +
 Fabric: the handshake flow, caller identity, a multi-part result,
-concurrency and both protocol eras (issue 3; go-brmcp.md §2)."""
+concurrency and both protocol eras (issue 3; WIRE.md §Sessions, §Eras)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ async def test_initialize_list_and_call_with_caller_identity() -> None:
         assert conn.session_id == f"{BOT}/{conn.sid}"
         async with ClientSession(conn.read_stream, conn.write_stream, read_timeout_seconds=10) as s:
             init = await s.initialize()
-            # The handshake era is what our client speaks over BR (go-brmcp.md §2.10).
+            # The handshake era is what our client speaks over BR (WIRE.md §Eras).
             assert init.protocol_version == "2025-11-25"
             assert init.server_info.name == "brmcp-test-bot"
             listed = await s.list_tools()
@@ -68,7 +68,7 @@ async def test_outgoing_pms_are_compact_envelopes_with_ttl_deadline() -> None:
     for _, text in captured:
         part = wire.parse(text)
         assert part is not None
-        # exp = floor(now + ttl), never 0 (go-brmcp.md §2.4).
+        # exp = floor(now + ttl), never 0 (WIRE.md §Deadlines).
         assert math.floor(start + 30.0) <= part.exp <= math.floor(end + 30.0)
         # Compact JSON: no whitespace after separators.
         assert b'": ' not in part.chunk

@@ -1,4 +1,4 @@
-"""Router session semantics (go-brmcp.md §2.2-§2.5): chat on the same thread,
+"""Router session semantics (WIRE.md §Sessions): chat on the same thread,
 allow-listing, idle expiry and re-creation, the per-peer cap, inbox
 overflow, deadlines, send failures and the router's lifecycle."""
 
@@ -179,7 +179,7 @@ async def test_inbox_overflow_closes_the_session() -> None:
             inbox = accepted[0].read_stream
             with pytest.raises(anyio.EndOfStream):
                 inbox.receive_nowait()
-            # More traffic on that sid starts a new session (go-brmcp.md §2.3).
+            # More traffic on that sid starts a new session (WIRE.md §Sessions, Closing).
             await conn.write_stream.send(_notification())
             await until(lambda: len(accepted) == 2)
             assert accepted[1].sid == accepted[0].sid == conn.sid
@@ -259,7 +259,7 @@ async def test_server_send_failure_closes_the_server_session() -> None:
         assert isinstance(served.error.__cause__, LinkDownError)
         assert served.peer == ALICE
         # The SDK's courtesy notifications/cancelled for the timed-out call re-creates a
-        # session under the same sid (go-brmcp.md §2.3); the failed one stays closed.
+        # session under the same sid (WIRE.md §Sessions, Closing); the failed one stays closed.
         await until(lambda: bot.accepts == 2)
         assert bot.conns[1].sid == served.sid
         assert server.stats.sessions_closed == 1

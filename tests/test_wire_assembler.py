@@ -1,5 +1,5 @@
-"""One test per reassembly rule (WIRE.md §Reassembly, §Reassembly bounds;
-go-brmcp.md §1.5), plus the Go reference's assembler tests."""
+"""One test per reassembly rule (WIRE.md §Reassembly, §Reassembly bounds),
+plus the Go reference's assembler tests (karamble/brmcp, ``wire/wire_test.go``)."""
 
 from __future__ import annotations
 
@@ -295,7 +295,7 @@ def test_clear_peer_drops_only_that_peer() -> None:
     assert state(assembler, "a", "b") == (1, 3, (0, 1))
 
 
-# --- the Go reference's wire tests (go-brmcp.md §9) --------------------------------
+# --- the Go reference's wire tests (karamble/brmcp, wire/wire_test.go) ---------------
 
 
 def test_go_pending_per_peer_bound() -> None:

@@ -1,6 +1,6 @@
 """Focused tests of parse, encode and the deadline rule (WIRE.md §Grammar,
 §Parsing, §Chunking, §Identifiers, §Deadlines), including the Go
-reference's wire tests (go-brmcp.md §9)."""
+reference's wire tests (karamble/brmcp, ``wire/wire_test.go``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Exactness: ``wire.parse`` and ``wire.Assembler`` against the literal Go
 model in tests/_gomodel.py, on generated strings that sit close to the
-grammar (go-brmcp.md §1.2, §1.5). Any disagreement is a bug in one of them."""
+grammar (WIRE.md §Parsing, §Reassembly). Any disagreement is a bug in one of them."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 An agent connects to ``http://127.0.0.1:PORT/mcp/<bot uid>`` with a bearer
 token; the bridge relays over BR PMs and pays for tools under the user's
 policy (caps, approval or autopay). Behaviour and file formats follow the Go
-reference (go-brmcp.md §4); see BRIDGE.md.
+reference (karamble/brmcp, ``bridge/``); see BRIDGE.md, and its §Differences
+from the Go reference.
 
 * :class:`Bridge` / :class:`BridgeConfig`: the bridge and what the host
   supplies; :class:`Payer` is the host's way to move money;

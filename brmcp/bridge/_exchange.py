@@ -167,17 +167,28 @@ class ExchangeMixin:
             gap = self.rtt.rto
             due = start + gap
             last_send = start
+            held = quiet is not None and not quiet.is_set()
             while not done.is_set():
                 now = anyio.current_time()
                 if now >= end:
                     break
                 with anyio.move_on_after(max(0.0, min(due, end) - now)):
-                    await _first_of(done, wakes[-1])
+                    if held:
+                        assert quiet is not None
+                        await _first_of(done, wakes[-1], quiet)
+                    else:
+                        await _first_of(done, wakes[-1])
                 if done.is_set():
                     break
                 now = anyio.current_time()
                 if now >= end:
                     break
+                if held and quiet is not None and quiet.is_set():
+                    # The hold just ended: the bot answers one round trip from now.
+                    held = False
+                    heard = now
+                    due = now + gap
+                    continue
                 if wakes[-1].is_set():
                     # A copy failed in transport: send the next one soon, not at once.
                     wakes[-1] = anyio.Event()
@@ -205,8 +216,12 @@ class ExchangeMixin:
             return reply
         waited = anyio.current_time() - start
         why = f" (last failure: {_describe(last[-1])})" if last else ""
+        took = f"{waited:.0f}" if waited >= 1 else f"{waited:.1f}"
+        text = f"no reply from bot {self.uid[:8]} within {took} s after {sends} send(s){why}"
+        if sends == 0:
+            text = f"the call's deadline passed before the request could be sent to bot {self.uid[:8]}{why}"
         raise DeadlineError(
-            f"no reply from bot {self.uid[:8]} within {waited:.0f} s after {sends} send(s){why}",
+            text,
             sends=sends,
             seconds=waited,
         )

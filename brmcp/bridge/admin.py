@@ -33,7 +33,15 @@ from starlette.types import Receive, Scope, Send
 from ._asgi import PathHandler, read_body, send_json
 from .approvals import PendingPayment
 from .errors import BridgeError, SettingsError
-from .settings import MODE_APPROVAL, MODE_AUTOPAY, Settings, is_uid, setting_names, settings_from_json
+from .settings import (
+    MODE_APPROVAL,
+    MODE_AUTOPAY,
+    Settings,
+    check_new_token,
+    is_uid,
+    setting_names,
+    settings_from_json,
+)
 from .spend import SpendSummary
 from .ui import TICKET_TTL, UISessions
 
@@ -206,6 +214,7 @@ async def _set_settings(bridge: AdminHost, receive: Receive, send: Send) -> None
         await send_json(send, 400, {"error": f"unknown setting {unknown[0]!r}"})
         return
     try:
+        check_new_token(changes.get("token"))
         candidate = settings_from_json(body, base=bridge.settings)
         if changes.get("mode") is not None and candidate.mode not in (MODE_APPROVAL, MODE_AUTOPAY):
             # Loading a file keeps Go's rule (anything else means approval);

@@ -1,4 +1,4 @@
-"""Payments parked for the user's decision (go-brmcp.md §4.7).
+"""Payments parked for the user's decision (BRIDGE.md §Spend log and approvals).
 
 Kept in memory only: a restart drops every parked payment, which denies it
 (the waiting call dies with the process).

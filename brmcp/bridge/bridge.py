@@ -1,5 +1,5 @@
 """The client bridge: a local MCP endpoint per bot, under the user's spending
-policy (go-brmcp.md §4; BRIDGE.md).
+policy (BRIDGE.md).
 
 Stock MCP agents connect to ``http://127.0.0.1:PORT/mcp/<bot uid>`` with a
 bearer token and see an ordinary MCP server; behind it the bridge relays over
@@ -31,7 +31,7 @@ from .errors import BridgeError
 from .funding import Funding
 from .http import MAX_BODY_BYTES, BridgeApp
 from .link import CONNECT_TIMEOUT, BotLink
-from .listener import ListenerLimits, OwnedListener, parse_listen_address
+from .listener import ListenerLimits, OwnedListener, bind_failure_hint, parse_listen_address
 from .proxy import BotProxy
 from .retry import RetryPolicy
 from .settings import SETTINGS_FILE, Settings, describe_changes, load_settings, mint_token, save_settings
@@ -55,7 +55,7 @@ ADMIN_TOKEN_FILE = "mcpadmin.token"
 
 @dataclass(frozen=True, slots=True)
 class BridgeConfig:
-    """What the host supplies (go-brmcp.md §4.1).
+    """What the host supplies (BRIDGE.md §Embedding the library in another daemon).
 
     * ``data_dir``: directory for ``mcpclient.json`` (settings),
       ``mcpspend.json`` (spend log) and ``mcpadmin.token``. Required.
@@ -274,7 +274,7 @@ class Bridge:
         return self._settings.allows(peer)
 
     async def apply_settings(self, settings: Settings) -> Settings:
-        """Apply and persist ``settings`` hot (go-brmcp.md §4.2): defaults
+        """Apply and persist ``settings`` hot (BRIDGE.md §Settings): defaults
         are applied, allowed bots validated, a 32-hex token minted when
         enabled without one; the file is written atomically (mode 0600);
         links of de-listed bots are closed; the owned listener is started,
@@ -358,7 +358,7 @@ class Bridge:
                 try:
                     bound = await listener.start(tg)
                 except OSError as exc:
-                    raise BridgeError(f"listen {address}: {exc}") from None
+                    raise BridgeError(f"listen {address}: {exc}{bind_failure_hint(exc)}") from None
                 self._listener = listener
                 self._listener_token = settings.token
                 url = _http_url(bound, address)

@@ -72,6 +72,7 @@ from .settings import (
     MODE_AUTOPAY,
     SETTINGS_FILE,
     Settings,
+    check_new_token,
     is_uid,
     load_settings,
     mint_token,
@@ -357,6 +358,12 @@ def _parse_pairs(pairs: Sequence[str]) -> dict[str, Any]:
                 raise CLIError(f"{key}={value!r}: not an integer number of {_unit(key)}") from None
         elif key in ("allowed_bots", "prepay_bots"):
             changes[key] = [uid.strip() for uid in value.split(",") if uid.strip()]
+        elif key == "token":
+            try:
+                check_new_token(value)
+            except SettingsError as exc:
+                raise CLIError(str(exc)) from None
+            changes[key] = value
         else:
             changes[key] = value
     return changes

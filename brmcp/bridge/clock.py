@@ -4,7 +4,7 @@ duration text.
 The bridge reads the time (spend-log timestamps, the rolling 24-hour window,
 approval ``created``) and waits (the 3 s credit polls, the approval timeout)
 only through a :class:`Clock`, so tests can move time forward instead of
-sleeping (go-brmcp.md §4.1 ``Clock``).
+sleeping (BRIDGE.md §Embedding the library in another daemon, ``clock``).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class ManualClock:
 def go_duration(seconds: float) -> str:
     """Format a duration as Go's ``time.Duration.String`` does: ``2m0s`` for
     120 s, ``1m30s``, ``30s``, ``1h0m0s``, ``1.5s``, ``250ms``, ``0s``
-    (go-brmcp.md §4.6: the approval-timeout note)."""
+    (BRIDGE.md §The payment flow: ``approval timed out after 2m0s``)."""
     ns = round(seconds * 1_000_000_000)
     if ns == 0:
         return "0s"

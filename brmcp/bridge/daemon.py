@@ -1,6 +1,7 @@
 """The standalone bridge daemon (``brmcp-bridge``): a :class:`Bridge` hosted on
 the user's running brclient through clientrpc (BRIDGE.md "Running the
-daemon"; go-brmcp.md §4, §4.9; clientrpc.md §4.4, §6).
+daemon", §Embedding the library in another daemon for ``TipMatcher``;
+clientrpc.md §4.4, §6).
 
 What the daemon supplies to the bridge:
 
@@ -55,7 +56,7 @@ from ..clientrpc import (
     load_or_create_bot_config,
 )
 from ..clientrpc._glue import Acker, connection_signals, flush_on_connect
-from ..lockfile import FileLock, acquire_datadir
+from ..lockfile import FileLock, acquire_brclient, acquire_datadir
 from ..router import RouterOptions
 from ._files import read_text, write_atomic
 from .approvals import PendingPayment
@@ -94,7 +95,8 @@ LOCK_FILE = "brmcp-bridge.lock"
 #: Written while the daemon runs: ``{"pid", "started", "listen", "url", "sighup"}`` (JSON,
 #: mode 0600); see :func:`read_runtime`.
 RUNTIME_FILE = "brmcp-bridge.runtime.json"
-#: ``TipUser`` invoice attempts per payment (go-brmcp.md §5 "Pay steps").
+#: ``TipUser`` invoice attempts per payment (BRIDGE.md §Running the daemon; the Go
+#: reference, karamble/brmcp, `cmd/brmcp-serve/main.go`, pays with 3 attempts too).
 TIP_MAX_ATTEMPTS = 3
 #: ``brmcp-bridge.conf`` key: a command run on each new payment waiting for approval.
 NOTIFY_KEY = "approvalnotify"
@@ -459,19 +461,26 @@ class BridgeDaemon:
         is the daemon, once the listener (if enabled) is bound and the
         runtime file written; brclient may still be unreachable (the client
         retries with backoff). Raises :class:`BridgeError` when the address
-        cannot be bound or another daemon runs on the same data directory.
-        Runs once."""
+        cannot be bound, another daemon runs on the same data directory, or
+        another program consumes the same brclient's events (a second
+        bridge or a harness: the one-consumer-per-brclient lock of
+        :func:`brmcp.lockfile.acquire_brclient`, taken before any stream
+        opens; the error names the holder's pid). Runs once."""
         if self._ran:
             raise RuntimeError("BridgeDaemon.run can be called only once")
         self._ran = True
-        lock = await anyio.to_thread.run_sync(self._lock_datadir)
-        try:
+        with contextlib.ExitStack() as locks:
+            locks.enter_context(await anyio.to_thread.run_sync(self._lock_datadir))
+            locks.enter_context(await anyio.to_thread.run_sync(self._lock_brclient))
             await self._run(handle_signals, task_status)
-        finally:
-            lock.release()
 
     def _lock_datadir(self) -> FileLock:
         return acquire_datadir(self.datadir, LOCK_FILE, what="brmcp-bridge", error=BridgeError)
+
+    def _lock_brclient(self) -> FileLock:
+        return acquire_brclient(
+            self.client.server_cert, self.client.url, what="brmcp-bridge", error=BridgeError
+        )
 
     async def _run(self, handle_signals: bool, task_status: anyio.abc.TaskStatus[BridgeDaemon]) -> None:
         other = await anyio.to_thread.run_sync(read_runtime, self.datadir)

@@ -14,4 +14,4 @@ class BridgeError(Exception):
 
 class SettingsError(BridgeError, ValueError):
     """Settings that fail validation, e.g. ``allowed bot "<x>" is not a
-    64-hex uid`` (go-brmcp.md §4.2); the prior settings stay in force."""
+    64-hex uid`` (BRIDGE.md §Settings); the prior settings stay in force."""

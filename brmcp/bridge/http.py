@@ -1,5 +1,5 @@
-"""The bridge's HTTP surface: a pure ASGI app (go-brmcp.md §4.3, plus the
-hardening listed in BRIDGE.md §Security).
+"""The bridge's HTTP surface: a pure ASGI app (BRIDGE.md §Security model: the
+reference's gate plus the hardening listed there).
 
 Every request passes the gate in this order:
 
@@ -12,7 +12,8 @@ Every request passes the gate in this order:
    bare token is refused) → 401 with ``WWW-Authenticate: Bearer`` and a JSON
    body saying where the token comes from; ``/admin/…``: the admin token →
    the same 401;
-4. path ``/mcp/<64-hex uid>`` (case-insensitive) else 404 ``unknown bot``;
+4. path ``/mcp/<64-hex uid>`` (case-insensitive) else 404 ``unknown bot:
+   malformed uid …`` saying a uid is 64 hex characters;
    a uid not on ``allowed_bots`` → 404 naming the command that allows it;
 5. method not GET/POST/DELETE → 405; a POST body that is not
    ``application/json`` → 415, larger than the limit → 413, not JSON → 400
@@ -153,6 +154,21 @@ async def send_unauthorized(send: Send, hint: str) -> None:
         401,
         {"error": "unauthorized", "error_description": hint},
         headers=[(b"www-authenticate", challenge.encode("latin-1", "replace"))],
+    )
+
+
+def malformed_uid_text(path: str) -> str:
+    """The 404 text for a path that is not ``/mcp/<64-hex uid>``: Go's
+    ``unknown bot``, followed by what was wrong (the uid as sent, shortened
+    and quoted, when the path starts with ``/mcp/``)."""
+    if not path.startswith("/mcp/"):
+        return "unknown bot: the endpoint is /mcp/<bot uid> (64 hex characters)"
+    shown = path[len("/mcp/") :]
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return (
+        f"unknown bot: malformed uid {json.dumps(shown)} in the path "
+        "(a bot uid is 64 hex characters: /mcp/<bot uid>)"
     )
 
 
@@ -483,7 +499,7 @@ class BridgeApp:
             return
         uid = path[len("/mcp/") :].lower() if path.startswith("/mcp/") else ""
         if len(uid) != 64 or not set(uid) <= _HEX:
-            await send_text(send, 404, "unknown bot")
+            await send_text(send, 404, malformed_uid_text(path))
             return
         if not settings.allows(uid):
             await send_text(send, 404, not_allowed_hint(uid))

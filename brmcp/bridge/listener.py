@@ -1,12 +1,14 @@
-"""The bridge's own loopback HTTP listener (go-brmcp.md §4.3 "Owned
-listener"): uvicorn serving the bridge's ASGI app on one socket, started and
-stopped at runtime inside a task group the bridge owns, with a header-read
-timeout, a keep-alive timeout and a connection cap (:class:`ListenerLimits`)."""
+"""The bridge's own loopback HTTP listener (BRIDGE.md §Embedding the library
+in another daemon, ``listen``; §Listener limits): uvicorn serving the bridge's
+ASGI app on one socket, started and stopped at runtime inside a task group the
+bridge owns, with a header-read timeout, a keep-alive timeout and a connection
+cap (:class:`ListenerLimits`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 import socket
@@ -19,7 +21,7 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["ListenerLimits", "OwnedListener", "parse_listen_address"]
+__all__ = ["ListenerLimits", "OwnedListener", "bind_failure_hint", "parse_listen_address"]
 
 log = logging.getLogger("brmcp.bridge")
 
@@ -156,6 +158,19 @@ def parse_listen_address(address: str) -> tuple[str, int]:
     return host, port
 
 
+def bind_failure_hint(exc: OSError) -> str:
+    """What to add to a bind failure's message: how to pick another address.
+    The address comes only from ``brmcp-bridge --listen`` (default
+    ``127.0.0.1:8891``); ``brmcp-bridge.conf`` has no key for it, like the Go
+    bridge, whose listen address is host start-up configuration."""
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            " (another program, perhaps another brmcp-bridge, is using that port: start brmcp-bridge "
+            "with --listen 127.0.0.1:<free port> to pick another; brmcp-bridge.conf has no key for it)"
+        )
+    return " (start brmcp-bridge with --listen HOST:PORT to pick another loopback address)"
+
+
 class _Server(uvicorn.Server):
     """uvicorn without process signal handling: the host owns signals."""
 
@@ -218,6 +233,13 @@ class OwnedListener:
                 except Exception:
                     log.exception("bridge listener on %s:%d failed", self._host, self._port)
                 finally:
+                    # Cancelled inside uvicorn's serve loop, uvicorn never
+                    # closes its asyncio servers: the event loop would keep
+                    # watching this fd number, and a later socket given the
+                    # same number (a listener restarted in this process)
+                    # would never be polled. Close them before the socket.
+                    for listening in getattr(server, "servers", ()):
+                        listening.close()
                     sock.close()
                     self._done.set()
 

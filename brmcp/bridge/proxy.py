@@ -413,7 +413,12 @@ class BotProxy:
             except DeadlineError as exc:
                 if tracked is not None:
                     tracked.unknown = True  # the bot may have run it: a re-send reuses the key
-                raise MCPError(INTERNAL_ERROR, f"{exc}; {_charged(paid_atoms, payments)}") from None
+                late = payments and not exc.sends  # paying and the credit polls used the deadline
+                text = f"the call's deadline passed while paying bot {bot[:8]} and waiting for it to see "
+                text += "the credit"
+                raise MCPError(
+                    INTERNAL_ERROR, f"{text if late else exc}; {_charged(paid_atoms, payments)}"
+                ) from None
             except LinkError as exc:
                 raise MCPError(
                     INTERNAL_ERROR, f"bot unavailable: {exc}; {_charged(paid_atoms, payments)}"

@@ -1,4 +1,4 @@
-"""The user's bridge policy, stored as ``mcpclient.json`` (go-brmcp.md §4.2).
+"""The user's bridge policy, stored as ``mcpclient.json`` (BRIDGE.md §Settings).
 
 The file has exactly the Go reference's keys, order and layout, so either
 implementation reads what the other wrote::
@@ -33,10 +33,12 @@ from .errors import BridgeError, SettingsError
 __all__ = [
     "DEFAULT_APPROVAL_TIMEOUT_SECS",
     "DEFAULT_TIP_WAIT_SECS",
+    "MIN_TOKEN_CHARS",
     "MODE_APPROVAL",
     "MODE_AUTOPAY",
     "SETTINGS_FILE",
     "Settings",
+    "check_new_token",
     "is_uid",
     "load_settings",
     "mint_token",
@@ -55,6 +57,10 @@ MODE_AUTOPAY = "autopay"
 DEFAULT_APPROVAL_TIMEOUT_SECS = 120
 #: Seconds a payment may take to be confirmed (used when the field is ≤ 0).
 DEFAULT_TIP_WAIT_SECS = 180
+
+#: Shortest agent token a user may set (a minted one has 32); the admin
+#: token file has the same floor.
+MIN_TOKEN_CHARS = 16
 
 _UID_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -78,7 +84,7 @@ def is_uid(value: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """The bridge policy (go-brmcp.md §4.2). Immutable; derive changed
+    """The bridge policy (BRIDGE.md §Settings). Immutable; derive changed
     copies with :meth:`replace`.
 
     * ``enabled``: serve the local endpoint at all.
@@ -91,7 +97,7 @@ class Settings:
     * ``approval_timeout_secs``: how long a parked payment waits (≤ 0: 120).
     * ``tip_wait_secs``: how long a payment may take (≤ 0: 180).
     * ``prepay_bots``: bot uids whose balance the bridge keeps topped up
-      ahead of need (BRIDGE.md §Prepay); None or empty: prepay is off.
+      ahead of need (BRIDGE.md §Pay alongside and prepay); None or empty: prepay is off.
       Written only when set (the Go reference has no such key and ignores it).
     """
 
@@ -221,6 +227,24 @@ def setting_names() -> tuple[str, ...]:
 def mint_token() -> str:
     """A fresh bearer token: 16 random bytes as 32 lowercase hex."""
     return secrets.token_hex(16)
+
+
+def check_new_token(token: object) -> None:
+    """Refuse a bearer token a user sets (``settings set token=…``, the admin
+    API) that is too short to be a secret: non-empty, at least
+    :data:`MIN_TOKEN_CHARS` characters, no whitespace (it goes in an
+    ``Authorization: Bearer`` header). Empty is allowed: enabling mints one.
+    Files are not checked on load, so a Go bridge's file still loads.
+    Raises :class:`SettingsError` with one line."""
+    if not isinstance(token, str) or not token:
+        return
+    if any(ch.isspace() for ch in token):
+        raise SettingsError("token must not contain spaces")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise SettingsError(
+            f"token is {len(token)} character(s): use at least {MIN_TOKEN_CHARS} "
+            f"(or token= and enabled=true to have a random one minted)"
+        )
 
 
 def settings_from_json(text: str | bytes, *, base: Settings | None = None) -> Settings:

@@ -1,5 +1,5 @@
 """Deciding and making one payment: caps, approval, spend recording
-(go-brmcp.md §4.6).
+(BRIDGE.md §The payment flow, §Security model "The caps apply in both modes").
 
 Order of a settlement:
 
@@ -77,7 +77,8 @@ class Payer(Protocol):
 def cap_refusal(settings: Settings, amount: int, spent: int) -> str | None:
     """The refusal text when paying ``amount`` atoms with ``spent`` atoms
     already counted in the rolling day breaks a cap, else None
-    (go-brmcp.md §4.6 steps 3-4)."""
+    (BRIDGE.md §Settings for the caps: ≤ 0 means never pay, an exact fill
+    is allowed; BRIDGE.md §The payment flow for the texts)."""
     cap = settings.per_call_cap_atoms
     if cap <= 0 or amount > cap:
         return f"{amount} atoms exceeds the per-call cap ({cap})"
@@ -207,7 +208,7 @@ class Settler:
         """Pay what ``bot`` asked for ``tool``. Returns None once the payment
         is confirmed, else the reason nothing (certain) was paid, as shown
         to the agent after ``<name>: payment not made: ``. ``prepay``: a
-        payment ahead of need (BRIDGE.md §Prepay), marked so in the spend
+        payment ahead of need (BRIDGE.md §Pay alongside and prepay), marked so in the spend
         log and in the approval queue (``<tool> (prepayment)``); the caps
         and the approval mode apply as to any payment.
 

@@ -1,5 +1,5 @@
 """Per-bot snapshots that survive restarts: the bot's tool list, the MCP
-era it speaks and the capabilities it declared (BRIDGE.md §Snapshots).
+era it speaks and the capabilities it declared (BRIDGE.md §Eras and snapshots).
 
 One file per bot, ``<data_dir>/mcpsnapshots/<uid>.json``, written
 atomically with mode 0600 (the directory 0700)::

@@ -1,4 +1,4 @@
-"""The spend log ``mcpspend.json`` (go-brmcp.md §4.8).
+"""The spend log ``mcpspend.json`` (BRIDGE.md §Spend log and approvals).
 
 A JSON array of entries, oldest first, each with the keys (in this order)
 ``ts`` (unix seconds), ``bot`` (payee uid), ``tool``, ``rail`` (``"tip"``),
@@ -65,7 +65,7 @@ class SpendEntry:
     """One payment attempt: ``ts`` unix seconds when it was launched,
     ``bot`` the payee uid, ``tool`` the tool that asked, ``rail`` ``"tip"``,
     ``atoms`` the amount, ``status`` and ``err`` as in the module docs;
-    ``prepay`` marks a prepayment (BRIDGE.md §Prepay): money sent ahead of
+    ``prepay`` marks a prepayment (BRIDGE.md §Pay alongside and prepay): money sent ahead of
     need, written ``"prepay": true`` (omitted otherwise; the Go reference
     ignores the key)."""
 

@@ -1,4 +1,5 @@
-"""Match outbound tips with their terminal progress events (go-brmcp.md §4.9).
+"""Match outbound tips with their terminal progress events (BRIDGE.md
+§Embedding the library in another daemon, ``TipMatcher``).
 
 brclient reports tip progress without the id of the attempt that caused it,
 so a host that pays with tips registers what it is waiting for (payee uid and

@@ -1,7 +1,7 @@
 """The operator's side: serve priced MCP tools to allowed BR peers.
 
 * :class:`Harness` / :class:`HarnessConfig`: tools, the per-call pipeline,
-  the durable ledger and paid-call journal (go-brmcp.md §3), plus free
+  the durable ledger and paid-call journal (WIRE.md §Payments, §callKey), plus free
   resources, resource templates, prompts and completions;
 * :class:`CallContext`: what a tool handler learns about its call;
   :class:`PeerContext`: what a resource, prompt or completion handler learns;

@@ -1,5 +1,5 @@
-"""The per-call money pipeline of the harness (go-brmcp.md §3.6; WIRE.md
-§Payments, §callKey, §Pay alongside, §Receipts): callKey claim, rate limit,
+"""The per-call money pipeline of the harness (WIRE.md §Payments "Server
+order per call", §callKey, §Pay alongside, §Receipts): callKey claim, rate limit,
 price, debit (or the pay-alongside hold, or ``payment_required``), handler,
 the deliverability check, and settlement (journal, refund of a failed paid
 call, the outcome kept for duplicates). :class:`CallPipeline` is owned by
@@ -33,7 +33,7 @@ __all__ = ["OUTCOME_CAP", "CallPipeline", "outcome_json_for_error", "response_ov
 log = logging.getLogger("brmcp.server")
 
 #: Outcomes whose JSON is at most this many bytes are kept in the journal
-#: and replayed after a restart (go-brmcp.md §3.9).
+#: and replayed after a restart (WIRE.md §callKey).
 OUTCOME_CAP = 64 * 1024
 #: The JSON-RPC id assumed when the request's own is unknown (a direct
 #: :meth:`Harness.call`): the longest an int64 id prints.
@@ -94,7 +94,7 @@ class CallPipeline:
         request: Any = None,
         alongside: int = 0,
     ) -> CallToolResult:
-        """The per-call pipeline (go-brmcp.md §3.6): callKey claim → rate
+        """The per-call pipeline (WIRE.md §Payments, server order): callKey claim → rate
         limit → price → debit or payment_required → handler. ``alongside``
         is the ``brmcp/payAlongside`` mark (atoms being tipped, 0 = none): an
         underfunded call is then held for the credit

@@ -1,4 +1,5 @@
-"""The pluggable balance store (go-brmcp.md §3.1, Billing).
+"""The pluggable balance store (the Go reference's ``Billing``: karamble/brmcp,
+``server/harness.go``).
 
 The harness keeps balances in its own SQLite database by default, where each
 money movement and its journal row commit in one transaction. An operator

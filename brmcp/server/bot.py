@@ -1,6 +1,6 @@
 """Bot glue: serve a :class:`~brmcp.server.Harness` through a running brclient
-over clientrpc (go-brmcp.md §3.12; clientrpc.md §6 "What brmcp server/bot.go
-does").
+over clientrpc (the Go reference, karamble/brmcp, ``server/bot.go``; WIRE.md
+§Payments for the tip credit; clientrpc.md §6 "What brmcp server/bot.go does").
 
 Three consumers run side by side, each acknowledging an event only after it
 was processed (at-least-once; clientrpc.md §4.3):
@@ -32,7 +32,7 @@ import anyio.abc
 
 from ..clientrpc import Client, ClientrpcError, ReceivedPM, ReceivedTip, Subscription, TipProgressEvent
 from ..clientrpc._glue import Acker, call_hook, connection_signals, flush_on_connect
-from ..lockfile import FileLock, LockHeldError, acquire, brclient_lock_path
+from ..lockfile import HARNESS, FileLock, acquire_brclient
 from ..router import Router
 from ..wire import is_envelope
 from .harness import Harness, HarnessError
@@ -96,8 +96,9 @@ async def run_bot(
     Before subscribing, this takes the lock
     :func:`brmcp.lockfile.brclient_lock_path` (named after brclient's
     certificate, so it is the same for every program driving that
-    brclient) and raises :class:`HarnessError` saying why and naming the
-    holder's pid when another harness holds it.
+    brclient; ``brmcp-bridge`` takes it too) and raises
+    :class:`HarnessError` saying why and naming the holder's pid when
+    another harness or bridge holds it.
 
     When the harness has no tip history yet (a new data directory), tips
     already waiting in brclient's replay log are credited as usual, and one
@@ -119,24 +120,13 @@ async def run_bot(
 
 
 def lock_brclient(client: Client) -> FileLock:
-    """Take the one-harness-per-brclient lock for ``client``'s brclient (see
-    :func:`run_bot`; blocking file I/O, run it in a thread from async code).
-    Raises :class:`HarnessError` naming the holder's pid, or when the lock or
-    brclient's certificate cannot be opened."""
-    try:
-        path = brclient_lock_path(client.server_cert)
-    except OSError as exc:
-        raise HarnessError(f"cannot read brclient's certificate {client.server_cert}: {exc}") from None
-    try:
-        return acquire(path, what="brmcp harness", detail=f"brclient at {client.url}")
-    except LockHeldError as exc:
-        raise HarnessError(
-            f"another harness (pid {exc.pid}) is already serving the brclient at {client.url}; two "
-            "harnesses on one brclient would both consume its tips and PMs (brclient's acks are global), "
-            f"crediting callers' tips to the wrong ledger: stop the other one first (lock {path})"
-        ) from None
-    except OSError as exc:
-        raise HarnessError(f"cannot create the brclient lock {path}: {exc}") from None
+    """Take the one-consumer-per-brclient lock for ``client``'s brclient (see
+    :func:`run_bot` and :func:`brmcp.lockfile.acquire_brclient`, which a
+    ``brmcp-bridge`` on the same brclient takes too; blocking file I/O, run
+    it in a thread from async code). Raises :class:`HarnessError` naming the
+    holder and its pid, or when the lock or brclient's certificate cannot be
+    opened."""
+    return acquire_brclient(client.server_cert, client.url, what=HARNESS, error=HarnessError)
 
 
 async def _run_bot(

@@ -139,7 +139,7 @@ class CallKeyRegistry:
         ``answer`` is the refusal the original got (``payment_required``,
         rate limited...): the duplicates waiting right now get the same
         answer, so two deliveries of one request are answered alike
-        (WIRE.md §Journal). Later calls with the key run afresh."""
+        (WIRE.md §callKey). Later calls with the key run afresh."""
         if self._claims.get(claim.key) is claim:
             del self._claims[claim.key]
         claim.refusal = reason

@@ -27,7 +27,8 @@ class HarnessError(Exception):
 
 @dataclass(slots=True)
 class HarnessConfig:
-    """Harness settings (go-brmcp.md §3.1).
+    """Harness settings (the Go reference's ``HarnessConfig``: karamble/brmcp,
+    ``server/harness.go``).
 
     * ``data_dir``: holds the SQLite database (balances, paid-call journal,
       processed tips, audit rows). Required unless ``billing`` is set.

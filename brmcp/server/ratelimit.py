@@ -1,4 +1,4 @@
-"""Per-caller token buckets (go-brmcp.md §3.7)."""
+"""Per-caller token buckets (WIRE.md §Payments, server order step 2)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 __all__ = ["RATE_LIMITED_TEXT", "RateLimiter"]
 
-#: What a caller whose bucket is empty is told (go-brmcp.md §3.7).
+#: What a caller whose bucket is empty is told (WIRE.md §Payments).
 RATE_LIMITED_TEXT = "rate limited; retry later"
 
 

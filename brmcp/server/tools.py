@@ -1,6 +1,7 @@
 """Tool registration: schemas, argument validation, prices, results.
 
-Two ways to register (go-brmcp.md §3.4 for the ``_meta`` rules):
+Two ways to register (WIRE.md §Payments "Prices in tools/list" for the
+``_meta`` rules):
 
 * :func:`spec_from_function` derives the input schema from a handler's type
   hints: ``async def fortune(ctx: CallContext, topic: str = "") -> dict``;
@@ -40,7 +41,7 @@ class ToolArgumentError(ValueError):
 @dataclass(eq=False)
 class ToolSpec:
     """A registered tool. ``price_atoms`` is the fixed price (ignored when
-    ``price`` is set); the advertised ``_meta`` follows go-brmcp.md §3.4."""
+    ``price`` is set); the advertised ``_meta`` follows WIRE.md §Payments."""
 
     name: str
     handler: Handler
@@ -102,8 +103,8 @@ class ToolSpec:
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Check ``arguments`` against the input schema and return what the
         handler receives. Raises :class:`ToolArgumentError` with a readable
-        message naming the problem (go-brmcp.md §2.10: validation happens
-        before any rate limit, price or charge)."""
+        message naming the problem (WIRE.md §Payments, "Before the server
+        order": validation happens before any rate limit, price or charge)."""
         try:
             error = jsonschema.exceptions.best_match(self._validator.iter_errors(arguments))
         except RecursionError:

@@ -12,7 +12,9 @@
 // URL, and per user: nick, uid, brrpcurl, certificate paths, the bot conf)
 // and prints one line "brnet ready <path of brnet.json>" on stdout. The root
 // is persistent: a restart keeps identities, KX, ports and replay logs.
-// SIGINT/SIGTERM stop it cleanly.
+// SIGINT/SIGTERM stop it cleanly. Nicks follow brmcp-fakebr's rule (1-32 of
+// letters, digits, _ . -, not starting with . or -): each names a directory
+// under -root, so any other name is refused (exit status 2) with one line.
 package main
 
 import (
@@ -28,6 +30,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"sync"
 	"syscall"
@@ -137,11 +140,36 @@ func parseFlags(args []string) (*options, error) {
 		return nil, errors.New("-root is required")
 	}
 	o.users = splitList(*users)
+	for _, n := range o.users {
+		if err := checkNick(n, ""); err != nil {
+			return nil, err
+		}
+	}
 	o.noWallet = map[string]bool{}
 	for _, n := range splitList(*noWallet) {
+		if n != "all" {
+			if err := checkNick(n, " in -nowallet"); err != nil {
+				return nil, err
+			}
+		}
 		o.noWallet[n] = true
 	}
 	return o, nil
+}
+
+// nickRe is brmcp-fakebr's rule for nicks (brmcp/testing/fakebr/cli.py). A
+// nick names the user's directory under -root, so path separators, "." and
+// ".." are refused with it.
+var nickRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$`)
+
+// checkNick returns a one-line error when nick breaks nickRe; where says
+// which flag named it (empty for -users).
+func checkNick(nick, where string) error {
+	if nickRe.MatchString(nick) {
+		return nil
+	}
+	return fmt.Errorf("invalid nick %q%s: use 1 to 32 letters, digits, '_', '.' or '-', "+
+		"not starting with '.' or '-'", nick, where)
 }
 
 // network is one running brnet.
@@ -245,6 +273,11 @@ func run(ctx context.Context, o *options) error {
 	st, err := loadState(statePath)
 	if err != nil {
 		return err
+	}
+	for _, u := range st.Users {
+		if err := checkNick(u, ""); err != nil {
+			return fmt.Errorf("%s: %w", statePath, err)
+		}
 	}
 	for _, u := range o.users {
 		found := false

@@ -66,12 +66,37 @@ async def test_list_free_paid_and_concurrent_paid_calls(
                 assert books.tips_paid >= 4 * FORTUNE_ATOMS
 
 
+def _connected(net: BrNet, nick: str) -> bool:
+    """Whether brnet reports ``nick``'s client as holding a relay session."""
+    users = {u["nick"]: u for u in net.status()["users"]}
+    return bool(users[nick].get("connected"))
+
+
+def _stored(directory: Path) -> set[str]:
+    """The routed messages the relay holds (file names) in ``directory``."""
+    return {p.name for p in directory.iterdir() if p.is_file()} if directory.is_dir() else set()
+
+
+async def _until(condition: Callable[[], bool], what: str, limit: float = 120.0) -> None:
+    """Poll ``condition`` (in a thread: it may do blocking I/O) until true;
+    fail naming ``what`` after ``limit`` seconds."""
+    with anyio.move_on_after(limit):
+        while True:
+            if await anyio.to_thread.run_sync(condition):
+                return
+            await anyio.sleep(0.1)
+    raise AssertionError(f"timed out after {limit:.0f} s waiting for {what}")
+
+
 async def test_bot_offline_and_back(brnet_factory: Callable[..., BrNet], tmp_path: Path) -> None:
     async with real_stack(brnet_factory, tmp_path) as st:
         with anyio.fail_after(240):
             async with agent(st.url) as s:
                 assert payload(await s.call_tool("echo", {"text": "before"})) == {"echo": "before"}
                 await anyio.to_thread.run_sync(st.net.offline, "bot")
+                await _until(lambda: not _connected(st.net, "bot"), "the bot to leave the relay")
+                held = st.net.root / "relay" / "routedmessages"
+                before = _stored(held)
                 got: dict[str, CallToolResult] = {}
 
                 async def call() -> None:
@@ -79,7 +104,9 @@ async def test_bot_offline_and_back(brnet_factory: Callable[..., BrNet], tmp_pat
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(call)
-                    await anyio.sleep(3)
+                    # The relay stores the request for the absent bot (one file per
+                    # routed message, removed once its receiver acks it).
+                    await _until(lambda: bool(_stored(held) - before), "the relay to hold the request")
                     assert "paid" not in got  # the relay holds the PM while the bot is away
                     await anyio.to_thread.run_sync(st.net.online, "bot")
                 assert "fortune" in payload(got["paid"])

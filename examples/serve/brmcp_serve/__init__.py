@@ -1,6 +1,7 @@
 """brmcp-serve: the example bot. It connects to a running brclient over
 clientrpc and serves two MCP tools through the brmcp harness: ``echo`` (free)
-and ``fortune`` (10 000 atoms per call) (go-brmcp.md §5).
+and ``fortune`` (10 000 atoms per call), as the Go reference's
+``cmd/brmcp-serve`` does (README §Running a real bot; docs/interop.md §The pinned reference).
 
 * :class:`ServeApp`: the application as an async API (``from_datadir``,
   ``run``, ``reload``, ``harness``), used by the console command and by

@@ -56,7 +56,8 @@ log = logging.getLogger("brmcp_serve")
 
 #: The lock that keeps a second brmcp-serve off a data directory in use.
 LOCK_FILE = "brmcp-serve.lock"
-#: The MCP implementation info the example serves (go-brmcp.md §5 "Harness").
+#: The MCP implementation info the example serves, as the Go reference's
+#: (karamble/brmcp, `cmd/brmcp-serve/main.go`).
 IMPLEMENTATION_NAME = "brmcp-example"
 #: The implementation name when selling an upstream MCP server (brmcp/gateway).
 GATEWAY_NAME = "brmcp-gateway"

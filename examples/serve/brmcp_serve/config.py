@@ -1,5 +1,6 @@
 """brmcp-serve's data directory: the harness settings ``brmcp.json`` and the
-bisonbotkit connection file ``brmcp-serve.conf`` (go-brmcp.md §5, §5.2).
+bisonbotkit connection file ``brmcp-serve.conf`` (README §Running a real bot;
+docs/interop.md §What is verified).
 
 ``brmcp.json`` holds who may call the tools and how often::
 
@@ -52,7 +53,8 @@ BOT_CONFIG_NAME = "brmcp-serve"
 #: Rate limit used when ``calls_per_minute`` is 0.
 DEFAULT_CALLS_PER_MINUTE = 30
 #: The first-run ``brmcp.json``, byte for byte as the Go reference writes it
-#: (two-space indent, no trailing newline; go-brmcp.md §5).
+#: (two-space indent, no trailing newline; karamble/brmcp `cmd/brmcp-serve/main.go`;
+#: compared byte for byte, docs/interop.md §What is verified).
 TEMPLATE = '{\n  "allowed_uids": [],\n  "calls_per_minute": 30\n}'
 
 _UID = re.compile(r"[0-9a-fA-F]{64}")

@@ -1,0 +1,133 @@
+"""The unary clientrpc methods of a fake brclient: strict params decoding,
+then brclient's checks and error texts in its order (Version,
+UserPublicIdentity, PM, TipUser, the three acks; clientrpc.md §4, §5)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+
+from ...clientrpc.types import PublicIdentity
+from ._conn import _Conn
+from ._events import _Events
+from ._limits import MAX_MSG_SIZE, estimated_wire_size, whole_atoms_matoms
+from ._protocol import (
+    _ACKS,
+    _STREAMS,
+    CODE_INTERNAL,
+    CODE_INVALID_PARAMS,
+    RPCFault,
+    _go_float,
+    _go_percent_f,
+    _method_name,
+)
+from .params import ParamsError, decode_params
+
+__all__ = ["_Handlers"]
+
+
+class _Handlers(_Events):
+    """The method handlers of :class:`~.server.FakeBRClient`; each returns the
+    protojson result or raises :class:`RPCFault`."""
+
+    def public_identity(self) -> PublicIdentity:
+        return PublicIdentity(
+            name=self.name, nick=self.nick, sig_key=self.sig_key, identity=bytes.fromhex(self.uid)
+        )
+
+    def _decode(self, name: str, params: Any, present: bool) -> dict[str, Any]:
+        try:
+            return decode_params(name, params, present=present)
+        except ParamsError as exc:
+            raise RPCFault(CODE_INVALID_PARAMS, f"unable to decode params: {exc}") from None
+
+    async def _execute(self, conn: _Conn | None, method: str, params: Any, present: bool) -> Any:
+        """Run a unary method; returns the protojson result or raises :class:`RPCFault`."""
+        name = _method_name(method)
+        if name in _STREAMS:
+            raise RPCFault(CODE_INTERNAL, "fakebr: streams need the websocket transport")
+        request = self._decode(name, params, present)
+        gate = self._holds.get(name)
+        if gate is not None:
+            await gate.wait()
+        if name == "VersionService.Version":
+            return self.version.to_wire()
+        if name == "ChatService.UserPublicIdentity":
+            return self.public_identity().to_wire()
+        if name == "ChatService.PM":
+            await self._pm(request)
+            return {}
+        if name == "PaymentsService.TipUser":
+            await self._tip_user(request)
+            return {}
+        kind = _ACKS.get(name)
+        if kind is not None:
+            self.logs[kind].ack(int(request.get("sequence_id", 0)))
+            self._changed()
+            return {}
+        raise RPCFault(CODE_INTERNAL, "unknown method")  # pragma: no cover - MESSAGES and handlers agree
+
+    def _user_by_nick(self, user: str) -> str:
+        """brclient's ``UserByNick``: a contact whose nick matches (case-insensitively,
+        standing in for brclient's collator), else one whose hex id starts with
+        ``user`` when that is longer than 4 characters."""
+        contacts = self.relay.contacts(self.uid)
+        wanted = user.casefold()
+        for uid in contacts:
+            if self.relay.nicks.get(uid, "").casefold() == wanted:
+                return uid
+        if len(user) > 4:
+            for uid in contacts:
+                if uid.startswith(user):
+                    return uid
+        raise RPCFault(CODE_INTERNAL, f"user {user} not found")
+
+    async def _pm(self, request: Mapping[str, Any]) -> None:
+        target = self._user_by_nick(str(request.get("user", "")))
+        msg = request.get("msg")
+        if msg is None:
+            raise RPCFault(CODE_INTERNAL, "msg is nil")
+        text = str(msg.get("message", ""))
+        if not text:
+            raise RPCFault(CODE_INTERNAL, "msg is empty")
+        estimate = estimated_wire_size(text)
+        if estimate > MAX_MSG_SIZE:
+            raise RPCFault(
+                CODE_INTERNAL,
+                "cannot enqueue message rpc.RMPrivateMessage estimated as larger than max message size "
+                f"{estimate} > {MAX_MSG_SIZE}: RM is too large",
+            )
+        # A brclient that is off the relay holds the call until it is back.
+        await self.relay.wait_online(self.uid)
+        try:
+            await self.relay.send_pm(self.uid, target, text, pacing=self.pm_pacing)
+        except Exception as exc:  # the fabric's size limit or an injected link failure
+            raise RPCFault(CODE_INTERNAL, str(exc)) from None
+
+    async def _tip_user(self, request: Mapping[str, Any]) -> None:
+        """brclient's order: the user, the remote-tip guards, then the amount
+        and attempts, then the wait for the tip subsystem (the restart delay),
+        then the amount's conversion to whole atoms."""
+        user = str(request.get("user", ""))
+        target = self._user_by_nick(user)
+        dcr_amount = float(request.get("dcr_amount", 0.0))
+        if not self.allow_remote_send_tip:
+            raise RPCFault(CODE_INTERNAL, "remote tip sending not allowed")
+        if self.max_remote_send_tip_amt > 0 and dcr_amount > self.max_remote_send_tip_amt:
+            raise RPCFault(CODE_INTERNAL, f"tip exceeds max limit: {_go_float(self.max_remote_send_tip_amt)}")
+        if dcr_amount <= 0:
+            raise RPCFault(CODE_INTERNAL, f"cannot pay user {_go_percent_f(dcr_amount)} <= 0")
+        max_attempts = int(request.get("max_attempts", 0))
+        if max_attempts <= 0:
+            raise RPCFault(CODE_INTERNAL, f"maxAttempts {max_attempts} <= 0")
+        ready = self._started_at + self.tip_restart_delay - time.monotonic()
+        if ready > 0:
+            await anyio.sleep(ready)
+        if math.isnan(dcr_amount) or math.isinf(dcr_amount):
+            raise RPCFault(CODE_INTERNAL, "invalid coin amount")
+        failure = self._tip_failures.pop(0) if self._tip_failures else None
+        self.relay.start_tip(self, target, whole_atoms_matoms(dcr_amount), max_attempts, failure)

@@ -1,0 +1,169 @@
+"""One websocket session of a fake brclient: the writer, the keepalive
+pinger (16 random bytes, identical pong required), the reader (first JSON
+value of each message, 16 requests in flight, pongs padded to 16 bytes) and
+the requests and streams it starts (clientrpc.md §0, §2; server.py documents
+the behaviour)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import anyio
+from aiohttp import WSMsgType
+
+from ._conn import _WS_CLOSED, _Conn, _Stream
+from ._handlers import _Handlers
+from ._protocol import _STREAMS, CODE_INTERNAL, RPCFault, _envelope, _method_name, _pad16, _skip_ws
+from .params import Pairs, plain
+
+__all__ = ["_Session"]
+
+log = logging.getLogger("brmcp.testing.fakebr")
+
+
+class _Session(_Handlers):
+    """The per-connection loops of :class:`~.server.FakeBRClient`."""
+
+    async def _writer(self, conn: _Conn) -> None:
+        try:
+            async with conn.out_recv:
+                async for data in conn.out_recv:
+                    await conn.ws.send_bytes(data)
+        except (ConnectionError, RuntimeError) as exc:
+            conn.abort(f"write failed: {exc}")
+
+    async def _pinger(self, conn: _Conn, interval: float, wait: float) -> None:
+        while True:
+            await anyio.sleep(interval)
+            data = os.urandom(16)
+            conn.keepalive_ping = data
+            conn.keepalive_pong = anyio.Event()
+            try:
+                await conn.ws.ping(data)
+            except (ConnectionError, RuntimeError):
+                conn.abort("ping failed")
+                return
+            with anyio.move_on_after(wait) as scope:
+                await conn.keepalive_pong.wait()
+            if scope.cancelled_caught:
+                log.info("fakebr: %s: pong timeout; dropping the connection", self.nick)
+                conn.abort("pong timeout")
+                return
+
+    def _on_pong(self, conn: _Conn, data: bytes) -> None:
+        conn.pongs.append(data)
+        waiter = conn.test_pings.pop(data, None)
+        if waiter is not None:
+            waiter.set()
+            return
+        if conn.keepalive_ping is not None:
+            if data != conn.keepalive_ping:
+                log.info("fakebr: %s: ping data != pong data; dropping the connection", self.nick)
+                conn.abort("ping data != pong data")
+                return
+            conn.keepalive_ping = None
+            conn.keepalive_pong.set()
+
+    async def _read_loop(self, conn: _Conn) -> None:
+        ws = conn.ws
+        while not conn.closed:
+            paused = self._paused
+            if paused is not None:
+                await paused.wait()
+                continue
+            msg = await ws.receive()
+            if msg.type == WSMsgType.PING:
+                data = bytes(msg.data)
+                self.pings_received.append(data)
+                self._changed()
+                await ws.pong(_pad16(data))
+                continue
+            if msg.type == WSMsgType.PONG:
+                self._on_pong(conn, bytes(msg.data))
+                continue
+            if msg.type in _WS_CLOSED:
+                return
+            raw = msg.data if isinstance(msg.data, bytes) else str(msg.data).encode("utf-8")
+            self.frames_in.append(raw)
+            if not await self._on_message(conn, raw):
+                conn.abort("bad message")
+                return
+
+    async def _on_message(self, conn: _Conn, raw: bytes) -> bool:
+        """Handle one client message; False closes the connection."""
+        try:
+            text = raw.decode("utf-8")
+            value, _ = json.JSONDecoder(object_pairs_hook=Pairs).raw_decode(text, _skip_ws(text, 0))
+        except (UnicodeDecodeError, ValueError):
+            log.info("fakebr: %s: malformed JSON from the client; closing", self.nick)
+            return False
+        env = _envelope(value)
+        if env is None:
+            log.info("fakebr: %s: a message that is not a JSON object; closing", self.nick)
+            return False
+        if env.get("jsonrpc") != "2.0":
+            log.info('fakebr: %s: jsonrpc is not "2.0"; closing', self.nick)
+            return False
+        has_id = env.get("id") is not None
+        method = env.get("method")
+        has_outcome = "result" in env or "error" in env
+        if has_id and method is not None and not has_outcome:
+            if not isinstance(method, str):
+                return False
+            while conn.in_flight >= self.max_in_flight:  # stop reading until a slot frees
+                await conn.slot_freed.wait()
+            conn.in_flight += 1
+            self.max_in_flight_seen = max(self.max_in_flight_seen, conn.in_flight)
+            self.requests.append((method, plain(env.get("params"))))
+            self._changed()
+            assert conn.tg is not None
+            conn.tg.start_soon(
+                self._handle_request, conn, env["id"], method, env.get("params"), "params" in env
+            )
+        elif not has_id and method is not None and not has_outcome:
+            log.debug("fakebr: %s: ignoring a client notification %r", self.nick, method)
+        else:
+            log.debug("fakebr: %s: ignoring an unrecognized message", self.nick)
+        return True
+
+    async def _handle_request(
+        self, conn: _Conn, request_id: Any, method: str, params: Any, present: bool
+    ) -> None:
+        try:
+            name = _method_name(method)
+            kind = _STREAMS.get(name)
+            if kind is not None:
+                request = self._decode(name, params, present)
+                await self._serve_stream(conn, request_id, method, kind, request)
+                return
+            result = await self._execute(conn, method, params, present)
+            conn.respond(request_id, result=result)
+        except RPCFault as fault:
+            conn.respond(request_id, error=(fault.code, fault.message))
+        except Exception as exc:
+            log.exception("fakebr: %s: handler for %s failed", self.nick, method)
+            conn.respond(request_id, error=(CODE_INTERNAL, str(exc)))
+        finally:
+            conn.release_slot()
+            self._changed()
+
+    async def _serve_stream(self, conn: _Conn, request_id: Any, method: str, kind: str, request: Any) -> None:
+        unacked_from = int(request.get("unacked_from", 0))
+        stream = _Stream(conn, request_id, method, kind)
+        # Replay and registration in one step, so no event falls between them.
+        for event in self.logs[kind].after(unacked_from):
+            conn.notify(method, event.to_wire())
+        self._streams[kind].append(stream)
+        conn.streams.append(stream)
+        self._changed()
+        try:
+            await stream.ended.wait()
+        finally:
+            if stream in self._streams[kind]:
+                self._streams[kind].remove(stream)
+            if stream in conn.streams:
+                conn.streams.remove(stream)
+        conn.respond(request_id, error=stream.end)

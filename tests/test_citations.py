@@ -1,0 +1,159 @@
+"""Citations name documents that are in the repository.
+
+The project cites its own documents (WIRE.md, BRIDGE.md, README.md,
+SECURITY.md, docs/interop.md) or the Go reference's public source
+(karamble/brmcp, e.g. ``server/harness.go``), never the reference fact sheet
+kept outside the repository. These tests read every tracked text file and
+fail naming each offending ``path:line``, and check that ``<doc> §Section``
+citations name a heading that exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The out-of-repository fact sheet, spelled in two pieces so that this file
+#: does not cite it itself.
+REFERENCE_SHEET = "go-brmcp" + ".md"
+
+#: Files whose citations are being replaced by the engineers working on them
+#: (a path, or a folder ending in "/"). The lead empties this list once those
+#: edits have landed; nothing else may cite the sheet.
+ALLOWED: tuple[str, ...] = (
+    "brmcp/bridge/link.py",
+    "brmcp/bridge/proxy.py",
+    "brmcp/bridge/funding.py",
+    "brmcp/server/harness.py",
+    "brmcp/server/callkeys.py",
+    "brmcp/clientrpc/",
+    "brmcp/testing/fakebr/",
+    "tests/test_bridge_daemon.py",
+    "tests/test_bridge_round_trips.py",
+    "tests/test_bridge_flow.py",
+    "tests/interop/",
+)
+
+#: Folders never scanned when the tree is walked without git.
+_SKIP_DIRS = {
+    ".git",
+    ".venv",
+    "venv",
+    ".tools",
+    "node_modules",
+    "__pycache__",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".hypothesis",
+    "build",
+    "dist",
+}
+
+#: Documents whose sections are cited as ``<name> §Section``.
+_DOCUMENTS = {
+    "WIRE.md": "WIRE.md",
+    "BRIDGE.md": "BRIDGE.md",
+    "SECURITY.md": "SECURITY.md",
+    "README.md": "README.md",
+    "README": "README.md",
+    "docs/interop.md": "docs/interop.md",
+}
+_CITATION = re.compile(
+    r"(?<![\w/])(WIRE\.md|BRIDGE\.md|SECURITY\.md|README\.md|README|docs/interop\.md)"
+    r"[ \t]+(§[^,;)\n\"]+(?:,[ \t]*§[^,;)\n\"]+)*)"
+)
+
+
+def _tracked_files() -> list[str]:
+    """Paths relative to ROOT: git's tracked files, or (outside a git
+    checkout) every file under ROOT except caches and virtualenvs."""
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True, timeout=60
+        ).stdout.decode("utf-8", "surrogateescape")
+        return [name for name in listed.split("\0") if name]
+    except (OSError, subprocess.SubprocessError):
+        found = []
+        for folder, dirs, names in os.walk(ROOT):
+            dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.endswith(".egg-info")]
+            found += [os.path.relpath(os.path.join(folder, n), ROOT) for n in names]
+        return found
+
+
+def _text_files() -> Iterator[tuple[str, str]]:
+    """(path, text) of every tracked regular file that is text (no NUL byte)."""
+    for name in _tracked_files():
+        path = ROOT / name
+        if path.is_symlink() or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:
+            continue
+        yield name.replace(os.sep, "/"), data.decode("utf-8", "replace")
+
+
+def _allowed(name: str) -> bool:
+    return any(name.startswith(entry) if entry.endswith("/") else name == entry for entry in ALLOWED)
+
+
+def _headings(document: str) -> list[str]:
+    text = (ROOT / document).read_text(encoding="utf-8")
+    return [line.lstrip("#").strip() for line in text.splitlines() if re.match(r"#{1,4} ", line)]
+
+
+def _names_a_heading(cited: str, headings: list[str]) -> bool:
+    """``§Payments``, ``§Settings`` (for "Settings: `mcpclient.json`"),
+    ``§Parsing rule 7``, ``§5`` (for "5. A crash") and ``§callKey, across
+    restarts`` all name a heading: the cited text starts with a heading (or
+    the part of one before a colon), or a heading starts with it."""
+    for heading in headings:
+        short = heading.split(":")[0]
+        for prefix in (heading, short):
+            if cited == prefix or cited.startswith((prefix + " ", prefix + ":")):
+                return True
+        if heading.startswith(cited):
+            return True
+    return False
+
+
+def test_no_file_cites_the_out_of_repository_reference_sheet() -> None:
+    offending = [
+        f"{name}:{number}: {line.strip()}"
+        for name, text in _text_files()
+        if not _allowed(name)
+        for number, line in enumerate(text.splitlines(), start=1)
+        if REFERENCE_SHEET in line
+    ]
+    assert not offending, (
+        f"{len(offending)} citation(s) of {REFERENCE_SHEET}, which is not in the repository; cite "
+        "WIRE.md, BRIDGE.md, README.md, SECURITY.md, docs/interop.md or the Go reference's source "
+        "(karamble/brmcp, `path/file.go`) instead:\n" + "\n".join(offending)
+    )
+
+
+def test_the_scan_sees_the_files_that_cite_documents() -> None:
+    """The scan reads the code, tests and documents (a broken file listing
+    would make the test above pass vacuously)."""
+    names = {name for name, _ in _text_files()}
+    assert {"WIRE.md", "BRIDGE.md", "brmcp/payment.py", "tests/conftest.py"} <= names
+
+
+def test_section_citations_name_existing_headings() -> None:
+    headings = {document: _headings(path) for document, path in _DOCUMENTS.items()}
+    unknown = []
+    for name, text in _text_files():
+        for match in _CITATION.finditer(text):
+            if text[max(0, match.start() - 2) : match.start()] == "``":
+                continue  # a literal example of the citation form, not a citation
+            for ref in re.split(r",[ \t]*", match.group(2)):
+                cited = ref.lstrip("§").strip().strip("`").rstrip(".: ")
+                if not _names_a_heading(cited, headings[match.group(1)]):
+                    number = text.count("\n", 0, match.start()) + 1
+                    unknown.append(f"{name}:{number}: {match.group(1)} §{cited}")
+    assert not unknown, "citations of sections that do not exist:\n" + "\n".join(unknown)
