@@ -137,6 +137,8 @@ async def test_deadline_used_up_by_credit_polls_says_so_and_what_was_paid(
             return None  # paid, but the bot's ledger never sees it
 
         env.payer.behaviour = pay_without_credit
+        # A bot that refuses at once (the reference order; no hold of the call paid alongside).
+        env.harness.config.hold_seconds = 0
         with anyio.fail_after(30), pytest.raises(MCPError) as failure:
             await call(session, "paid", {"text": "x"})
         message = failure.value.error.message
@@ -146,6 +148,33 @@ async def test_deadline_used_up_by_credit_polls_says_so_and_what_was_paid(
             " later calls"
         )
         assert "0 send(s)" not in message
+        assert env.payer.calls == [(BOT, 500)]
+        assert env.executions == {}
+
+
+async def test_deadline_while_the_bot_holds_a_call_paid_alongside_counts_that_payment(tmp_path: Path) -> None:
+    """The payment made alongside is confirmed but the bot never sees the
+    credit; it holds the call past the call's deadline. The agent's error
+    says the 500 atoms were paid (not "nothing was paid")."""
+    options = RouterOptions(ttl=2.0)
+    async with (
+        bridge_env(tmp_path, retry=FAST, router_options=options) as env,
+        env.session() as session,
+    ):
+
+        async def pay_without_credit(payee: str, atoms: int) -> None:
+            return None  # paid, but the bot's ledger never sees it
+
+        env.payer.behaviour = pay_without_credit
+        env.harness.config.hold_seconds = 30  # longer than the 2 s deadline
+        with anyio.fail_after(30), pytest.raises(MCPError) as failure:
+            await call(session, "paid", {"text": "x"})
+        message = failure.value.error.message
+        assert message.startswith(f"no reply from bot {BOT[:8]} within 2 s")
+        assert message.endswith(
+            "; paid 500 atoms for this call (1 payment(s)); credit the bot did not use stays there for"
+            " later calls"
+        )
         assert env.payer.calls == [(BOT, 500)]
         assert env.executions == {}
 

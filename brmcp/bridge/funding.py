@@ -64,6 +64,11 @@ class Payment:
         return self._done.is_set()
 
     @property
+    def confirmed(self) -> bool:
+        """True once the payment is confirmed (it was made)."""
+        return self._done.is_set() and self._reason is None
+
+    @property
     def settled(self) -> anyio.Event:
         """Set once the payment is confirmed or failed."""
         return self._done

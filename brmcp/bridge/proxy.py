@@ -417,11 +417,13 @@ class BotProxy:
                 text = f"the call's deadline passed while paying bot {bot[:8]} and waiting for it to see "
                 text += "the credit"
                 raise MCPError(
-                    INTERNAL_ERROR, f"{text if late else exc}; {_charged(paid_atoms, payments)}"
+                    INTERNAL_ERROR,
+                    f"{text if late else exc}; {_charged(*_spent(paid_atoms, payments, ahead))}",
                 ) from None
             except LinkError as exc:
                 raise MCPError(
-                    INTERNAL_ERROR, f"bot unavailable: {exc}; {_charged(paid_atoms, payments)}"
+                    INTERNAL_ERROR,
+                    f"bot unavailable: {exc}; {_charged(*_spent(paid_atoms, payments, ahead))}",
                 ) from None
             except MCPError as exc:
                 if exc.error.code == INVALID_PARAMS and exc.error.message == f'unknown tool "{tool}"':
@@ -523,6 +525,14 @@ def _fingerprint(tool: str, arguments: dict[str, Any] | None) -> str:
     """What makes two calls "the same call": tool name and arguments."""
     text = json.dumps([tool, arguments or {}], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _spent(paid_atoms: int, payments: int, ahead: Payment | None) -> tuple[int, int]:
+    """``(atoms, payments)`` made for a call so far: those counted after
+    refusals plus a confirmed payment made alongside not counted yet."""
+    if ahead is not None and ahead.confirmed:
+        return paid_atoms + ahead.amount, payments + 1
+    return paid_atoms, payments
 
 
 def _charged(paid_atoms: int, payments: int) -> str:
