@@ -1,4 +1,4 @@
-"""In-memory callKey claims and outcome replay (go-brmcp.md §3.6, §3.8).
+"""In-memory callKey claims and outcome replay (WIRE.md §callKey).
 
 A claim is keyed by ``(peer, callKey)``: the first call runs, duplicates
 wait for it and get its outcome. Completed outcomes are replayed for
