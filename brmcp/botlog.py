@@ -1,6 +1,6 @@
 """Logging for the console daemons (``brmcp-serve``, ``brmcp-bridge``), set up
 from the logging keys of their bisonbotkit config file the way a bisonbotkit
-bot sets up its log backend (clientrpc.md §6 "Config file"):
+bot sets up its log backend (docs/clientrpc.md §Bot config file):
 
 * ``debug``: comma-separated items. A bare level word sets the threshold of
   every logger; ``name=level`` sets one Python logger, e.g.

@@ -167,7 +167,7 @@ def brclient_lock_path(server_cert: str | os.PathLike[str]) -> Path:
     """The lock naming one brclient: ``brclient-<sha256 of its rpc.cert>.lock``
     (first 32 hex digits) in :func:`lock_dir`. brclient's TLS certificate is
     unique to one brclient and every program driving it must pin it
-    (clientrpc.md §1), so every harness and ``brmcp-bridge`` on one brclient
+    (docs/clientrpc.md §Mutual TLS), so every harness and ``brmcp-bridge`` on one brclient
     computes the same path even when their config files name different
     copies of the certificate. Raises OSError when the certificate cannot be
     read."""
@@ -183,7 +183,7 @@ def acquire_brclient(
     the brclient at *url*, or raise *error* with one line.
 
     brclient's PM and tip-progress streams go to every program connected to
-    it and its acks are global and destructive (clientrpc.md §4.3): a second
+    it and its acks are global and destructive (docs/clientrpc.md §Acks and replay): a second
     consumer would ack, and so delete, events the first has not handled yet,
     and two harnesses would each credit every tip into their own ledger.
     Harnesses and bridges therefore share this one lock.

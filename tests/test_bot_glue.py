@@ -4,7 +4,7 @@ Ack ordering (only after the router, hook or credit), tips credited once
 across redelivery, restart and reconnect, chat to the on_pm hook, tips from
 senders that are not allowed, acks lost in a disconnect re-sent, and bad
 stream input survived (the Go reference's ``server/bot.go``, karamble/brmcp;
-SECURITY.md §5; clientrpc.md §4.3, §6)."""
+SECURITY.md §5; docs/clientrpc.md §Acks and replay, §How bots consume the streams)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """brmcp.botlog: the console daemons honour the bisonbotkit logging keys
-``debug``, ``logfile`` and ``maxlogfiles`` (clientrpc.md §6); ``maxbufferlines``
+``debug``, ``logfile`` and ``maxlogfiles`` (docs/clientrpc.md §Bot config file); ``maxbufferlines``
 is accepted and ignored."""
 
 from __future__ import annotations

@@ -146,10 +146,10 @@ async def test_agent_that_only_lists_sees_a_restarted_bots_tools(
     still learns the restarted bot's tools: a snapshot older than
     SNAPSHOT_MAX_AGE is served and checked in the background, and the agent
     gets notifications/tools/list_changed when it differed."""
-    import brmcp.bridge.link as link_module
+    import brmcp.bridge._toolsnap as toolsnap_module  # where the tools snapshot reads them
 
-    monkeypatch.setattr(link_module, "SNAPSHOT_MAX_AGE", 0.2)
-    monkeypatch.setattr(link_module, "REFRESH_DELAY", 0.01)
+    monkeypatch.setattr(toolsnap_module, "SNAPSHOT_MAX_AGE", 0.2)
+    monkeypatch.setattr(toolsnap_module, "REFRESH_DELAY", 0.01)
     changes: list[str] = []
 
     async def on_message(message: Any) -> None:

@@ -1,5 +1,6 @@
 """The bridge's payment loop end to end: SDK client → bridge HTTP listener →
-fabric → harness bot (go-brmcp.md §4.5-4.8, the bridge_test.go list of §4.10)."""
+fabric → harness bot (BRIDGE.md §The payment flow, §Spend log and approvals; the
+Go reference's ``bridge/bridge_test.go``, karamble/brmcp)."""
 
 from __future__ import annotations
 
@@ -457,7 +458,8 @@ def _on_disk(env: Any) -> list[dict[str, Any]]:
 
 async def test_expired_bot_session_recovers_transparently(tmp_path: Path) -> None:
     """The bot forgot the session (idle expiry): the next call's error resets
-    the link and the retry on a fresh session succeeds (go-brmcp.md §4.4)."""
+    the link and the retry on a fresh session succeeds
+    (BRIDGE.md §The payment flow, "Transport errors")."""
     with anyio.fail_after(30):
         async with bridge_env(tmp_path) as env, env.session() as session:
             assert not (await call(session, "free")).is_error

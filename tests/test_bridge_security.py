@@ -1,6 +1,6 @@
 """Spending can never pass the caps: concurrent calls race for the daily
 budget, and a leaked agent token buys no more than the caps allow and cannot
-reach the admin surface (BRIDGE.md §Security; peers.md §3.2, §3.5)."""
+reach the admin surface (BRIDGE.md §Security model; SECURITY.md §3)."""
 
 from __future__ import annotations
 

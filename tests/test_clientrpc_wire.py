@@ -1,4 +1,5 @@
-"""clientrpc wire format: the example messages of clientrpc.md §8 produced and
+"""clientrpc wire format: the example messages of docs/clientrpc.md §Example
+messages produced and
 parsed byte for byte (by the client and by the fake), and the protojson rules."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from brmcp.testing.fakebr import KIND_PM, KIND_TIP_PROGRESS, KIND_TIP_RECEIVED
 UID_B64 = "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA="
 UID_HEX = "0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f20"
 
-# clientrpc.md §8, verbatim.
+# docs/clientrpc.md §Example messages, verbatim (checked below).
 EX_A = (
     '{"jsonrpc":"2.0","id":1,"params":{"unackedFrom":"4294967296"},"method":"ChatService.PMStream[00000000]"}'
 )
@@ -53,7 +54,6 @@ EX_D_DONE = (
     '"nick":"alice","amountMatoms":"10000000","completed":true,"attempt":1},'
     '"method":"PaymentsService.TipProgress[00000002]"}'
 )
-# The document's placeholder "<error text>" would be \u003c-escaped by Go; a plain text stands in.
 EX_D_RETRY = (
     '{"jsonrpc":"2.0","params":{"sequenceId":"4294967560","uid":"AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=",'
     '"nick":"alice","amountMatoms":"10000000","attempt":1,"attemptErr":"invoice timeout","willRetry":true},'
@@ -84,10 +84,19 @@ def _line(text: str) -> bytes:
 
 
 def _with_seq(example: str, illustrative: int, actual: int) -> bytes:
-    """The §8 example with its illustrative sequence id replaced by the one the
+    """The example with its illustrative sequence id replaced by the one the
     fake's replay log assigned."""
     assert example.count(f'"{illustrative}"') == 1
     return _line(example.replace(f'"{illustrative}"', f'"{actual}"'))
+
+
+def test_the_examples_are_the_documents_verbatim() -> None:
+    """docs/clientrpc.md §Example messages shows exactly these messages."""
+    doc = (Path(__file__).resolve().parents[1] / "docs/clientrpc.md").read_text(encoding="utf-8")
+    examples = (EX_A, EX_B, EX_C_REQ, EX_C_RESP, EX_D_TIP, EX_D_DONE, EX_D_RETRY)
+    examples += (EX_E_PM, EX_E_PM_RESP, EX_E_TIP, EX_E_TIP_RESP, EX_F_REQ, EX_F_RESP, EX_F_EOF)
+    missing = [example for example in examples if example not in doc.splitlines()]
+    assert not missing, missing
 
 
 # -- protojson ------------------------------------------------------------------------
@@ -219,7 +228,7 @@ def test_public_identity_wire_shape() -> None:
     assert PublicIdentity.from_wire(wire).uid == UID_HEX
 
 
-# -- §8 against the fake and the client --------------------------------------------------
+# -- the examples against the fake and the client -----------------------------------------------
 
 
 async def test_client_requests_match_the_reference_bytes(tmp_path: Path) -> None:

@@ -220,7 +220,8 @@ async def test_pongs_are_padded_to_16_bytes(tmp_path: Path) -> None:
 
 
 async def test_websockets_default_keepalive_fails_against_brclient_pongs(tmp_path: Path) -> None:
-    """clientrpc.md gotcha 1: websockets' 4-byte keepalive pings never match."""
+    """websockets' 4-byte keepalive pings never match brclient's 16-byte pongs
+    (docs/clientrpc.md §Keepalive)."""
     with anyio.fail_after(20):
         async with fake_network(tmp_path, "bot") as (_, (bot,)):
             async with raw_ws(bot, ping_interval=0.05, ping_timeout=0.2) as ws:
@@ -232,7 +233,7 @@ async def test_websockets_default_keepalive_fails_against_brclient_pongs(tmp_pat
 
 async def test_server_keepalive_drops_clients_that_do_not_answer(tmp_path: Path) -> None:
     """A client that upgrades and then never reads gets no pongs out: the fake's
-    ping watchdog drops it (clientrpc.md §1 Ping/keepalive)."""
+    ping watchdog drops it (docs/clientrpc.md §Keepalive)."""
     with anyio.fail_after(20):
         async with fake_network(tmp_path, "bot", ping_interval=0.05, ping_timeout=0.2) as (_, (bot,)):
             stream = await anyio.connect_tcp(

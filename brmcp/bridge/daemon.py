@@ -1,7 +1,7 @@
 """The standalone bridge daemon (``brmcp-bridge``): a :class:`Bridge` hosted on
 the user's running brclient through clientrpc (BRIDGE.md "Running the
 daemon", §Embedding the library in another daemon for ``TipMatcher``;
-clientrpc.md §4.4, §6).
+docs/clientrpc.md §Methods brmcp calls, §Units, §Bot config file).
 
 What the daemon supplies to the bridge:
 

@@ -9,7 +9,7 @@ shared BR session, with no payment loop:
   ``prompts/list``, ``prompts/get`` and ``completion/complete`` go to the
   bot as they came, cursors included, minus the SDK-managed
   ``io.modelcontextprotocol/*`` keys and the agent's progress token in
-  ``_meta`` (mcp-python-sdk-2.md §5); results come back unchanged except
+  ``_meta`` (BRIDGE.md §Resources, prompts and completions); results come back unchanged except
   for the same keys in their ``_meta``; the bot's JSON-RPC errors reach the
   agent unchanged;
 * ``resources/subscribe`` / ``resources/unsubscribe`` are shared between

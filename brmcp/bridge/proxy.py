@@ -1,5 +1,6 @@
 """The local MCP server that mirrors one bot, and the per-call payment loop
-(go-brmcp.md §4.4, §4.5).
+(BRIDGE.md §The payment flow; the Go reference, karamble/brmcp,
+``bridge/session.go``).
 
 Every local HTTP session for a bot talks to the same low-level
 :class:`mcp.server.Server` named ``brmcp-<first 8 hex of the uid>``:

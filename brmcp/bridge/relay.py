@@ -337,7 +337,8 @@ class Relay:
 
 def strip_reserved_meta(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """``meta`` without SDK-managed ``io.modelcontextprotocol/*`` keys and
-    ``progress_token`` (mcp-python-sdk-2.md §5); None when nothing is left."""
+    ``progress_token`` (BRIDGE.md §Resources, prompts and completions); None
+    when nothing is left."""
     if not meta:
         return None
     kept = {

@@ -1,6 +1,6 @@
 """A client for brclient's clientrpc (JSON-RPC 2.0 over a mutually
 authenticated TLS websocket), with the typed PM/tip messages and the
-bisonbotkit-style bot config. Protocol facts: clientrpc.md.
+bisonbotkit-style bot config. Protocol facts: docs/clientrpc.md.
 
 Units: 1 DCR = 1e8 atoms = 1e11 milliatoms; tips are received and reported in
 milliatoms (``amount_matoms``) and sent as a float DCR amount.

@@ -8,16 +8,17 @@ everything in flight when the connection ends. Rules and their source:
 
 * Request ids are a per-connection counter from 1; stream requests use the
   same counter and carry a decimal ``[NNNNNNNN]`` suffix from a separate
-  per-connection counter from 0 (clientrpc.md §0 gotcha 5); notifications are
-  matched by the exact method string; a stream ends with the error response to
-  its opening id (10000 ``EOF`` = clean end) (§2 Server streams).
+  per-connection counter from 0; notifications are matched by the exact
+  method string; a stream ends with the error response to its opening id
+  (10000 ``EOF`` = clean end) (docs/clientrpc.md §Request ids, §Streams).
 * At most 16 requests in flight, each open stream holding a slot until the
-  server ends it or the connection drops (§2 Concurrency). A request abandoned
-  by timeout or cancellation keeps its slot until brclient answers, because
+  server ends it or the connection drops
+  (docs/clientrpc.md §The concurrency limit). A request abandoned by
+  timeout or cancellation keeps its slot until brclient answers, because
   brclient counts it until then.
 * Keepalive: a ping of 16 random bytes every ``interval`` seconds (brclient
-  echoes exactly those 16 bytes; §0 gotcha 1); no pong within the wait drops
-  the connection.
+  echoes exactly those 16 bytes; docs/clientrpc.md §Keepalive); no pong
+  within the wait drops the connection.
 * Bad server input never crashes the client: unknown notifications, responses
   to unknown ids and streams ended with an error are logged; malformed JSON
   makes the connection state unknowable, so the connection is dropped.
@@ -48,7 +49,8 @@ __all__ = ["MAX_IN_FLIGHT", "STREAM_EOF_CODE", "_Connection"]
 
 log = logging.getLogger("brmcp.clientrpc")
 
-#: brclient's per-connection limit of concurrent requests, open streams included (clientrpc.md §2).
+#: brclient's per-connection limit of concurrent requests, open streams included
+#: (docs/clientrpc.md §The concurrency limit).
 MAX_IN_FLIGHT = 16
 #: The error code of a clean stream end (message ``EOF``).
 STREAM_EOF_CODE = 10000

@@ -1,17 +1,18 @@
 """Dialling brclient's clientrpc: the ``brrpcurl`` rules, the Basic-auth
 header, the websocket handshake options, and a one-line reason for each way a
-dial fails (clientrpc.md §0, §1, §8 g).
+dial fails (docs/clientrpc.md §Transport, §Mutual TLS, §Basic auth).
 
-* URL ``wss://host:port/ws`` (the path must be ``/ws``; §1 gotcha 3); the
-  server certificate file is the only CA and the client pair is presented
-  (:func:`~brmcp.clientrpc.client_ssl_context`); an ``Authorization: Basic
-  base64(user:pass)`` header is always sent, as the Go client does (``Basic
-  Og==`` when both are empty; §1, §8 g).
+* URL ``wss://host:port/ws`` (the path must be ``/ws``; docs/clientrpc.md
+  §Transport); the server certificate file is the only CA and the client
+  pair is presented (:func:`~brmcp.clientrpc.client_ssl_context`); an
+  ``Authorization: Basic base64(user:pass)`` header is always sent, as the Go
+  client does (``Basic Og==`` when both are empty; docs/clientrpc.md §Basic auth).
 * ``websockets``' own pings are off (its 4-byte pings never match brclient's
-  16-byte pongs; §0 gotcha 1: the connection sends its own); no message-size
-  cap (BR messages reach ~18 MiB; §0 gotcha 9), no compression, no proxy.
+  16-byte pongs, so the connection sends its own; docs/clientrpc.md
+  §Keepalive); no message-size cap (BR messages reach ~18 MiB;
+  docs/clientrpc.md §Transport), no compression, no proxy.
 * websockets logs handshake headers at debug level: it gets a logger that
-  redacts the Authorization value (SECURITY.md "Secrets").
+  redacts the Authorization value (SECURITY.md §2).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Helpers for hosts that consume clientrpc event streams: acknowledge after
 processing, re-send acks lost to a disconnect, notice every (re)connect, and
-call host hooks that may be sync or async (clientrpc.md §4.3 "Resume recipe";
-go-brmcp.md §3.12).
+call host hooks that may be sync or async (docs/clientrpc.md
+§Resuming after a reconnect; the Go reference, karamble/brmcp,
+``server/bot.go``).
 
 Why acks are re-sent here rather than left to redelivery: a
 :class:`~brmcp.clientrpc.Subscription` drops replayed events it already

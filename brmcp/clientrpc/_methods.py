@@ -1,10 +1,10 @@
 """The typed brclient calls of :class:`~brmcp.clientrpc.Client`: the unary
 requests a PM/tip bot makes (version, identity, PM, tip, the three acks) and
 its three event streams, on top of the client's two primitives ``call`` and
-``subscribe`` (clientrpc.md §4).
+``subscribe`` (docs/clientrpc.md §Methods brmcp calls).
 
 Units: tips are sent as a float DCR amount and received in milliatoms
-(clientrpc.md §4.4, §5).
+(docs/clientrpc.md §Units).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The request slots of one clientrpc connection: brclient serves at most 16
-requests per connection at once, open streams included (clientrpc.md §2
-Concurrency); a request waits here, in FIFO order, for a free slot."""
+requests per connection at once, open streams included (docs/clientrpc.md
+§The concurrency limit); a request waits here, in FIFO order, for a free slot."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Reconnect delays of the clientrpc client (clientrpc.md §1 Reconnect: 1 s
-doubling to 30 s, reset after a successful connection)."""
+"""Reconnect delays of the clientrpc client (docs/clientrpc.md §Reconnecting:
+1 s doubling to 30 s, reset after a successful connection)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ __all__ = ["Backoff"]
 
 class Backoff:
     """Reconnect delays: ``initial`` seconds, doubling up to ``maximum``; :meth:`reset`
-    after a successful connection (clientrpc.md §1 Reconnect: 1 s doubling to 30 s).
+    after a successful connection (docs/clientrpc.md §Reconnecting: 1 s doubling to 30 s).
 
     Raises ``ValueError`` when ``initial`` is not > 0; a ``maximum`` below
     ``initial`` is raised to ``initial``."""

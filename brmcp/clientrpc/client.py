@@ -1,5 +1,5 @@
 """An asyncio client for brclient's clientrpc: JSON-RPC 2.0 over a mutually
-authenticated TLS websocket (clientrpc.md §1 to §4), on ``websockets``.
+authenticated TLS websocket (docs/clientrpc.md), on ``websockets``.
 
 The :class:`Client` owns one connection at a time and reconnects on its own;
 callers make requests (:meth:`Client.send_pm`, :meth:`Client.tip_user`, the
@@ -16,7 +16,7 @@ keepalive (``_connection``, ``_slots``), streams with replay de-duplication
 (``subscription``), the typed brclient calls (``_methods``), reconnect delays
 (``backoff``).
 
-Reconnect (clientrpc.md §1 Reconnect): dial failures back off 1 s doubling to
+Reconnect (docs/clientrpc.md §Reconnecting): dial failures back off 1 s doubling to
 30 s; the backoff resets after a successful connection; a dropped connection
 is redialled at once (after ``backoff_initial`` if it lasted less than that).
 In-flight requests fail with :class:`ClientrpcConnectionLost`; requests made

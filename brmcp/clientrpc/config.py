@@ -1,5 +1,6 @@
 """bisonbotkit-style bot configuration: a ``key=value`` file naming brclient's
-clientrpc address, certificates and Basic-auth credentials (clientrpc.md §6).
+clientrpc address, certificates and Basic-auth credentials (docs/clientrpc.md
+§Bot config file).
 
 Format: one ``key=value`` per line, split at the first ``=``, both sides
 trimmed. Blank lines and lines starting with ``#`` that hold no ``=`` are

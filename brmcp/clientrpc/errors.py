@@ -62,7 +62,7 @@ class RPCError(ClientrpcError):
 
     ``code`` is the JSON-RPC code (-32603 for handler errors and unknown
     methods, -32602 for undecodable params, 10000 "EOF" for a stream end;
-    clientrpc.md §2), ``message`` brclient's text (e.g. ``user <x> not found``),
+    docs/clientrpc.md §Error replies), ``message`` brclient's text (e.g. ``user <x> not found``),
     ``method`` the request's method. ``str()`` is the message alone, as the Go
     client's error text is.
     """

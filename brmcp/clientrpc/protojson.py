@@ -1,6 +1,6 @@
 """The JSON that brclient's clientrpc puts on the wire, reproduced byte for byte.
 
-Two layers are involved (clientrpc.md §2 and §3):
+Two layers are involved (docs/clientrpc.md §Requests and responses, §Encoding):
 
 * **protojson** encodes the ``params``/``result`` messages: lowerCamelCase keys,
   64-bit integers as JSON strings, ``bytes`` as standard padded base64, enums by
@@ -56,7 +56,7 @@ class ProtojsonError(ValueError):
 
 
 def encode_int64(value: int) -> str:
-    """A 64-bit integer as protojson writes it: a decimal JSON string (clientrpc.md §3)."""
+    """A 64-bit integer as protojson writes it: a decimal JSON string (docs/clientrpc.md §Encoding)."""
     return str(int(value))
 
 
@@ -148,7 +148,7 @@ def dumps(value: Any) -> str:
 
 def frame(message: Mapping[str, Any]) -> bytes:
     """One JSON-RPC message as a websocket payload: :func:`dumps` plus ``\\n``,
-    UTF-8 (clientrpc.md §1 Framing)."""
+    UTF-8 (docs/clientrpc.md §Transport)."""
     return (dumps(message) + "\n").encode("utf-8")
 
 

@@ -1,7 +1,7 @@
 """Event streams of the clientrpc client: a :class:`Subscription` outlives
 connections, is reopened with its ``unacked_from`` after every reconnect, and
 drops replayed events it already yielded, so a consumer sees each event once
-(clientrpc.md §4.3 Resume recipe, §1 Backpressure)."""
+(docs/clientrpc.md §Resuming after a reconnect, §Backpressure)."""
 
 from __future__ import annotations
 
@@ -83,12 +83,12 @@ class Subscription(Generic[E]):
     returning dicts, lists or mutable dataclasses) is compared by its content;
     one that cannot be compared at all is delivered with a warning (a replay
     may then deliver it again, never lose it). Events queue without bound while
-    the consumer is busy, so the connection keeps draining (clientrpc.md §1
-    Backpressure). The iterator ends when the subscription or the client closes.
+    the consumer is busy, so the connection keeps draining (docs/clientrpc.md
+    §Backpressure). The iterator ends when the subscription or the client closes.
 
     ``unacked_from`` is sent on every (re)open; the consumer may raise it (for
     instance to the last id it acked) to shorten replays. Keeping 0 and relying
-    on the dedupe is the robust choice (clientrpc.md §4.3 Resume recipe).
+    on the dedupe is the robust choice (docs/clientrpc.md §Resuming after a reconnect).
     Raises ``ValueError`` for a negative ``unacked_from``.
     """
 

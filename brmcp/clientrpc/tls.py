@@ -1,4 +1,4 @@
-"""The client side of clientrpc's mutual TLS (clientrpc.md §1 "TLS: client side").
+"""The client side of clientrpc's mutual TLS (docs/clientrpc.md §Mutual TLS).
 
 brclient's ``rpc.cert`` is self-signed and is trusted as the only CA (pinning);
 the client presents ``rpc-client.cert``/``rpc-client.key`` (Ed25519, signed by

@@ -1,10 +1,10 @@
 """Typed clientrpc messages: the events and results a PM/tip bot handles, their
 protojson form, the method names and the request params.
 
-Units (clientrpc.md §4.4, §5): 1 DCR = 1e8 atoms = 1e11 milliatoms (matoms).
+Units (docs/clientrpc.md §Units): 1 DCR = 1e8 atoms = 1e11 milliatoms (matoms).
 Received tips and tip progress carry ``amount_matoms``; ``TipUser`` takes a
 float ``dcrAmount`` in DCR. brmcp credits ``amount_matoms // 1000`` atoms
-(floor; go-brmcp.md §3.12).
+(floor; WIRE.md §Payments).
 
 User ids are 64 lowercase hex characters in this API; on the wire they are the
 raw 32 bytes in standard base64 (events) or the hex string (``user`` params).
@@ -56,7 +56,7 @@ __all__ = [
     "tip_user_params",
 ]
 
-# -- method names (clientrpc.md §4) -----------------------------------------------------
+# -- method names (docs/clientrpc.md §Methods brmcp calls) --------------------------------
 
 VERSION = "VersionService.Version"
 USER_PUBLIC_IDENTITY = "ChatService.UserPublicIdentity"
@@ -197,7 +197,7 @@ class ReceivedTip:
 
     @property
     def atoms(self) -> int:
-        """The amount in atoms, floored (``amount_matoms // 1000``; go-brmcp.md §3.12)."""
+        """The amount in atoms, floored (``amount_matoms // 1000``; WIRE.md §Payments)."""
         return self.amount_matoms // MATOMS_PER_ATOM
 
     @classmethod
@@ -228,7 +228,7 @@ class TipProgressEvent:
     milliatoms; ``attempt``: the invoice-request attempt count; ``attempt_err``:
     the failure text (``""`` on success); the event is final when ``completed``
     or not ``will_retry`` (:attr:`final`). No field links it to a ``TipUser``
-    call: correlate by ``(uid, amount_matoms)`` (clientrpc.md §5).
+    call: correlate by ``(uid, amount_matoms)`` (docs/clientrpc.md §Events).
     ``sequence_id``: id in the ``tipprogress`` log, acked with
     ``PaymentsService.AckTipProgress``.
     """

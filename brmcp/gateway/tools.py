@@ -25,7 +25,8 @@ __all__ = ["UpstreamToolSpec", "strip_reserved", "tool_specs"]
 
 log = logging.getLogger("brmcp.gateway")
 
-#: ``_meta`` keys the MCP SDK manages per connection (mcp-python-sdk-2.md §5).
+#: ``_meta`` keys the MCP SDK manages per connection (WIRE.md §Eras; the MCP Python
+#: SDK 2.x, ``mcp/server/runner.py``; BRIDGE.md §Resources, prompts and completions).
 _SDK_PREFIX = "io.modelcontextprotocol/"
 #: Our own namespace: an upstream cannot set prices or keys in it.
 _OWN_PREFIX = "brmcp/"

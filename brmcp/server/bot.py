@@ -1,9 +1,9 @@
 """Bot glue: serve a :class:`~brmcp.server.Harness` through a running brclient
 over clientrpc (the Go reference, karamble/brmcp, ``server/bot.go``; WIRE.md
-§Payments for the tip credit; clientrpc.md §6 "What brmcp server/bot.go does").
+§Payments for the tip credit; docs/clientrpc.md §How bots consume the streams).
 
 Three consumers run side by side, each acknowledging an event only after it
-was processed (at-least-once; clientrpc.md §4.3):
+was processed (at-least-once; docs/clientrpc.md §Acks and replay):
 
 * PMs: a brmcp envelope goes to the harness's router, other text to the
   host's ``on_pm`` hook (dropped without one); then ``AckReceivedPM``. A
@@ -18,7 +18,8 @@ was processed (at-least-once; clientrpc.md §4.3):
 
 Unlike bisonbotkit (which acks PMs before handing them over), nothing is
 acked before it is processed, and the received-tips log is acked with
-``PaymentsService.AckTipReceived`` (clientrpc.md §6 on the kit's wrong ack).
+``PaymentsService.AckTipReceived`` (docs/clientrpc.md §How bots consume the
+streams, on the kit's wrong ack).
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ class _Backlog:
     """Counts the tips credited from brclient's replay log when a harness
     starts without tip history, and logs them once at INFO. brclient replays
     every unacked tip as soon as the stream opens, before live events
-    (clientrpc.md §4.3), but does not mark the end of the replay: it is taken
+    (docs/clientrpc.md §Acks and replay), but does not mark the end of the replay: it is taken
     to end once no tip arrived for :data:`BACKLOG_QUIET` seconds after the
     stream opened (at most :data:`BACKLOG_MAX` seconds)."""
 

@@ -1,4 +1,4 @@
-"""In-memory callKey claims and outcome replay (go-brmcp.md §3.6, §3.8).
+"""In-memory callKey claims and outcome replay (WIRE.md §callKey).
 
 A claim is keyed by ``(peer, callKey)``: the first call runs, duplicates
 wait for it and get its outcome. Completed outcomes are replayed for
@@ -12,17 +12,30 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 from mcp.types import CallToolResult, TextContent
 
-__all__ = ["REPLAY_WINDOW", "CallKeyRegistry", "Claim"]
+from ..payment import CALL_KEY
+from ..payment import valid_call_key as _is_valid_key
+
+__all__ = ["REPLAY_WINDOW", "CallKeyRegistry", "Claim", "valid_call_key"]
 
 #: Seconds a completed outcome is replayed to duplicates.
 REPLAY_WINDOW = 30 * 60.0
 #: Text for duplicates of a completed call whose outcome is not retained.
 NOT_RETAINED_TEXT = "duplicate call: outcome not retained across a restart"
 _EVICTED_TEXT = "duplicate call: outcome no longer retained"
+
+
+def valid_call_key(meta: Any) -> str | None:
+    """The ``brmcp/callKey`` of a request's ``_meta`` when it is a string of
+    8..128 UTF-8 bytes, else None: the call runs unkeyed (WIRE.md §callKey)."""
+    if not isinstance(meta, dict):
+        return None
+    key = meta.get(CALL_KEY)
+    return key if _is_valid_key(key) else None
 
 
 def error_result(text: str) -> CallToolResult:

@@ -2,7 +2,8 @@
 
 The tools live in ``<repo>/.tools/node/node_modules`` (versions pinned in
 ``tests/node-tools/package.json``). The conformance suite and Inspector v2
-need Node >= 22 (tooling-notes.md): the npm-packaged Node 22 binary in
+need Node >= 22 (``@modelcontextprotocol/inspector`` 2.x declares ``node >=22.19``
+and the suite imports ``fs.globSync``, new in Node 22): the npm-packaged Node 22 binary in
 ``node_modules/.bin/node`` is preferred, else a system ``node`` >= 22.
 """
 

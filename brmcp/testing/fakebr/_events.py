@@ -1,5 +1,5 @@
 """Stream events of a fake brclient: each is appended to its kind's replay
-log (``(file << 32) | offset`` ids, clientrpc.md §4.3) and broadcast to every
+log (``(file << 32) | offset`` ids, docs/clientrpc.md §Acks and replay) and broadcast to every
 open stream of that kind; the ``emit_*`` injectors are also the relay's way
 to deliver PMs and tips (server.py documents the behaviour)."""
 

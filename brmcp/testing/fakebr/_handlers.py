@@ -1,6 +1,7 @@
 """The unary clientrpc methods of a fake brclient: strict params decoding,
 then brclient's checks and error texts in its order (Version,
-UserPublicIdentity, PM, TipUser, the three acks; clientrpc.md §4, §5)."""
+UserPublicIdentity, PM, TipUser, the three acks; docs/clientrpc.md §Methods
+brmcp calls, §Error texts)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The HTTP side of a fake brclient: brclient's Basic-auth wrapper and its
-texts (clientrpc.md §1), the Origin check and upgrade of ``/ws``, and the
+texts (docs/clientrpc.md §Basic auth), the Origin check and upgrade of ``/ws``, and the
 plain POST JSON-RPC endpoint on every other path (with the no-auth wrapper
 bug that appends its text)."""
 
@@ -23,7 +23,7 @@ class _HTTP(_Session):
     """The aiohttp handlers of :class:`~.server.FakeBRClient`."""
 
     def _auth_failure(self, request: web.Request) -> web.Response | None:
-        """brclient's Basic-auth wrapper (clientrpc.md §1); None when the request passes."""
+        """brclient's Basic-auth wrapper (docs/clientrpc.md §Basic auth); None when the request passes."""
         if not self.rpcuser or not self.rpcpass:
             return _http_error(401, "Forbidden")
         creds = _basic_auth(request.headers.get("Authorization"))

@@ -2,7 +2,8 @@
 the stream and ack methods per replay-log kind, the bound services, method
 names with their decimal stream suffix, the JSON-RPC envelope, Go's HTTP
 error and Basic-auth parsing, gorilla's Origin check, and brclient's texts
-for amounts (clientrpc.md §1-§2)."""
+for amounts (docs/clientrpc.md §Transport, §Basic auth, §Requests and
+responses, §Error texts)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ _ACKS = {
     "PaymentsService.AckTipReceived": KIND_TIP_RECEIVED,
     "PaymentsService.AckTipProgress": KIND_TIP_PROGRESS,
 }
-#: Services brclient binds (clientrpc.md §7); methods the fake lacks are "unknown method".
+#: Services brclient binds (docs/clientrpc.md §Other services); methods the fake lacks are "unknown method".
 _BOUND_SERVICES = frozenset(
     {
         "VersionService",

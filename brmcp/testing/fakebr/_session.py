@@ -1,7 +1,8 @@
 """One websocket session of a fake brclient: the writer, the keepalive
 pinger (16 random bytes, identical pong required), the reader (first JSON
 value of each message, 16 requests in flight, pongs padded to 16 bytes) and
-the requests and streams it starts (clientrpc.md §0, §2; server.py documents
+the requests and streams it starts (docs/clientrpc.md §Keepalive, §Requests
+and responses, §Streams; server.py documents
 the behaviour)."""
 
 from __future__ import annotations

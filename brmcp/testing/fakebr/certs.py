@@ -1,5 +1,5 @@
 """brclient's clientrpc certificates, generated with ``cryptography`` in the
-shapes brclient writes (clientrpc.md §1 "TLS: server side").
+shapes brclient writes (docs/clientrpc.md §Mutual TLS).
 
 * ``rpc.cert``/``rpc.key``: Ed25519, self-signed, basicConstraints CA:TRUE
   (critical), keyUsage digitalSignature + keyEncipherment + certSign

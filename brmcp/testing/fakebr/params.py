@@ -1,5 +1,5 @@
 """Strict protojson decoding of request params, as brclient's server applies it
-(``protojson.UnmarshalOptions{}``; clientrpc.md §3 "Input").
+(``protojson.UnmarshalOptions{}``; docs/clientrpc.md §Encoding).
 
 Accepted: JSON or proto field names; 64-bit integers as numbers or strings;
 bytes in standard or URL-safe base64, padded or not; enums by name or number;

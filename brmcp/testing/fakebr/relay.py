@@ -253,7 +253,7 @@ class FakeRelay:
         failure: TipFailure | None,
     ) -> None:
         # Tips from one user to one payee run one at a time; an attempt that
-        # cannot finish holds every later one (clientrpc.md, real-bison-relay.md).
+        # cannot finish holds every later one (docs/clientrpc.md §Observed on a real network).
         lock = self._tip_locks.setdefault((sender.uid, to_uid), anyio.Lock())
         async with lock:
             await self._run_one_tip(sender, to_uid, amount_matoms, max_attempts, failure)

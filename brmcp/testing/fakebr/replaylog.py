@@ -1,5 +1,5 @@
 """brclient's per-event-type replay log (``client/internal/replaymsglog``),
-in memory (clientrpc.md §4.3).
+in memory (docs/clientrpc.md §Acks and replay).
 
 Each event is appended as one JSON line; its sequence id is
 ``(file_index << 32) | end_offset``, where the offset grows by the line's

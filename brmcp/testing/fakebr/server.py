@@ -1,11 +1,11 @@
 """A fake brclient: the clientrpc JSON-RPC server on loopback over mutual TLS,
-faithful on the wire (clientrpc.md §9 checklist), backed by a :class:`FakeRelay`.
+faithful on the wire (every rule of docs/clientrpc.md), backed by a :class:`FakeRelay`.
 
 What it reproduces:
 
 * TLS: Ed25519 certificates laid out like brclient's (:mod:`.certs`), a client
   certificate chaining to ``rpc-ca.cert`` is required; optional Basic auth with
-  the 401/403 texts of §1 (checked before the websocket upgrade); the gorilla
+  the 401/403 texts of docs/clientrpc.md §Basic auth (checked before the websocket upgrade); the gorilla
   Origin check, quirks included.
 * ``/ws`` is the websocket; every other path is the plain POST JSON-RPC
   endpoint (responses as JSON lines; the no-auth wrapper bug appends its text).
@@ -335,7 +335,7 @@ class FakeBRClient(_HTTP):
 
     def brclient_conf(self) -> str:
         """The ``brclient.conf`` text for this fake (``[default] root`` and the
-        ``[clientrpc]`` section of clientrpc.md §7)."""
+        ``[clientrpc]`` section of docs/clientrpc.md §brclient.conf)."""
         lines = [
             "[default]",
             f"root = {self.root}",

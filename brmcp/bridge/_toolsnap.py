@@ -1,0 +1,344 @@
+"""A bot link's snapshot of the bot's tools (BRIDGE.md §Eras and
+snapshots): served to agents without a PM when it is known, fetched with
+``tools/list`` when it is not, refreshed in the background when it is stale
+or old or the bot said its tools changed, looked up again when an agent's
+call disagrees with it, and persisted per bot (:mod:`.snapshots`).
+:class:`ToolsMixin` gives :class:`~.link.BotLink` these methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+from mcp import ClientSession
+from mcp.shared.exceptions import MCPError
+from mcp.types import (
+    METHOD_NOT_FOUND,
+    DiscoverResult,
+    ListToolsRequest,
+    ListToolsResult,
+    PaginatedRequestParams,
+    ServerCapabilities,
+    Tool,
+    ToolListChangedNotification,
+)
+from mcp_types.version import LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
+
+from ..eras import CAPABILITIES_META_KEY
+from ..payment import PRICE_ATOMS_KEY
+from ._eras import _TOOLS_ONLY, _pushes
+from ._linkbase import LinkError, _describe, _Session, log, no_answer_hint
+from .retry import RetryPolicy
+from .snapshots import ERA_HANDSHAKE, ERA_MODERN, BotSnapshot, Era, SnapshotStore
+from .subscriptions import Subscriptions
+
+__all__ = ["RECHECK_INTERVAL", "REFRESH_DELAY", "SNAPSHOT_MAX_AGE", "ToolsMixin"]
+
+#: Most tools/list pages followed for one snapshot.
+_MAX_PAGES = 64
+#: Seconds a remembered snapshot's background refresh waits after the
+#: request that triggered it (so it never competes with that request).
+REFRESH_DELAY = 1.0
+#: Least seconds between two look-ups at the bot caused by a snapshot that
+#: disagrees with an agent's call (:meth:`BotLink.doubt_tools`).
+RECHECK_INTERVAL = 10.0
+#: Seconds after which a snapshot served to an agent is refreshed in the
+#: background (a bot that restarted with other tools sends no list change;
+#: an agent that only lists would otherwise never see them).
+SNAPSHOT_MAX_AGE = 300.0
+
+
+class ToolsMixin:
+    """The tools snapshot of :class:`~.link.BotLink`, which sets the state
+    declared here (in its constructor) and defines the methods declared
+    under TYPE_CHECKING."""
+
+    uid: str
+    #: Refreshes of the tool snapshot that reached the bot.
+    refreshes: int
+    subscriptions: Subscriptions
+    _tg: anyio.abc.TaskGroup
+    _store: SnapshotStore | None
+    _clock: Callable[[], float]
+    _retry: RetryPolicy
+    _connect_timeout: float
+    _own_uid: str | None
+    _current: _Session | None
+    _snapshot_lock: anyio.Lock
+    _tools: list[Tool] | None
+    _by_name: dict[str, Tool]
+    _stale: bool
+    _closed: bool
+    _capabilities: ServerCapabilities | None
+    _era: Era | None
+    _era_confirmed: bool
+    _refresh_wanted: bool
+    _refreshing: bool
+    _announce: bool
+    _changed: bool
+    _doubted_at: float | None
+    _fetched_at: float | None
+
+    if TYPE_CHECKING:
+
+        def lease(self) -> AbstractAsyncContextManager[tuple[ClientSession, int]]: ...
+
+        def reset(self, gen: int | None = None) -> bool: ...
+
+        def session_era(self, gen: int) -> Era | None: ...
+
+        def era_refused(self, exc: BaseException, gen: int, *, probe: bool = False) -> bool: ...
+
+        def require_handshake(self, gen: int | None = None) -> None: ...
+
+        @property
+        def connected(self) -> bool: ...
+
+    @property
+    def tools(self) -> list[Tool] | None:
+        """The last snapshot (None before the first one), possibly stale."""
+        return self._tools
+
+    def tool(self, name: str) -> Tool | None:
+        return self._by_name.get(name)
+
+    def fixed_price(self, name: str) -> int | None:
+        """The fixed price of tool ``name`` in atoms from the snapshot's
+        ``brmcp/priceAtoms`` (a whole number > 0), else None (free,
+        dynamic, unknown)."""
+        tool = self._by_name.get(name)
+        meta = tool.meta if tool is not None else None
+        value = meta.get(PRICE_ATOMS_KEY) if isinstance(meta, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        if isinstance(value, float) and not value.is_integer():
+            return None
+        price = int(value)
+        return price if price > 0 else None
+
+    @property
+    def stale(self) -> bool:
+        """True when the snapshot is not known to be current: the link was
+        reset or restarted (it is served and refreshed in the background),
+        or the bot said its tool list changed (:meth:`refresh` fetches it
+        before answering)."""
+        return self._stale or self._changed
+
+    def doubt_tools(self) -> bool:
+        """The snapshot may be wrong: an agent called a tool it lacks, or the
+        bot answered that it does not know a tool it lists. A bot that
+        restarted with other tools (a new brmcp-serve, a gateway in front of
+        another upstream) forgets the bridge's session and sends no
+        ``notifications/tools/list_changed``, so nothing else would tell.
+        The next :meth:`refresh` then fetches ``tools/list`` before answering
+        (one round trip), at most once per :data:`RECHECK_INTERVAL` seconds
+        so an agent repeating an unknown name costs no more. Returns True
+        when it will."""
+        now = anyio.current_time()
+        if self._doubted_at is not None and now - self._doubted_at < RECHECK_INTERVAL:
+            return False
+        self._doubted_at = now
+        self._changed = True
+        return True
+
+    def _install_tools(self, tools: list[Tool]) -> None:
+        self._tools = tools
+        self._by_name = {t.name: t for t in tools}
+
+    async def refresh(self) -> list[Tool]:
+        """Return the tool snapshot. With none yet it is fetched with
+        ``tools/list`` (one round trip unless the bot paginates; on a first
+        contact this request also tells the bot's era). A snapshot that is
+        stale (remembered from an earlier run, or taken on a session since
+        reset) is returned as it is and refreshed in the background after
+        the next request that reaches the bot; so is one fetched more than
+        :data:`SNAPSHOT_MAX_AGE` seconds ago (the agents get
+        ``notifications/tools/list_changed`` when it differed). Raises
+        :class:`LinkError`."""
+        if self._tools is not None and not self._changed:
+            fetched = self._fetched_at
+            if (
+                not self._stale
+                and fetched is not None
+                and anyio.current_time() - fetched > SNAPSHOT_MAX_AGE
+                and not self._closed
+            ):
+                # Served as it is; checked at the bot in the background, and
+                # the agents told (tools/list_changed) when it differs.
+                self._start_refresh()
+            if self._stale and self._era_confirmed:
+                self._refresh_wanted = True
+                if self._era == ERA_HANDSHAKE and not self.connected:
+                    # Any request needs the handshake first: open the session
+                    # now, so its initialize refreshes the capabilities.
+                    async with self.lease():
+                        pass
+            if not self._stale or self._era_confirmed:
+                return self._tools
+        async with self._snapshot_lock:
+            if self._tools is not None and not self._changed and (not self._stale or self._era_confirmed):
+                return self._tools
+            return await self._fetch()
+
+    async def _fetch(self) -> list[Tool]:
+        """``tools/list`` now (holding the snapshot lock), switching to the
+        handshake era once when the bot refuses the modern request."""
+        for _attempt in range(3):
+            async with self.lease() as (session, gen):
+                era = self.session_era(gen) or ERA_HANDSHAKE
+                # A modern session is ready at once: its first request is what
+                # finds out whether the bot answers at all (as initialize does).
+                limit = (
+                    min(self._retry.answer_timeout, self._connect_timeout)
+                    if era == ERA_MODERN
+                    else self._connect_timeout
+                )
+                try:
+                    with anyio.fail_after(limit):
+                        declared = self._capabilities if era == ERA_HANDSHAKE else None
+                        # A bot without tools (a resources-only server) has none to list.
+                        tools: list[Tool]
+                        stated: ServerCapabilities | None
+                        if declared is not None and declared.tools is None:
+                            tools, stated = [], None
+                        else:
+                            current = self._current
+                            prefetched = (
+                                current.prefetched if current is not None and current.gen == gen else None
+                            )
+                            try:
+                                if prefetched is not None:
+                                    # The first contact brought them: no PM.
+                                    assert current is not None
+                                    current.prefetched = None
+                                    tools, stated = prefetched, None
+                                else:
+                                    tools, stated = await _list_all(session)
+                            except MCPError as exc:
+                                if era != ERA_MODERN or exc.error.code != METHOD_NOT_FOUND:
+                                    raise
+                                # A modern bot without tools: ask what it serves.
+                                raw = await session.send_discover(LATEST_MODERN_VERSION)
+                                tools, stated = [], DiscoverResult.model_validate(raw).capabilities
+                except TimeoutError:
+                    if era != ERA_MODERN:
+                        self.reset(gen)
+                        raise LinkError("tools/list: no answer from the bot") from None
+                    # Kept: the request may still reach a bot that comes back.
+                    raise LinkError(no_answer_hint(self.uid, limit, self._own_uid)) from None
+                except Exception as exc:
+                    if self.era_refused(exc, gen, probe=True):
+                        continue
+                    self.reset(gen)
+                    raise LinkError(f"tools/list: {_describe(exc)}") from exc
+                self.refreshes += 1
+                self._fetched_at = anyio.current_time()
+                changed = self._era != era or not self._era_confirmed
+                self._era = era
+                self._era_confirmed = True
+                if era == ERA_MODERN:
+                    capabilities = stated if stated is not None else self._capabilities or _TOOLS_ONLY
+                    if capabilities != self._capabilities:
+                        self._capabilities = capabilities
+                        changed = True
+                    if _pushes(capabilities):
+                        # Resource updates and list changes need the handshake
+                        # era's standing session (2026-07-28 has none over BR),
+                        # and a bot tells list changes to sessions that listed:
+                        # list again there.
+                        self.require_handshake(gen)
+                        continue
+                changed = changed or tools != self._tools
+                current = self._current
+                self._install_tools(tools)
+                self._stale = current is None or current.gen != gen
+                self._changed = False
+                self._refresh_wanted = False
+                if changed:
+                    self._schedule_save()
+            return tools
+        raise LinkError("tools/list: the bot refused both eras")
+
+    def _start_refresh(self) -> None:
+        """Refresh the snapshot in a background task (once at a time)."""
+        if self._refreshing:
+            return
+        self._refreshing = True
+        self._refresh_wanted = False
+        self._tg.start_soon(self._background_refresh, name=f"brmcp-bridge-refresh-{self.uid[:8]}")
+
+    async def _background_refresh(self) -> None:
+        try:
+            if not self._announce:
+                # Let the request that triggered it be answered first.
+                await anyio.sleep(REFRESH_DELAY)
+            before = self._tools
+            async with self._snapshot_lock:
+                await self._fetch()
+            if self._announce or before != self._tools:
+                self._announce = False
+                await self.subscriptions.broadcast(ToolListChangedNotification())
+        except Exception as exc:
+            log.info("bot %s: background tools/list failed: %s", self.uid[:8], _describe(exc))
+        finally:
+            self._refreshing = False
+
+    def snapshot(self) -> BotSnapshot | None:
+        """What would be persisted now (None before the era is known)."""
+        if self._era is None or self._tools is None:
+            return None
+        version = LATEST_MODERN_VERSION if self._era == ERA_MODERN else LATEST_HANDSHAKE_VERSION
+        return BotSnapshot(
+            bot=self.uid,
+            era=self._era,
+            protocol_version=version,
+            capabilities=self._capabilities,
+            tools=list(self._tools),
+            updated=int(self._clock()),
+        )
+
+    def _schedule_save(self) -> None:
+        store, snapshot = self._store, self.snapshot()
+        if store is None or snapshot is None or self._closed:
+            return
+        self._tg.start_soon(_save, store, snapshot)
+
+
+async def _list_all(session: ClientSession) -> tuple[list[Tool], ServerCapabilities | None]:
+    """Every page of ``tools/list``, and the capabilities a brmcp harness
+    states in the first page's ``_meta`` (None when absent or invalid)."""
+    tools: list[Tool] = []
+    stated: ServerCapabilities | None = None
+    cursor: str | None = None
+    for page_no in range(_MAX_PAGES):
+        params = PaginatedRequestParams(cursor=cursor) if cursor is not None else None
+        page = await session.send_request(ListToolsRequest(params=params), ListToolsResult)
+        if page_no == 0:
+            stated = _stated_capabilities(page.meta)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return tools, stated
+
+
+def _stated_capabilities(meta: Any) -> ServerCapabilities | None:
+    raw = meta.get(CAPABILITIES_META_KEY) if isinstance(meta, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return ServerCapabilities.model_validate(raw)
+    except ValueError:
+        return None
+
+
+async def _save(store: SnapshotStore, snapshot: BotSnapshot) -> None:
+    try:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(store.save, snapshot)
+    except OSError as exc:
+        log.warning("bot %s: snapshot not written: %s", snapshot.bot[:8], exc)

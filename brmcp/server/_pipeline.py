@@ -1,0 +1,411 @@
+"""The per-call money pipeline of the harness (WIRE.md §Payments "Server
+order per call", §callKey, §Pay alongside, §Receipts): callKey claim, rate limit,
+price, debit (or the pay-alongside hold, or ``payment_required``), handler,
+the deliverability check, and settlement (journal, refund of a failed paid
+call, the outcome kept for duplicates). :class:`CallPipeline` is owned by
+:class:`~.harness.Harness`, which delegates :meth:`~.harness.Harness.call`
+to it and wakes its held calls on every credit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from mcp.types import CallToolResult, JSONRPCResponse
+
+from .. import wire
+from ..payment import Receipt, parse_payment_required, payment_required_result
+
+if TYPE_CHECKING:
+    from ..metrics import ServeMetrics
+from ._accounts import Accounts
+from .callkeys import REPLAY_WINDOW, CallKeyRegistry, Claim, error_result
+from .config import HarnessConfig
+from .context import CallContext
+from .ratelimit import RATE_LIMITED_TEXT, RateLimiter
+from .tools import ToolSpec, to_result
+
+__all__ = ["OUTCOME_CAP", "CallPipeline", "outcome_json_for_error", "response_overhead"]
+
+log = logging.getLogger("brmcp.server")
+
+#: Outcomes whose JSON is at most this many bytes are kept in the journal
+#: and replayed after a restart (WIRE.md §callKey).
+OUTCOME_CAP = 64 * 1024
+#: The JSON-RPC id assumed when the request's own is unknown (a direct
+#: :meth:`Harness.call`): the longest an int64 id prints.
+_WORST_ID = -(2**63)
+#: While holding, the balance is re-read at least this often (seconds), so a
+#: credit made outside the harness (an external ``Billing``) is seen too.
+_HOLD_RECHECK = 1.0
+
+
+class _Refused(Exception):
+    """A refusal before execution; the claim is released."""
+
+    def __init__(self, result: CallToolResult, reason: str) -> None:
+        super().__init__(reason)
+        self.result = result
+        self.reason = reason
+
+
+class CallPipeline:
+    """Runs each tools/call of a :class:`~.harness.Harness` and charges it at
+    most once. It shares the harness's ``config`` (read live: hold bounds,
+    chunk size), ledger (``accounts``), rate ``limiter`` and callKey
+    registry (``calls``); ``clock`` gives unix seconds for journal expiry.
+    ``metrics`` (a :class:`brmcp.metrics.ServeMetrics` or None) is set
+    through ``Harness.metrics``."""
+
+    def __init__(
+        self,
+        config: HarnessConfig,
+        accounts: Accounts,
+        limiter: RateLimiter,
+        calls: CallKeyRegistry,
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self._accounts = accounts
+        self._limiter = limiter
+        self._calls = calls
+        self._clock = clock
+        #: Prometheus metrics to update, or None.
+        self.metrics: ServeMetrics | None = None
+        #: Per caller: an event set (and replaced) on every credit, for held calls.
+        self._credit_events: dict[str, anyio.Event] = {}
+        #: Per caller: calls held right now waiting for a pay-alongside credit.
+        self._held: dict[str, int] = {}
+        #: Calls that were held at least once (observability and tests).
+        self.holds = 0
+        self.executions = 0  #: handler invocations (for tests and metrics)
+
+    async def call(
+        self,
+        peer: str,
+        spec: ToolSpec,
+        arguments: dict[str, Any],
+        prepared: dict[str, Any],
+        call_key: str | None,
+        *,
+        request: Any = None,
+        alongside: int = 0,
+    ) -> CallToolResult:
+        """The per-call pipeline (WIRE.md §Payments, server order): callKey claim → rate
+        limit → price → debit or payment_required → handler. ``alongside``
+        is the ``brmcp/payAlongside`` mark (atoms being tipped, 0 = none): an
+        underfunded call is then held for the credit
+        (WIRE.md §Pay alongside). A charged result carries the receipt ``_meta`` keys
+        ``brmcp/chargedAtoms`` and ``brmcp/balanceAtoms`` (WIRE.md §Receipts)."""
+        claim: Claim | None = None
+        if call_key is not None:
+            claim, duplicate = self._calls.claim(peer, call_key)
+            if duplicate:
+                return await self._calls.wait(claim)
+        started = anyio.current_time()
+        outcome = "ok"
+        try:
+            result = await self._execute(peer, spec, arguments, prepared, call_key, claim, request, alongside)
+            if result.is_error:
+                outcome = "error"
+        except _Refused as refusal:
+            outcome = _REFUSAL_OUTCOMES.get(refusal.reason, "refused")
+            if claim is not None:
+                self._calls.release(claim, refusal.reason, refusal.result)
+            return refusal.result
+        except BaseException:
+            outcome = "error"
+            if claim is not None and not claim.finished:
+                self._calls.release(claim, "the original call was abandoned")
+            raise
+        finally:
+            metrics = self.metrics
+            if metrics is not None:
+                metrics.calls.labels(spec.name, outcome).inc()
+                metrics.call_seconds.labels(spec.name).observe(anyio.current_time() - started)
+        return result
+
+    async def _execute(
+        self,
+        peer: str,
+        spec: ToolSpec,
+        arguments: dict[str, Any],
+        prepared: dict[str, Any],
+        call_key: str | None,
+        claim: Claim | None,
+        request: Any,
+        alongside: int = 0,
+    ) -> CallToolResult:
+        if not self._limiter.take(peer):
+            raise _Refused(error_result(RATE_LIMITED_TEXT), "rate limited")
+        base = CallContext(peer=peer, tool=spec.name, call_key=call_key, request=request)
+        try:
+            price = await spec.price_for(base, arguments)
+        except Exception as exc:
+            reason = str(exc) or type(exc).__name__
+            raise _Refused(error_result(reason), "price function failed") from None
+        call_id = wire.new_id() + wire.new_id()
+        charged = 0
+        receipt: Receipt | None = None
+        if price > 0:
+            balance = await self._charge_or_hold(call_id, peer, call_key, spec.name, price, alongside)
+            charged = price
+            receipt = Receipt(charged_atoms=price, balance_atoms=balance)
+        ctx = CallContext(
+            peer=peer, tool=spec.name, charged_atoms=charged, call_key=call_key, request=request
+        )
+        self.executions += 1
+        failed = False
+        try:
+            value = await spec.handler(ctx, prepared)
+            result = to_result(value)
+            problem = spec.check_output(result)
+            if problem is not None:
+                failed = True
+                result = error_result(problem)
+            elif result.is_error:
+                failed = True
+            elif receipt is not None:
+                result = _with_receipt(result, receipt)
+            # Serialized here, inside the failure handling: a result that
+            # cannot be written must become a refunded failure, not an error
+            # escaping after the charge (the key would be released with the
+            # debit still open).
+            text = _result_json(result) if charged > 0 or claim is not None else None
+            if text is not None:
+                self._check_deliverable(text, getattr(request, "request_id", None))
+        except Exception as exc:
+            failed = True
+            log.info(
+                "tool %s failed for %s: %s", spec.name, peer, exc, exc_info=log.isEnabledFor(logging.DEBUG)
+            )
+            result = error_result(str(exc) or type(exc).__name__)
+            text = None
+        except BaseException:
+            # Cancelled (the caller gave up): refund and record like a failure.
+            with anyio.CancelScope(shield=True):
+                await self._settle(
+                    call_id, peer, claim, charged, error_result("call cancelled"), True, tool=spec.name
+                )
+            raise
+        with anyio.CancelScope(shield=True):
+            await self._settle(call_id, peer, claim, charged, result, failed, text, tool=spec.name)
+        return result
+
+    async def _charge_once(self, call_id: str, peer: str, call_key: str | None, tool: str, price: int) -> int:
+        """Debit ``price``; returns the balance after the charge, or raises
+        :class:`_Refused` (payment_required with the balance, or a ledger
+        failure). A negative return value never escapes: an unknown
+        balance (external billing) is read again."""
+        try:
+            with anyio.CancelScope(shield=True):
+                ok, balance = await self._accounts.charge(
+                    call_id=call_id, peer=peer, call_key=call_key, tool=tool, atoms=price
+                )
+                if ok and balance < 0:
+                    balance = max(0, await self._accounts.balance(peer))
+        except Exception as exc:
+            log.error("charge of %d atoms to %s failed: %s", price, peer, exc)
+            if self.metrics is not None:
+                self.metrics.errors.labels("ledger").inc()
+            raise _Refused(
+                error_result("payment could not be recorded; nothing was charged; retry later"),
+                "ledger unavailable",
+            ) from None
+        if not ok:
+            log.info(
+                "payment required: %s called %s for %d atoms with a balance of %d", peer, tool, price, balance
+            )
+            raise _Refused(payment_required_result(tool, price, balance), "payment required")
+        if self.metrics is not None:
+            self.metrics.charged_atoms.labels(tool).inc(price)
+        log.info(
+            "charged %d atoms to %s for %s (call %s, balance now %s)",
+            price,
+            peer,
+            tool,
+            call_id,
+            balance if balance >= 0 else "kept by the billing store",
+        )
+        return balance
+
+    async def _charge_or_hold(
+        self, call_id: str, peer: str, call_key: str | None, tool: str, price: int, alongside: int
+    ) -> int:
+        """Charge ``price``; with a pay-alongside mark, hold an underfunded
+        call until a credit covers it (WIRE.md §Pay alongside): at most
+        ``hold_seconds``, at most ``max_held_calls`` per caller, and only
+        when the balance plus the announced tip could cover the price.
+        Returns the balance after the charge; raises :class:`_Refused` with
+        the ordinary ``payment_required`` refusal when it is not held or
+        the hold ends unfunded."""
+        config = self.config
+        holdable = alongside > 0 and config.hold_seconds > 0 and config.max_held_calls > 0
+        event = self._credit_event(peer) if holdable else None
+        try:
+            return await self._charge_once(call_id, peer, call_key, tool, price)
+        except _Refused as refusal:
+            if event is None or refusal.reason != "payment required":
+                raise
+            balance = _refusal_balance(refusal)
+            if balance + alongside < price or self._held.get(peer, 0) >= config.max_held_calls:
+                raise
+            first = refusal
+        self._held[peer] = self._held.get(peer, 0) + 1
+        self.holds += 1
+        deadline = anyio.current_time() + config.hold_seconds
+        try:
+            while True:
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    raise first
+                # Only the wait is bounded: a charge never runs under a
+                # deadline that could interrupt it after the debit.
+                with anyio.move_on_after(min(remaining, _HOLD_RECHECK)):
+                    await event.wait()
+                event = self._credit_event(peer)
+                try:
+                    return await self._charge_once(call_id, peer, call_key, tool, price)
+                except _Refused as refusal:
+                    if refusal.reason != "payment required":
+                        raise
+                    first = refusal
+        finally:
+            left = self._held[peer] - 1
+            if left:
+                self._held[peer] = left
+            else:
+                del self._held[peer]
+
+    def _check_deliverable(self, text: str, request_id: Any = None) -> None:
+        """Raise ValueError when a result's JSON cannot fit in one transport
+        message (64 parts of ``chunk_size`` bytes, WIRE.md §Chunking): the
+        transport would replace it with an error, so the caller must not be
+        charged for it (the failure refunds the price).
+
+        The allowance is the real JSON-RPC response wrapper
+        (``{"jsonrpc":"2.0","id":<id>,"result":…}``) for ``request_id`` (the
+        longest int64 when unknown), and the part count is what
+        :func:`brmcp.wire.encode` would need at this chunk size, so the check
+        is exact for every chunk size."""
+        chunk_size = self.config.router_options.chunk_size
+        limit = wire.MAX_PARTS * chunk_size
+        size = len(text.encode()) + response_overhead(request_id if request_id is not None else _WORST_ID)
+        if -(-size // chunk_size) > wire.MAX_PARTS:
+            raise ValueError(f"result of {size} bytes exceeds the transport limit of {limit} bytes")
+
+    async def _settle(
+        self,
+        call_id: str,
+        peer: str,
+        claim: Claim | None,
+        charged: int,
+        result: CallToolResult,
+        failed: bool,
+        text: str | None = None,
+        *,
+        tool: str = "",
+    ) -> None:
+        """Journal completion (refunding a failed paid call in the same
+        transaction) and record the outcome for duplicates. ``text`` is the
+        result's JSON when the caller already has it."""
+        if charged <= 0 and claim is None:
+            return  # a free unkeyed call: nothing to journal or replay
+        if text is None:
+            text = result.model_dump_json(by_alias=True, exclude_none=True)
+        size = len(text.encode())
+        if charged > 0:
+            try:
+                await self._accounts.complete(
+                    call_id=call_id,
+                    peer=peer,
+                    atoms=charged,
+                    keyed=claim is not None,
+                    expires=self._clock() + REPLAY_WINDOW,
+                    outcome_json=text if size <= OUTCOME_CAP else None,
+                    refund=failed,
+                )
+            except Exception as exc:
+                # The journal row stays 'charged': the next start refunds it
+                # exactly once. The caller still gets its result.
+                log.error("could not journal completion of call %s for %s: %s", call_id, peer, exc)
+                if self.metrics is not None:
+                    self.metrics.errors.labels("ledger").inc()
+            else:
+                if failed and self.metrics is not None:
+                    self.metrics.refunds.labels(tool).inc()
+                    self.metrics.refunded_atoms.labels(tool).inc(charged)
+                if failed:
+                    log.info(
+                        "refunded %d atoms to %s (call %s): the call failed: %s",
+                        charged,
+                        peer,
+                        call_id,
+                        _first_text(result),
+                    )
+        if claim is not None:
+            self._calls.finish(claim, result, size, text)
+
+    def credited(self, peer: str) -> None:
+        """Wake the calls of ``peer`` held for a pay-alongside credit (the
+        harness calls it after every credit to ``peer``)."""
+        event = self._credit_events.pop(peer, None)
+        if event is not None:
+            event.set()
+
+    def _credit_event(self, peer: str) -> anyio.Event:
+        event = self._credit_events.get(peer)
+        if event is None:
+            event = self._credit_events[peer] = anyio.Event()
+        return event
+
+
+def response_overhead(request_id: Any) -> int:
+    """Bytes the JSON-RPC response wrapper adds around a result's JSON for a
+    request with id ``request_id``, as the transport writes it (compact)."""
+    empty = JSONRPCResponse(jsonrpc="2.0", id=request_id, result={})
+    return len(empty.model_dump_json(by_alias=True, exclude_unset=True).encode()) - len(b"{}")
+
+
+def _with_receipt(result: CallToolResult, receipt: Receipt) -> CallToolResult:
+    """``result`` with the receipt keys added to its ``_meta`` (WIRE.md §Receipts)."""
+    meta = dict(result.meta or {})
+    meta.update(receipt.to_meta())
+    return result.model_copy(update={"meta": meta})
+
+
+#: Metric outcomes of the refusal reasons of :class:`_Refused`.
+_REFUSAL_OUTCOMES = {"payment required": "payment_required", "rate limited": "rate_limited"}
+
+
+def _first_text(result: CallToolResult, limit: int = 200) -> str:
+    """The first text item of ``result`` (shortened), for a log line."""
+    for item in result.content:
+        text = getattr(item, "text", None)
+        if isinstance(text, str):
+            return text if len(text) <= limit else text[:limit] + "…"
+    return "no text"
+
+
+def _refusal_balance(refusal: _Refused) -> int:
+    """The ``balanceAtoms`` of a payment_required refusal (0 when unreadable)."""
+    found = parse_payment_required(refusal.result)
+    return found.balance_atoms if found is not None else 0
+
+
+def _result_json(result: CallToolResult) -> str:
+    """The JSON of a handler's result; TypeError when it cannot be written
+    (e.g. bytes that are not UTF-8 in structuredContent)."""
+    try:
+        return result.model_dump_json(by_alias=True, exclude_none=True)
+    except (ValueError, TypeError) as exc:
+        raise TypeError(f"tool returned a value that is not JSON: {exc}") from None
+
+
+def outcome_json_for_error(text: str) -> str:
+    """The journal's outcome JSON for a tool error saying ``text`` (what the
+    ledger's reconciliation records for a call a crash interrupted)."""
+    return error_result(text).model_dump_json(by_alias=True, exclude_none=True)

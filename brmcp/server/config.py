@@ -1,0 +1,71 @@
+"""The harness's configuration: :class:`HarnessConfig` (what an operator
+sets), its defaults, and :class:`HarnessError` (the harness cannot start)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ..router import RouterOptions
+from .billing import Billing
+
+__all__ = ["HOLD_SECONDS", "MAX_HELD_CALLS", "HarnessConfig", "HarnessError"]
+
+#: Default bound on how long a call marked ``brmcp/payAlongside`` is held
+#: waiting for its tip's credit (seconds; WIRE.md §Pay alongside).
+HOLD_SECONDS = 30.0
+#: Default bound on calls held at once per caller.
+MAX_HELD_CALLS = 4
+
+
+class HarnessError(Exception):
+    """The harness cannot start: bad configuration or unusable storage
+    (the message names the file)."""
+
+
+@dataclass(slots=True)
+class HarnessConfig:
+    """Harness settings (the Go reference's ``HarnessConfig``: karamble/brmcp,
+    ``server/harness.go``).
+
+    * ``data_dir``: holds the SQLite database (balances, paid-call journal,
+      processed tips, audit rows). Required unless ``billing`` is set.
+    * ``allowed_peers``: default-deny allowlist of caller uids (exact
+      strings; use lowercase hex). ``allow`` replaces it entirely when set.
+    * ``calls_per_minute``: token bucket per caller (capacity = burst),
+      taken by each tools/call, resources/read and prompts/get.
+    * ``tool_visible(peer, tool)``: hide tools per caller (hidden tools are
+      absent from tools/list and unknown to tools/call). Resources,
+      templates, prompts and completions are visible to every allowed peer;
+      their handlers see ``ctx.peer`` and may refuse with an ``MCPError``.
+    * ``billing``: an external balance store instead of the built-in ledger.
+    * ``router_options``: transport settings (ttl, chunk size, ...).
+    * ``name``/``version``: the MCP server implementation info.
+    * ``clock``: unix seconds, for journal expiry.
+    * ``tools_list_changed``: declare ``tools: {"listChanged": true}``
+      (for tool sets that change at run time, e.g. brmcp/gateway).
+    * ``hold_seconds`` / ``max_held_calls``: the pay-alongside hold (WIRE.md
+      §Pay alongside): an underfunded call marked ``brmcp/payAlongside``
+      waits at most ``hold_seconds`` for a credit, with at most
+      ``max_held_calls`` such calls per caller (more are refused at once);
+      ``hold_seconds <= 0`` or ``max_held_calls <= 0`` turns holding off.
+    """
+
+    data_dir: str | os.PathLike[str] | None = None
+    allowed_peers: Iterable[str] = ()
+    allow: Callable[[str], bool] | None = None
+    calls_per_minute: int = 30
+    tool_visible: Callable[[str, str], bool] | None = None
+    billing: Billing | None = None
+    router_options: RouterOptions = field(default_factory=RouterOptions)
+    name: str = "brmcp"
+    version: str = "0.1.0"
+    clock: Callable[[], float] = time.time
+    #: Declare ``tools.listChanged`` and remember sessions that list tools,
+    #: so :meth:`Harness.notify_tool_list_changed` reaches them (the gateway
+    #: sets it; off by default, so a plain harness answers as the Go one).
+    tools_list_changed: bool = False
+    hold_seconds: float = HOLD_SECONDS
+    max_held_calls: int = MAX_HELD_CALLS
