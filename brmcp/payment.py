@@ -62,7 +62,7 @@ PAY_ALONGSIDE_KEY = "brmcp/payAlongside"
 #: Result ``_meta`` key: ``true`` on the answer to a call the server held
 #: until a credit landed (WIRE.md §Pay alongside): its receipt counts that credit.
 HELD_KEY = "brmcp/held"
-#: Inclusive bounds on a honoured callKey's length in UTF-8 bytes (§2.8).
+#: Inclusive bounds on a honoured callKey's length in UTF-8 bytes (WIRE.md §callKey).
 CALL_KEY_MIN_BYTES = 8
 CALL_KEY_MAX_BYTES = 128
 #: The ``error`` value of a payment refusal.

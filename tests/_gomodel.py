@@ -181,7 +181,7 @@ class ModelError(Exception):
 
 
 def model_expired(exp: int, now: float) -> bool:
-    """§1.4: exp > 0 and the current whole unix second is after exp."""
+    """WIRE.md §Deadlines: exp > 0 and the current whole unix second is after exp."""
     whole_second = int(now // 1)
     return exp > 0 and whole_second > exp
 

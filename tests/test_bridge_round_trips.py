@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import httpx2
 import mcp.types as types
+import pytest
 from bridge_support import (
     BOT,
     CLIENT,
@@ -26,12 +27,14 @@ from bridge_support import (
     build_harness,
     call,
     fixture_settings,
+    texts,
     until,
 )
 from mcp import ClientSession
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server, ServerRequestContext
+from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from brmcp import Conn
@@ -473,3 +476,98 @@ async def _echo_call(
 ) -> types.CallToolResult:
     text = str((params.arguments or {}).get("text", ""))
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+
+def _scripted_bot(offer: dict[str, Any], methods: list[str], *, modern_error: int | None = None) -> Any:
+    """A bot ``accept`` that answers a marked initialize with ``offer`` (a
+    whole initialize result), serves tools/list (one valid tool ``t``) and
+    tools/call after the handshake, and answers modern requests with the
+    SDK's ``modern_error`` code when given, else a result without
+    ``resultType`` (invalid in the modern era)."""
+
+    async def accept(conn: Conn) -> None:
+        initialized = False
+        async for item in conn.read_stream:
+            if not isinstance(item, SessionMessage):
+                continue
+            message = item.message
+            method = getattr(message, "method", "")
+            methods.append(method)
+            if method == "notifications/initialized":
+                initialized = True
+            if not isinstance(message, types.JSONRPCRequest):
+                continue
+            reply: types.JSONRPCResponse | types.JSONRPCError
+            if method == "initialize":
+                reply = types.JSONRPCResponse(jsonrpc="2.0", id=message.id, result=offer)
+            elif not initialized and modern_error is not None:
+                error = types.ErrorData(code=modern_error, message="Unsupported protocol version")
+                reply = types.JSONRPCError(jsonrpc="2.0", id=message.id, error=error)
+            elif method == "tools/list":
+                tools = [{"name": "t", "inputSchema": {"type": "object"}}]
+                reply = types.JSONRPCResponse(jsonrpc="2.0", id=message.id, result={"tools": tools})
+            else:
+                content = [{"type": "text", "text": "ran"}]
+                reply = types.JSONRPCResponse(jsonrpc="2.0", id=message.id, result={"content": content})
+            await conn.write_stream.send(SessionMessage(reply))
+
+    return accept
+
+
+_PLAIN = {
+    "protocolVersion": "2025-11-25",
+    "capabilities": {"tools": {}},
+    "serverInfo": {"name": "s", "version": "1"},
+}
+_GOOD_TOOLS = {"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}
+
+
+async def test_an_offer_with_a_tool_that_cannot_be_served_is_not_taken(tmp_path: Path) -> None:
+    """A first-contact answer whose tool has an invalid input schema is not
+    installed (nor remembered): the handshake's own tools/list decides."""
+    bad = {"tools": [{"name": "t", "inputSchema": {"type": 5, "properties": "x"}}]}
+    offer = {**_PLAIN, "_meta": {"brmcp/modernVersions": ["2026-07-28"], "brmcp/tools": bad}}
+    methods: list[str] = []
+    with anyio.fail_after(30):
+        async with rig(tmp_path, accept=_scripted_bot(offer, methods)) as r:
+            await r.start_bridge()
+            async with r.agent() as agent:
+                assert [t.name for t in (await agent.list_tools()).tools] == ["t"]
+                assert texts(await call(agent, "t")) == ["ran"]
+            assert methods[:3] == ["initialize", "notifications/initialized", "tools/list"]
+            assert r.bridge is not None
+            link = r.bridge.link(BOT)
+            assert link is not None
+            assert link.era == "handshake"
+
+
+async def test_a_bot_that_offers_the_modern_era_but_refuses_it_falls_back(tmp_path: Path) -> None:
+    """The bot names 2026-07-28 in its offer, then answers modern requests
+    with the SDK's -32022 "Unsupported protocol version": the bridge
+    switches to the handshake era (remembered) and the call still runs."""
+    offer = {**_PLAIN, "_meta": {"brmcp/modernVersions": ["2026-07-28"], "brmcp/tools": _GOOD_TOOLS}}
+    methods: list[str] = []
+    with anyio.fail_after(30):
+        async with rig(tmp_path, accept=_scripted_bot(offer, methods, modern_error=-32022)) as r:
+            await r.start_bridge()
+            async with r.agent() as agent:
+                assert texts(await call(agent, "t")) == ["ran"]
+            assert r.bridge is not None
+            link = r.bridge.link(BOT)
+            assert link is not None
+            assert link.era == "handshake"
+            await until(lambda: json.loads(r.snapshot_file().read_text())["era"] == "handshake")
+
+
+async def test_an_invalid_modern_result_is_one_clear_error(tmp_path: Path) -> None:
+    offer = {**_PLAIN, "_meta": {"brmcp/modernVersions": ["2026-07-28"], "brmcp/tools": _GOOD_TOOLS}}
+    methods: list[str] = []
+    with anyio.fail_after(30):
+        async with rig(tmp_path, accept=_scripted_bot(offer, methods)) as r:
+            await r.start_bridge()
+            async with r.agent() as agent:
+                with pytest.raises(MCPError) as failure:
+                    await call(agent, "t")
+            message = failure.value.error.message
+            assert message.startswith(f"bot {BOT[:8]} answered with an invalid result")
+            assert "TaskGroup" not in message

@@ -76,7 +76,7 @@ async def test_key_is_scoped_per_peer_not_per_tool(tmp_path: Path) -> None:
         bob_text = ok_text(await call(b, "paid", key=key))
         assert json.loads(alice_text) == {"n": 1}
         assert json.loads(bob_text) == {"n": 2}
-        # A reused key on another tool replays the first tool's outcome (§2.8).
+        # A reused key on another tool replays the first tool's outcome (WIRE.md §callKey).
         assert ok_text(await call(a, "free", {"text": "other"}, key=key)) == alice_text
         assert runs.n == 2
 

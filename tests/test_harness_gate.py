@@ -45,7 +45,7 @@ async def test_tools_list_advertises_prices_in_meta(tmp_path: Path) -> None:
     async with served(harness) as srv, srv.client(ALICE) as s:
         tools = {t.name: t for t in (await s.list_tools()).tools}
     assert tools["paid"].meta == {"brmcp/priceAtoms": 500}
-    # Free tools advertise 0 rather than looking dynamic (§3.4).
+    # Free tools advertise 0 rather than looking dynamic (WIRE.md §Payments).
     assert tools["free"].meta == {"brmcp/priceAtoms": 0}
     assert tools["dynamic"].meta == {"brmcp/pricing": "dynamic"}
     assert tools["paid"].input_schema == {"type": "object", "additionalProperties": False}

@@ -191,9 +191,18 @@ async def test_marked_call_is_held_until_the_credit(tmp_path: Path) -> None:
         (result,) = results
         assert not result.is_error
         assert parse_receipt(result.meta) == Receipt(500, 0)
+        # Held, then charged: the receipt counts the credit that released it.
+        assert result.meta is not None
+        assert result.meta["brmcp/held"] is True
         assert runs.n == 1
         assert await harness.balance(ALICE) == 0
         assert await harness.record_tip(ALICE, 500_000, 77) == (False, 0)
+        # A marked call the credit already covers is charged at once: no held key.
+        await harness.credit(ALICE, 500)
+        at_once = await _raw_call(s, "paid", {"brmcp/callKey": "i" * 32, PAY_ALONGSIDE_KEY: 500})
+        assert parse_receipt(at_once.meta) == Receipt(500, 0)
+        assert at_once.meta is not None
+        assert "brmcp/held" not in at_once.meta
 
 
 async def test_hold_times_out_with_the_ordinary_refusal(tmp_path: Path) -> None:

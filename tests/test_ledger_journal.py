@@ -220,7 +220,7 @@ async def test_replay_window_expires_then_the_key_runs_again(tmp_path: Path) -> 
         now[0] += 29 * 60
         assert ok_text(await call(s, "paid", key="expiring-key-1")) == first
         now[0] += 2 * 60
-        # Past 30 minutes: a fresh call (§3.8), and the old journal row is swept.
+        # Past 30 minutes: a fresh call (WIRE.md §callKey), and the old journal row is swept.
         assert ok_text(await call(s, "paid", key="expiring-key-1")) != first
         assert runs.n == 2
         assert await harness.balance(ALICE) == 500

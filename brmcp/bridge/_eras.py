@@ -14,6 +14,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_PARAMS,
     INVALID_REQUEST,
+    UNSUPPORTED_PROTOCOL_VERSION,
     DiscoverResult,
     Implementation,
     InitializeRequest,
@@ -60,9 +61,27 @@ def _offered_tools(result: InitializeResult) -> list[Tool] | None:
     if not isinstance(versions, list) or LATEST_MODERN_VERSION not in versions:
         return None
     try:
-        return ListToolsResult.model_validate(meta.get(TOOLS_KEY)).tools
+        tools = ListToolsResult.model_validate(meta.get(TOOLS_KEY)).tools
     except ValueError:
         return None
+    if not all(_servable(tool) for tool in tools):
+        # Not served (nor remembered) as offered: the handshake's own
+        # tools/list decides, as with a bot that made no offer.
+        return None
+    return tools
+
+
+def _servable(tool: Tool) -> bool:
+    """An input (and output) schema an agent can be given: a JSON Schema
+    object of type ``object`` whose ``properties``, if any, is an object
+    (MCP's Tool.inputSchema and outputSchema)."""
+    schemas = [tool.input_schema] if tool.output_schema is None else [tool.input_schema, tool.output_schema]
+    return all(
+        isinstance(schema, dict)
+        and schema.get("type") == "object"
+        and isinstance(schema.get("properties", {}), dict)
+        for schema in schemas
+    )
 
 
 def _pushes(capabilities: ServerCapabilities) -> bool:
@@ -95,10 +114,16 @@ _HANDSHAKE_HINTS = ("initializ", "handshake", "back-channel")
 
 
 def _handshake_only(exc: BaseException, *, probe: bool) -> bool:
-    """See :meth:`BotLink.era_refused`."""
+    """See :meth:`BotLink.era_refused`. The MCP SDK's "Unsupported protocol
+    version" (-32022) counts too: a bot that no longer serves the modern
+    version (replaced by an older one, or one that offered it wrongly)."""
     if not isinstance(exc, MCPError) or exc.error.code in TRANSPORT_ERROR_CODES:
         return False
+    if exc.error.code == UNSUPPORTED_PROTOCOL_VERSION:
+        return True
     message = exc.error.message.lower()
+    if "unsupported protocol version" in message:
+        return True
     if any(hint in message for hint in _HANDSHAKE_HINTS):
         return True
     return probe and exc.error.code in (INVALID_REQUEST, INVALID_PARAMS, 0)

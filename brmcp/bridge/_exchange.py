@@ -15,7 +15,8 @@ import anyio
 from mcp import ClientSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
-from pydantic import BaseModel
+from mcp.types import INTERNAL_ERROR
+from pydantic import BaseModel, ValidationError
 
 from ..conn import send_deadline
 from ..router import Router
@@ -148,6 +149,21 @@ class ExchangeMixin:
                             wakes[-1].set()
                             return
                         replies.append(exc)
+                        done.set()
+                        return
+                    except ValidationError as exc:
+                        # An answer that is not a valid result for this
+                        # request (e.g. a modern result without resultType):
+                        # one clear line for the agent, not a task-group trace.
+                        count = exc.error_count()
+                        log.info("bot %s answered an invalid result: %s", self.uid[:8], exc)
+                        replies.append(
+                            MCPError(
+                                INTERNAL_ERROR,
+                                f"bot {self.uid[:8]} answered with an invalid result ({count} problem(s) in"
+                                " its shape); a paid call may have been charged for it",
+                            )
+                        )
                         done.set()
                         return
                     if first and sends == 1:

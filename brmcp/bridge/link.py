@@ -1,5 +1,5 @@
 """One bot link: the single BR session to a bot that every local HTTP session
-for that bot shares (go-brmcp.md §4.4).
+for that bot shares (README §How a paid call travels; the Go reference, karamble/brmcp, `bridge/session.go`).
 
 A link dials the bot over the bridge's client-role router and opens an MCP
 client session in the bot's era (BRIDGE.md §Eras and snapshots):

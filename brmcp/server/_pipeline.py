@@ -17,7 +17,7 @@ import anyio
 from mcp.types import CallToolResult, JSONRPCResponse
 
 from .. import wire
-from ..payment import Receipt, parse_payment_required, payment_required_result
+from ..payment import HELD_KEY, Receipt, parse_payment_required, payment_required_result
 
 if TYPE_CHECKING:
     from ..metrics import ServeMetrics
@@ -150,8 +150,9 @@ class CallPipeline:
         call_id = wire.new_id() + wire.new_id()
         charged = 0
         receipt: Receipt | None = None
+        held = False
         if price > 0:
-            balance = await self._charge_or_hold(call_id, peer, call_key, spec.name, price, alongside)
+            balance, held = await self._charge_or_hold(call_id, peer, call_key, spec.name, price, alongside)
             charged = price
             receipt = Receipt(charged_atoms=price, balance_atoms=balance)
         ctx = CallContext(
@@ -169,7 +170,7 @@ class CallPipeline:
             elif result.is_error:
                 failed = True
             elif receipt is not None:
-                result = _with_receipt(result, receipt)
+                result = _with_receipt(result, receipt, held=held)
             # Serialized here, inside the failure handling: a result that
             # cannot be written must become a refunded failure, not an error
             # escaping after the charge (the key would be released with the
@@ -234,19 +235,20 @@ class CallPipeline:
 
     async def _charge_or_hold(
         self, call_id: str, peer: str, call_key: str | None, tool: str, price: int, alongside: int
-    ) -> int:
+    ) -> tuple[int, bool]:
         """Charge ``price``; with a pay-alongside mark, hold an underfunded
         call until a credit covers it (WIRE.md §Pay alongside): at most
         ``hold_seconds``, at most ``max_held_calls`` per caller, and only
         when the balance plus the announced tip could cover the price.
-        Returns the balance after the charge; raises :class:`_Refused` with
+        Returns the balance after the charge and whether the call was
+        held (WIRE.md §Pay alongside rule 7); raises :class:`_Refused` with
         the ordinary ``payment_required`` refusal when it is not held or
         the hold ends unfunded."""
         config = self.config
         holdable = alongside > 0 and config.hold_seconds > 0 and config.max_held_calls > 0
         event = self._credit_event(peer) if holdable else None
         try:
-            return await self._charge_once(call_id, peer, call_key, tool, price)
+            return await self._charge_once(call_id, peer, call_key, tool, price), False
         except _Refused as refusal:
             if event is None or refusal.reason != "payment required":
                 raise
@@ -268,7 +270,7 @@ class CallPipeline:
                     await event.wait()
                 event = self._credit_event(peer)
                 try:
-                    return await self._charge_once(call_id, peer, call_key, tool, price)
+                    return await self._charge_once(call_id, peer, call_key, tool, price), True
                 except _Refused as refusal:
                     if refusal.reason != "payment required":
                         raise
@@ -370,10 +372,14 @@ def response_overhead(request_id: Any) -> int:
     return len(empty.model_dump_json(by_alias=True, exclude_unset=True).encode()) - len(b"{}")
 
 
-def _with_receipt(result: CallToolResult, receipt: Receipt) -> CallToolResult:
-    """``result`` with the receipt keys added to its ``_meta`` (WIRE.md §Receipts)."""
+def _with_receipt(result: CallToolResult, receipt: Receipt, *, held: bool = False) -> CallToolResult:
+    """``result`` with the receipt keys added to its ``_meta`` (WIRE.md
+    §Receipts), and ``brmcp/held`` when the call was held for its credit
+    (WIRE.md §Pay alongside)."""
     meta = dict(result.meta or {})
     meta.update(receipt.to_meta())
+    if held:
+        meta[HELD_KEY] = True
     return result.model_copy(update={"meta": meta})
 
 

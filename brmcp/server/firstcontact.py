@@ -51,7 +51,7 @@ log = logging.getLogger("brmcp.server")
 
 #: Seconds an offered session may stay silent before the server closes it
 #: (the client went to the modern era on another sid).
-OFFER_LINGER = 60.0
+OFFER_LINGER = 15.0
 
 
 class FirstContactTap:

@@ -1,6 +1,6 @@
 """The serving harness: priced MCP tools for allowed BR peers, paid from a
 prepaid ledger funded by tips, each keyed call executed and charged at most
-once (go-brmcp.md §3; WIRE.md §Payments, §callKey); plus a free catalog of
+once (WIRE.md §Payments, §callKey); plus a free catalog of
 resources, prompts and completions (:mod:`.catalog`, not in the Go harness).
 
 This module holds :class:`Harness` itself: admission, the tool registry,
@@ -515,7 +515,7 @@ class Harness(CatalogMethods):
         request: Any = None,
         alongside: int = 0,
     ) -> CallToolResult:
-        """The per-call pipeline (go-brmcp.md §3.6): callKey claim → rate
+        """The per-call pipeline (WIRE.md §Payments, server order): callKey claim → rate
         limit → price → debit or payment_required → handler. ``alongside``
         is the ``brmcp/payAlongside`` mark (atoms being tipped, 0 = none): an
         underfunded call is then held for the credit
