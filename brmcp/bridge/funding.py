@@ -117,21 +117,19 @@ class Funding:
         (a Go bot) lowers a known balance by the price.
 
         ``ahead``: the payment made alongside this call and not counted yet.
-        A receipt of a call the bot held (``_meta`` ``brmcp/held``; WIRE.md
-        §Pay alongside) counts its credit; one of a call charged at once
-        (from credit already there) does not, so that payment's credit is
-        added on top (if the tip had in fact landed first the balance is
-        overstated, which costs at most a refusal later, never a tip too
-        many)."""
+        A receipt counts that payment's credit when the bot held the call
+        for it (``_meta`` ``brmcp/held``; WIRE.md §Pay alongside), or when
+        the payment was confirmed before this answer came (its tip landed
+        before the call); otherwise the call was charged at once from
+        credit already there, and the payment is added on top when it
+        confirms (so that credit is used, not paid for again and again).
+        """
         meta = getattr(result, "meta", None)
         receipt = parse_receipt(meta)
         refusal = parse_payment_required(result)
         if receipt is not None and ahead is not None and ahead.included is None:
             held = isinstance(meta, dict) and meta.get(HELD_KEY) is True
-            ahead.included = held
-            if not held and ahead.confirmed:
-                self._set(receipt.balance_atoms + ahead.amount)
-                return
+            ahead.included = held or ahead.confirmed
         if receipt is not None:
             self._set(receipt.balance_atoms)
         elif refusal is not None:
