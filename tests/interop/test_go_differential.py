@@ -348,7 +348,10 @@ def test_encode_agrees(go_wire: GoWire) -> None:
     check()
     print("encode differential:", counted)
     assert counted["cases"] >= 1_000
-    assert counted["ok"] >= 300
+    # Both outcomes well exercised; the split varies with hypothesis's
+    # random draws (1,200 cases gave 271 to 330 encodable ones), so the
+    # floors leave room for that and still fail a generator gone one-sided.
+    assert counted["ok"] >= 150
     assert counted["errors"] >= 50
 
 
