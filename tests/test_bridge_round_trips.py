@@ -124,6 +124,25 @@ async def rig(tmp_path: Path, *, harness: Harness | None = None, accept: Any = N
                 await r.bridge.close()
 
 
+async def _serve_rest(server: Server[Any], conn: Conn, first: SessionMessage, methods: list[str]) -> None:
+    """Serve ``conn`` with the SDK ``server``, starting with the already
+    read ``first`` message, recording the method of every later one."""
+    send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+
+    async def pump() -> None:
+        async with send:
+            await send.send(first)
+            async for item in conn.read_stream:
+                if isinstance(item, SessionMessage):
+                    methods.append(getattr(item.message, "method", ""))
+                await send.send(item)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pump)
+        await server.run(receive, conn.write_stream, server.create_initialization_options())
+        tg.cancel_scope.cancel()
+
+
 def handshake_only(server: Server[Any], methods: list[str]) -> Any:
     """A bot ``accept`` that speaks only the handshake era, as the Go
     reference does: a first request other than initialize is answered
@@ -147,20 +166,7 @@ def handshake_only(server: Server[Any], methods: list[str]) -> Any:
                 )
                 await conn.write_stream.send(SessionMessage(error))
             return
-        send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](16)
-
-        async def pump() -> None:
-            async with send:
-                await send.send(first)
-                async for item in conn.read_stream:
-                    if isinstance(item, SessionMessage):
-                        methods.append(getattr(item.message, "method", ""))
-                    await send.send(item)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pump)
-            await server.run(receive, conn.write_stream, server.create_initialization_options())
-            tg.cancel_scope.cancel()
+        await _serve_rest(server, conn, first, methods)
 
     return accept
 
@@ -298,20 +304,7 @@ def modern_only(server: Server[Any], methods: list[str]) -> Any:
             )
             await conn.write_stream.send(SessionMessage(error))
             return
-        send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](16)
-
-        async def pump() -> None:
-            async with send:
-                await send.send(first)
-                async for item in conn.read_stream:
-                    if isinstance(item, SessionMessage):
-                        methods.append(getattr(item.message, "method", ""))
-                    await send.send(item)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pump)
-            await server.run(receive, conn.write_stream, server.create_initialization_options())
-            tg.cancel_scope.cancel()
+        await _serve_rest(server, conn, first, methods)
 
     return accept
 
