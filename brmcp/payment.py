@@ -22,14 +22,18 @@ __all__ = [
     "BALANCE_ATOMS_KEY",
     "CALL_KEY",
     "CALL_KEY_MAX_BYTES",
+    "CALLER_EPOCH_KEY",
     "CALL_KEY_MIN_BYTES",
     "CHARGED_ATOMS_KEY",
     "HELD_KEY",
     "PAYMENT_REQUIRED",
+    "MARKS_REFUSALS_KEY",
     "PAY_ALONGSIDE_KEY",
     "PRICE_ATOMS_KEY",
     "PRICING_DYNAMIC",
     "PRICING_KEY",
+    "REFUNDED_ATOMS_KEY",
+    "REFUSAL_KEY",
     "TIP_RAIL",
     "PaymentRequired",
     "Receipt",
@@ -62,6 +66,25 @@ PAY_ALONGSIDE_KEY = "brmcp/payAlongside"
 #: Result ``_meta`` key: ``true`` on the answer to a call the server held
 #: until a credit landed (WIRE.md §Pay alongside): its receipt counts that credit.
 HELD_KEY = "brmcp/held"
+#: Result ``_meta`` key a brmcp harness puts on its own ``payment_required``
+#: refusals (value ``true``; WIRE.md §Payments, "Genuine refusals"). A
+#: handler's or an upstream's output never carries it: the harness strips
+#: every reserved ``brmcp/`` result key from tool output before adding its own.
+REFUSAL_KEY = "brmcp/refusal"
+#: ``tools/list`` result ``_meta`` key (value ``true``) by which a harness
+#: says that it marks its genuine refusals with :data:`REFUSAL_KEY`: a caller
+#: that saw it takes an unmarked refusal-shaped result from that bot as tool
+#: output, never as a request for money.
+MARKS_REFUSALS_KEY = "brmcp/marksRefusals"
+#: Result ``_meta`` key of a failed paid call the harness refunded: the atoms
+#: credited back, beside :data:`BALANCE_ATOMS_KEY` (the balance after the
+#: refund), so the caller can tell its agent the credit stays at the bot.
+REFUNDED_ATOMS_KEY = "brmcp/refundedAtoms"
+#: ``tools/call`` ``params._meta`` key: a random token a caller mints once per
+#: process start (16 lowercase hex). A harness that sees a caller's token
+#: change drops that caller's held calls uncharged: the process that sent
+#: them is gone and nobody would receive their results (WIRE.md §Pay alongside).
+CALLER_EPOCH_KEY = "brmcp/callerEpoch"
 #: Inclusive bounds on a honoured callKey's length in UTF-8 bytes (WIRE.md §callKey).
 CALL_KEY_MIN_BYTES = 8
 CALL_KEY_MAX_BYTES = 128
