@@ -1,8 +1,9 @@
 """The ``brmcp`` command (also ``python -m brmcp``).
 
 Subcommands: ``demo`` runs the end-to-end demo (see :mod:`brmcp.demo`);
-``version`` prints the package version. The operator tools have their own
-commands: ``brmcp-serve``, ``brmcp-bridge`` and ``brmcp-fakebr``.
+``version`` prints ``brmcp <version>``, the same line as ``brmcp --version``.
+The operator tools have their own commands: ``brmcp-serve``,
+``brmcp-bridge`` and ``brmcp-fakebr``.
 """
 
 from __future__ import annotations
@@ -15,14 +16,19 @@ from pathlib import Path
 __all__ = ["main"]
 
 
+def _version_line() -> str:
+    """``brmcp <version>``: what both ``brmcp version`` and ``brmcp --version`` print."""
+    from . import __version__
+
+    return f"brmcp {__version__}"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="brmcp",
         description="MCP over Bison Relay private messages, with per-call tool payments in BR tips.",
     )
-    from . import __version__
-
-    parser.add_argument("--version", action="version", version=f"brmcp {__version__}")
+    parser.add_argument("--version", action="version", version=_version_line())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
@@ -67,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         help="limit for any one step (default 60 s plus 20 times the latency)",
     )
     demo.add_argument("-v", "--verbose", action="store_true", help="show library logs on stderr")
-    sub.add_parser("version", help="print the brmcp version")
+    sub.add_parser("version", help="print the brmcp version (as --version does)")
     parser.set_defaults(demo_parser=demo)
     return parser
 
@@ -77,9 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "version":
-        from . import __version__
-
-        print(__version__)
+        print(_version_line())
         return 0
     if args.command == "demo":
         demo_parser: argparse.ArgumentParser = args.demo_parser

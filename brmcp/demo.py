@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
@@ -53,6 +54,12 @@ DEMO_PER_CALL_CAP = 20_000
 DEMO_PER_DAY_CAP = 100_000
 ECHO_TEXT = "hello over Bison Relay"
 STEPS = 8
+#: Why ``--network real`` cannot run without Go (one line; brnet, the real
+#: network, is a Go program built on first use).
+NO_GO = (
+    "--network real needs Go >= 1.22 to build brnet, the real Bison Relay network: install Go from "
+    "https://go.dev/dl/ (or your package manager) so that 'go' is on PATH; plain 'brmcp demo' needs no Go"
+)
 
 
 class DemoError(Exception):
@@ -108,16 +115,14 @@ def _free_port() -> int:
 
 
 def _check_port(port: int) -> None:
-    if port == 0:
-        return
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise DemoError(
-                f"port 127.0.0.1:{port} is not available for the bridge: {exc.strerror}"
-            ) from None
+    """Raise :class:`DemoError` (one line naming the address) when the
+    bridge's ``127.0.0.1:port`` cannot be bound now; port 0 always passes."""
+    from .metrics.endpoint import cannot_listen, probe_listen
+
+    try:
+        probe_listen("127.0.0.1", port)
+    except OSError as exc:
+        raise DemoError(cannot_listen("127.0.0.1", port, exc, option="--port")) from None
 
 
 def _price_text(tool: Tool) -> str:
@@ -134,6 +139,13 @@ def _price_text(tool: Tool) -> str:
 
 def _text_of(result: CallToolResult) -> str:
     return "".join(item.text for item in result.content if isinstance(item, TextContent))
+
+
+def _result_and_notes(result: CallToolResult) -> tuple[str, list[str]]:
+    """The tool's own text (the first text item) and any further text items
+    (notes the bridge adds to what the bot answered, e.g. what it paid)."""
+    texts = [item.text for item in result.content if isinstance(item, TextContent)]
+    return (texts[0] if texts else ""), texts[1:]
 
 
 class _Trace:
@@ -406,8 +418,10 @@ class _Demo:
 
             async with self._step(f'Agent calls echo {{"text": "{ECHO_TEXT}"}}', "echo"):
                 echo = await session.call_tool("echo", {"text": ECHO_TEXT})
-            report.echo_text = _text_of(echo)
+            report.echo_text, notes = _result_and_notes(echo)
             printer.detail(f"result {report.echo_text}")
+            for note in notes:
+                printer.detail(f"note   {note}")
             self._pms_line("echo", "one round trip: the call and its result")
             if echo.is_error or json.loads(report.echo_text or "null") != {"echo": ECHO_TEXT}:
                 raise DemoError(f"echo returned an unexpected result: {report.echo_text!r}")
@@ -415,9 +429,11 @@ class _Demo:
             executions_before = app.harness.executions
             async with self._step("Agent calls fortune (paid: the bridge pays with a tip)", "fortune"):
                 fortune = await session.call_tool("fortune", {})
-            report.fortune = _text_of(fortune)
+            report.fortune, notes = _result_and_notes(fortune)
             report.fortune_executions = app.harness.executions - executions_before
             printer.detail(f"result {report.fortune}")
+            for note in notes:
+                printer.detail(f"note   {note}")
             tips = [e.atoms for e in await app.harness.statement(alice.uid) if e.kind == "tip"]
             tip_line = (
                 f"alice ⇒ bot  tip of {sum(tips)} atoms: TipUser on alice's brclient, confirmed by its "
@@ -477,17 +493,19 @@ class _Demo:
 
     async def _build_brnet(self) -> None:
         """Build brnet (Go) before the first step, outside the step timeout:
-        the first build downloads and compiles bisonrelay (minutes)."""
-        from .testing.brnet import BrNetBuildError, BrNetUnavailable, brnet_binary, brnet_cache_dir
+        the first build downloads and compiles bisonrelay (minutes); its
+        progress goes to stderr, so the transcript on stdout stays clean."""
+        from .testing.brnet import BrNetBuildError, BrNetUnavailable, GoNotFound, brnet_binary
 
-        self.printer.line(f"Building brnet with Go if needed (cached in {brnet_cache_dir()}) ...")
         try:
-            exe = await anyio.to_thread.run_sync(brnet_binary)
+            exe = await anyio.to_thread.run_sync(partial(brnet_binary, progress=_to_stderr))
+        except GoNotFound:
+            raise DemoError(NO_GO) from None
         except BrNetUnavailable as exc:
-            raise DemoError(f"--network real needs Go: {exc}") from None
+            raise DemoError(f"--network real cannot build brnet: {exc}") from None
         except BrNetBuildError as exc:
-            raise DemoError(str(exc).splitlines()[0]) from None
-        self.printer.detail(f"brnet {exe}")
+            raise DemoError(f"{exc.summary} (Go's output is above)") from None
+        self.printer.line(f"brnet (the real Bison Relay network): {exe}")
 
     async def _real_network(self, root: Path, *, task_status: anyio.abc.TaskStatus[Any]) -> None:
         """Own a brnet (users bot and alice) for the whole run."""
@@ -537,6 +555,10 @@ class _Demo:
         p.line("  (the demo bridge pays without asking; 'settings set mode=approval' makes it ask, and")
         p.line("  'approvals' or the page from 'ui' then decide each payment)")
         p.line()
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _bot_config(user: Any, datadir: Path, name: str) -> Any:
@@ -683,6 +705,17 @@ def demo_main(options: DemoOptions, *, verbose: bool = False) -> int:
         stream=sys.stderr,
     )
     real = options.network == "real"
+    if real:
+        from .testing.brnet import go_executable
+
+        if go_executable() is None:
+            print(f"brmcp demo: {NO_GO}", file=sys.stderr)
+            return 1
+    try:
+        _check_port(options.port)
+    except DemoError as exc:
+        print(f"brmcp demo: {exc}", file=sys.stderr)
+        return 1
     kind = "a real Bison Relay network (brnet)" if real else "a simulated Bison Relay network"
     print(f"brmcp demo: an MCP agent pays a bot per call over {kind}")
     print()

@@ -20,23 +20,30 @@ from . import _gojson
 
 __all__ = [
     "BALANCE_ATOMS_KEY",
+    "CALLER_EPOCH_KEY",
     "CALL_KEY",
     "CALL_KEY_MAX_BYTES",
-    "CALLER_EPOCH_KEY",
     "CALL_KEY_MIN_BYTES",
     "CHARGED_ATOMS_KEY",
     "HELD_KEY",
-    "PAYMENT_REQUIRED",
     "MARKS_REFUSALS_KEY",
+    "NOT_A_REFUSAL_PREFIX",
+    "PAID_ATOMS_KEY",
+    "PAYMENT_REQUIRED",
     "PAY_ALONGSIDE_KEY",
     "PRICE_ATOMS_KEY",
     "PRICING_DYNAMIC",
     "PRICING_KEY",
     "REFUNDED_ATOMS_KEY",
     "REFUSAL_KEY",
+    "RESERVED_META_PREFIX",
     "TIP_RAIL",
     "PaymentRequired",
     "Receipt",
+    "caller_epoch",
+    "decodes_as_refusal",
+    "defuse_refusal_text",
+    "marked_payment_required_result",
     "parse_payment_required",
     "parse_receipt",
     "pay_alongside_atoms",
@@ -80,6 +87,10 @@ MARKS_REFUSALS_KEY = "brmcp/marksRefusals"
 #: credited back, beside :data:`BALANCE_ATOMS_KEY` (the balance after the
 #: refund), so the caller can tell its agent the credit stays at the bot.
 REFUNDED_ATOMS_KEY = "brmcp/refundedAtoms"
+#: Result ``_meta`` key a brmcp bridge adds for its agent: the atoms the
+#: bridge paid to the bot for this logical call (a JSON integer > 0; absent
+#: when it paid nothing). Not part of the wire between peers.
+PAID_ATOMS_KEY = "brmcp/paidAtoms"
 #: ``tools/call`` ``params._meta`` key: a random token a caller mints once per
 #: process start (16 lowercase hex). A harness that sees a caller's token
 #: change drops that caller's held calls uncharged: the process that sent
@@ -256,3 +267,50 @@ def pay_alongside_atoms(meta: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value >= 1 << 63:
         return 0
     return value
+
+
+#: The fixed text a brmcp harness puts before a text item of tool output
+#: that would otherwise decode as a ``payment_required`` refusal (WIRE.md
+#: §Payments, "Genuine refusals"): no JSON decoder accepts the result, so
+#: no caller of any era takes tool output for a request for money.
+NOT_A_REFUSAL_PREFIX = "tool output (not a payment request): "
+#: The namespace of result ``_meta`` keys only a brmcp harness writes
+#: (receipts, refusal and refund marks, WIRE.md §Receipts, §Payments); a
+#: harness removes every key in it from tool output before adding its own.
+RESERVED_META_PREFIX = "brmcp/"
+
+
+def decodes_as_refusal(text: str) -> bool:
+    """True when ``text``, one text content item, decodes as a
+    ``payment_required`` refusal under the rules of
+    :func:`parse_payment_required` (WIRE.md §Payments, "Recognising a
+    refusal"), whatever the result's ``isError``. Never raises."""
+    return _decode(text) is not None
+
+
+def defuse_refusal_text(text: str) -> str:
+    """``text`` unchanged unless it :func:`decodes_as_refusal`; then
+    :data:`NOT_A_REFUSAL_PREFIX` followed by ``text``, which no JSON decoder
+    accepts (WIRE.md §Payments, "Genuine refusals")."""
+    return NOT_A_REFUSAL_PREFIX + text if decodes_as_refusal(text) else text
+
+
+def marked_payment_required_result(tool: str, price_atoms: int, balance_atoms: int) -> CallToolResult:
+    """A brmcp harness's own refusal: :func:`payment_required_result` (text
+    byte-identical to the Go harness) plus the result ``_meta``
+    ``{"brmcp/refusal": true}`` (:data:`REFUSAL_KEY`; WIRE.md §Payments,
+    "Genuine refusals"). :func:`payment_required_result` stays the unmarked
+    form a Go harness sends."""
+    result = payment_required_result(tool, price_atoms, balance_atoms)
+    return result.model_copy(update={"meta": {REFUSAL_KEY: True}})
+
+
+def caller_epoch(meta: Any) -> str | None:
+    """The :data:`CALLER_EPOCH_KEY` of a ``tools/call`` ``params._meta`` (a
+    dict) when it is a string of 8..128 UTF-8 bytes, the callKey bounds;
+    None otherwise (absent or malformed: the call is treated as carrying no
+    epoch, WIRE.md §Pay alongside)."""
+    if not isinstance(meta, dict):
+        return None
+    value = meta.get(CALLER_EPOCH_KEY)
+    return value if valid_call_key(value) else None

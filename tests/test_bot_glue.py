@@ -447,6 +447,8 @@ async def test_new_data_dir_credits_the_replay_backlog_and_says_from_whom(
                 await until(lambda: "already waiting in brclient's replay log" in caplog.text)
                 assert await harness.balance(alice.uid) == 5_000
                 assert await harness.balance(carol.uid) == 0
+                # Carol's tip is held for her (not lost from the books).
+                assert [t.atoms for t in await harness.held_tips(carol.uid)] == [5_000]
                 assert await harness.has_tip_history()
             summary = [r for r in caplog.records if "already waiting" in r.getMessage()]
             assert len(summary) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,9 @@ async def test_approvals_and_spend(tmp_path: Path) -> None:
                 assert approved.json() == {"id": pending["id"], "approved": True}
             assert results[0].structured_content == {"n": 1}
             spend = (await http.get("/admin/spend", headers=_admin(env))).json()
+            # The entry names the logical call's callKey (32 hex; the Go reference ignores the key).
+            key = spend["entries"][0].pop("callKey")
+            assert re.fullmatch(r"[0-9a-f]{32}", key)
             assert spend == {
                 "entries": [
                     {"ts": START, "bot": BOT, "tool": "paid", "rail": "tip", "atoms": 500, "status": "paid"}

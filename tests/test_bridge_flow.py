@@ -206,9 +206,9 @@ async def test_paid_poll_late_credit(tmp_path: Path) -> None:
 
 
 async def test_paid_poll_exhaustion(tmp_path: Path) -> None:
-    """Issue 11 §2: a call whose credit never shows up at the bot goes round
-    the payment loop again (within the caps), at most MAX_PAYMENTS times,
-    then ends with a note saying what it paid; never a bare refusal."""
+    """A call whose credit never shows up at the bot is paid once (autopay:
+    one payment per logical call), polled, then ends with a note saying what
+    it paid; never a bare refusal."""
     with anyio.fail_after(30):
         async with bridge_env(tmp_path) as env, env.session() as session:
             env.payer.behaviour = _pay_without_credit
@@ -218,12 +218,13 @@ async def test_paid_poll_exhaustion(tmp_path: Path) -> None:
             assert refusal is not None
             assert refusal.shortfall_atoms == 500
             assert texts(result)[-1] == (
-                f"{NAME}: payment not made: already paid 1500 atoms for this call in 3 payments and the"
-                " bot still asks for payment; that credit stays at the bot for later calls"
+                f"{NAME}: payment not made: already paid 500 atoms for this call and the bot still asks"
+                " for payment; one call is paid once unless you approve more (approval mode); that"
+                " credit stays at the bot for later calls"
             )
-            assert env.payer.calls == [(BOT, 500)] * 3
+            assert env.payer.calls == [(BOT, 500)]
             assert env.executions == {}
-            assert env.clock.sleeps == [3.0] * 15  # 6 reissues after each payment, 5 waits
+            assert env.clock.sleeps == [3.0] * 5  # 6 reissues after the payment, 5 waits
 
 
 async def test_transport_retry_once(tmp_path: Path) -> None:
@@ -285,11 +286,12 @@ async def test_call_key_reused_on_reissue(tmp_path: Path) -> None:
     assert len(key) == 32
     assert int(key, 16) >= 0
     # Besides the key: the modern era's envelope keys (io.modelcontextprotocol/*)
-    # and the bridge's own pay-alongside mark.
+    # and the bridge's own pay-alongside mark and process epoch (one for both).
     own = [
         {k for k in m if not k.startswith("io.modelcontextprotocol/")} - {"brmcp/payAlongside"} for m in seen
     ]
-    assert all(keys == {"brmcp/callKey"} for keys in own)
+    assert all(keys == {"brmcp/callKey", "brmcp/callerEpoch"} for keys in own)
+    assert len({m["brmcp/callerEpoch"] for m in seen}) == 1
 
 
 async def test_mirror_fidelity(tmp_path: Path) -> None:
@@ -380,7 +382,14 @@ async def test_resolve_spend_late_failure(tmp_path: Path) -> None:
             env.session() as session,
         ):
             blocked = await call(session, "paid", {"text": "x"})
-            assert "would exceed the daily cap (500 spent of 500)" in texts(blocked)[-1]
+            # The pending payment's outcome is unknown: this call counts it as
+            # its own and pays nothing more (it also fills the daily cap).
+            assert texts(blocked)[-1] == (
+                f"{NAME}: payment not made: a payment of 500 atoms to this bot for paid whose outcome is"
+                " not known yet (see the spend log) counts for this call; nothing more is paid for it until"
+                " brclient reports that payment's outcome"
+            )
+            assert env.payer.calls == []
             assert not await env.bridge.resolve_spend(CLIENT, 500, "no route")
             assert not await env.bridge.resolve_spend(BOT, 499, "no route")
             assert await env.bridge.resolve_spend(BOT.upper(), 500, "no route")

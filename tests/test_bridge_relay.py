@@ -77,7 +77,10 @@ async def set_level(session: ClientSession, level: LoggingLevel) -> None:
 
 
 def text(result: CallToolResult) -> str:
-    return "\n".join(c.text for c in result.content if isinstance(c, TextContent))
+    """The tool's own text: the bridge's money note (its last item on a paid
+    call, BRIDGE.md §The hard bound) left out."""
+    items = [c.text for c in result.content if isinstance(c, TextContent)]
+    return "\n".join(t for t in items if not t.startswith("brmcp-bridge: "))
 
 
 async def test_proxy_supplies_the_token_but_not_the_host_checks(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from brmcp.cli import main
-from brmcp.demo import DEMO_PER_CALL_CAP, ECHO_TEXT, DemoError, DemoOptions, run_demo
+from brmcp.demo import DEMO_PER_CALL_CAP, ECHO_TEXT, NO_GO, DemoError, DemoOptions, run_demo
 
 
 async def test_demo_transcript_facts(tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ async def test_demo_reports_a_taken_port(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        with pytest.raises(DemoError, match=f"port 127.0.0.1:{port} is not available"):
+        with pytest.raises(DemoError, match=f"cannot listen on 127.0.0.1:{port}: address already in use"):
             await run_demo(DemoOptions(datadir=tmp_path / "demo", port=port), io.StringIO(), tty=False)
 
 
@@ -145,7 +145,4 @@ def test_demo_real_network_without_go_is_one_clear_line(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert errors == [
-        "brmcp demo failed: --network real needs Go: Go toolchain not found "
-        "(install Go >= 1.22 to build brnet, the real BR network)"
-    ]
+    assert errors == [f"brmcp demo: {NO_GO}"]

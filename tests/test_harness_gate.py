@@ -411,8 +411,9 @@ async def test_hot_reload_lowers_the_rate_limit(tmp_path: Path) -> None:
 async def test_hot_reload_of_allowed_peers(tmp_path: Path) -> None:
     harness, runs = standard_harness(tmp_path, allowed_peers={ALICE})
     async with served(harness) as srv:
-        # Bob is not allowed: his PMs are dropped and his tips not credited.
+        # Bob is not allowed: his PMs are dropped and his tips held, not credited.
         assert await harness.credit_tip(BOB, 5000, 1) == 0
+        assert [t.atoms for t in await harness.held_tips(BOB)] == [5]
         denied = False
         try:
             async with srv.client(BOB, read_timeout=0.5):
@@ -423,7 +424,9 @@ async def test_hot_reload_of_allowed_peers(tmp_path: Path) -> None:
         assert srv.router.stats.dropped_denied > 0
         harness.set_allowed_peers({ALICE, BOB})
         assert harness.allowed(BOB)
+        # His next tip credits itself, and the held one once.
         assert await harness.credit_tip(BOB, 5000, 2) == 5
+        assert await harness.held_tips(BOB) == []
         async with srv.client(BOB) as b:
             assert not (await call(b, "free")).is_error
         # Removing Alice takes effect for her next PM.
@@ -435,7 +438,8 @@ async def test_hot_reload_of_allowed_peers(tmp_path: Path) -> None:
                 await a.call_tool("free", {}, read_timeout_seconds=0.5)
         assert runs.n == 2
         assert await harness.balance(ALICE) == 0
-        assert await harness.balance(BOB) == 5
+        assert [t.atoms for t in await harness.held_tips(ALICE)] == [5]
+        assert await harness.balance(BOB) == 10
 
 
 async def test_allow_function_replaces_the_allowlist(tmp_path: Path) -> None:

@@ -29,6 +29,8 @@ from brmcp.payment import (
     BALANCE_ATOMS_KEY,
     CHARGED_ATOMS_KEY,
     PAY_ALONGSIDE_KEY,
+    REFUNDED_ATOMS_KEY,
+    REFUSAL_KEY,
     Receipt,
     parse_receipt,
     pay_alongside_atoms,
@@ -89,14 +91,17 @@ async def test_no_receipt_on_free_refused_or_refunded(tmp_path: Path) -> None:
         free = await call(s, "free", {"text": "x"})
         assert free.meta is None or CHARGED_ATOMS_KEY not in free.meta
         refused = await call(s, "paid")
-        # The refusal stays byte-identical to the reference: one text, no _meta.
+        # The refusal's text stays byte-identical to the reference: one text,
+        # no structuredContent; its only _meta is the genuine-refusal mark.
         assert err_text(refused) == payment_required_json("paid", 500, 0)
-        assert refused.meta is None
+        assert refused.meta == {REFUSAL_KEY: True}
         assert refused.structured_content is None
         await harness.credit(ALICE, 500)
         failed = await call(s, "failing")
         assert failed.is_error
         assert parse_receipt(failed.meta) is None
+        # A refund says so, with the balance after it.
+        assert failed.meta == {REFUNDED_ATOMS_KEY: 500, BALANCE_ATOMS_KEY: 500}
         assert await harness.balance(ALICE) == 500  # refunded
 
 

@@ -50,15 +50,23 @@ async def test_zero_and_negative_amounts_change_nothing(tmp_path: Path) -> None:
 async def test_tips_from_non_allowed_senders_are_not_credited(tmp_path: Path) -> None:
     harness, _ = standard_harness(tmp_path)
     async with harness:
-        # Journaled (so a redelivery is recognised) but never credited.
+        # Journaled (so a redelivery is recognised) and held, not credited.
         assert await harness.record_tip(MALLORY, 9000, 1) == (True, 0)
         assert await harness.record_tip(MALLORY, 9000, 1) == (False, 0)
         assert await harness.balance(MALLORY) == 0
         assert await harness.statement(MALLORY) == []
-        # Allowing the sender later does not credit the old tip on redelivery.
+        assert [(t.sequence_id, t.atoms) for t in await harness.held_tips(MALLORY)] == [(1, 9)]
+        # Allowed later: a redelivery credits nothing itself; the held tip is
+        # credited once (at the sender's next tip here), then never again.
         harness.set_allowed_peers({ALICE, BOB, MALLORY})
         assert await harness.credit_tip(MALLORY, 9000, 1) == 0
         assert await harness.credit_tip(MALLORY, 9000, 2) == 9
+        assert await harness.credit_tip(MALLORY, 9000, 1) == 0
+        assert await harness.release_held_tips() == 0
+        assert await harness.balance(MALLORY) == 18
+        assert await harness.held_tips() == []
+        moves = [(e.kind, e.atoms, e.tip_seq, e.balance_after) for e in await harness.statement(MALLORY)]
+        assert moves == [("tip", 9, 1, 9), ("tip", 9, 2, 18)]
 
 
 async def test_tip_and_its_record_are_one_transaction(tmp_path: Path) -> None:
@@ -108,10 +116,11 @@ async def test_seen_set_keeps_the_newest_ten_thousand(tmp_path: Path) -> None:
     assert query(tmp_path, "SELECT count(*), min(sequence_id) FROM tips") == [(10_000, 100_000)]
     harness, _ = standard_harness(tmp_path)
     async with harness:
-        # Tips 7 and 8 fell out of the bound. The uncredited one is simply
-        # new again (still credits nothing); the credited one is recognised by
-        # its audit row, so even a very old redelivery never credits twice.
-        assert await harness.record_tip(MALLORY, 1000, 8) == (True, 0)
+        # Tips 7 and 8 fell out of the bound. The held one (its sender is not
+        # allowed) is recognised by its held row, the credited one by its
+        # audit row, so even a very old redelivery never counts twice.
+        assert await harness.record_tip(MALLORY, 1000, 8) == (False, 0)
+        assert [(t.sequence_id, t.atoms) for t in await harness.held_tips(MALLORY)] == [(8, 1)]
         assert await harness.record_tip(ALICE, 1000, 7) == (False, 0)
         assert await harness.balance(ALICE) == 1
         assert await harness.credit_tip(BOB, 1000, 100_001) == 0

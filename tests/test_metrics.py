@@ -37,8 +37,9 @@ async def test_bridge_counts_calls_payments_and_refusals(tmp_path: Path) -> None
                 await env.bridge.apply_settings(env.bridge.settings.replace(per_call_cap_atoms=100))
                 refused = await call(session, "paid", {"text": "x", "count": 1})
                 assert refused.is_error
-    assert _value(metrics, "brmcp_bridge_tool_calls_total", outcome="ok") == 2
-    assert _value(metrics, "brmcp_bridge_tool_calls_total", outcome="tool_error") == 1
+    assert _value(metrics, "brmcp_bridge_tool_calls_total", tool="free", outcome="ok") == 1
+    assert _value(metrics, "brmcp_bridge_tool_calls_total", tool="paid", outcome="ok") == 1
+    assert _value(metrics, "brmcp_bridge_tool_calls_total", tool="paid", outcome="tool_error") == 1
     assert _value(metrics, "brmcp_bridge_tool_call_seconds_count") == 3
     assert _value(metrics, "brmcp_bridge_payments_total", outcome="paid") == 1
     assert _value(metrics, "brmcp_bridge_payments_total", outcome="refused") == 1

@@ -22,7 +22,7 @@ from bridge_support import (
     bridge_env,
     call,
     fixture_settings,
-    joined,
+    texts,
     until,
 )
 from mcp.shared.exceptions import MCPError
@@ -206,10 +206,11 @@ async def test_unanswered_initialize_names_the_likely_causes(tmp_path: Path) -> 
         assert link.dials == 2
 
 
-async def test_credit_used_by_a_concurrent_call_pays_again_instead_of_a_bare_refusal(tmp_path: Path) -> None:
+async def test_credit_used_by_a_concurrent_call_is_not_paid_for_twice(tmp_path: Path) -> None:
     """Call A pays; before its reissue reaches the bot another agent's call
-    runs on that credit. A polls, then goes round the payment loop again and
-    gets its result: every payment matched by an execution."""
+    runs on that credit. A polls, then ends saying what it paid: one logical
+    call is paid once in autopay (BRIDGE.md §The hard bound), never a bare
+    refusal, and every atom paid bought a call."""
     async with bridge_env(tmp_path) as env, env.session() as first, env.session() as second:
         # The reference order (refusal, payment, reissue), which lets the other
         # call take the credit first: no payment alongside for this bot.
@@ -221,17 +222,19 @@ async def test_credit_used_by_a_concurrent_call_pays_again_instead_of_a_bare_ref
             await env.payer.credit(payee, atoms)
             if not stolen:
                 other = await call(second, "paid", {"text": "other"})  # runs on A's credit
-                stolen.append(joined(other))
+                stolen.append(texts(other)[0])
 
         env.payer.behaviour = pay_and_lose_the_credit
         with anyio.fail_after(30):
             result = await call(first, "paid", {"text": "x"})
-        assert not result.is_error, joined(result)
-        assert result.structured_content == {"n": 2}
+        assert result.is_error
+        assert texts(result)[-1].startswith(
+            "brclientd: payment not made: already paid 500 atoms for this call and the bot still asks"
+        )
         assert stolen
         assert json.loads(stolen[0]) == {"n": 1}
-        assert env.payer.calls == [(BOT, 500), (BOT, 500)]
-        assert env.executions == {"paid": 2}
+        assert env.payer.calls == [(BOT, 500)]
+        assert env.executions == {"paid": 1}
         assert await env.harness.balance(CLIENT) == 0
 
 

@@ -152,14 +152,17 @@ def test_a_version_1_ledger_gains_the_tool_column(tmp_path: Path) -> None:
         "INSERT INTO movements (ts, peer, kind, atoms, ref) VALUES (1, ?, 'tip', 5, 'tip:old')", (ALICE,)
     )
     conn.execute("ALTER TABLE movements DROP COLUMN tool")
+    conn.execute("DROP TABLE held_tips")
     conn.execute("PRAGMA user_version=1")
     conn.close()
     old = open_readonly(tmp_path)  # a report on the old file works too
     assert ledger_stats(old).per_tool[0].tool == "(unknown)"
+    assert (ledger_stats(old).held_tips, ledger_stats(old).held_atoms) == (0, 0)
     old.close()
     conn = open_database(tmp_path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
     assert "tool" in {row[1] for row in conn.execute("PRAGMA table_info(movements)")}
+    assert "held_tips" in {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
     conn.close()
     stats = ledger_stats(open_readonly(tmp_path))
     assert stats.reconciles

@@ -2,7 +2,9 @@
 §Eras and snapshots): the first-contact ``initialize`` and what its answer
 offers, the discover result a modern session adopts instead of asking, and
 the signs that a bot needs the handshake era (its capabilities push
-notifications, or its error names the handshake).
+notifications, or its error names the handshake). An offered tool list is
+held to the same bounds as a ``tools/list`` (SECURITY.md "The bridge
+against a hostile bot").
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from mcp.types import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
 
 from ..eras import LIST_TOOLS_KEY, MODERN_VERSIONS_KEY, TOOLS_KEY
-from ._linkbase import TRANSPORT_ERROR_CODES
+from ._linkbase import TRANSPORT_ERROR_CODES, ToolListBudget
+from .snapshots import ListedTools
 
 #: What a bot whose capabilities are unknown is assumed to serve.
 _TOOLS_ONLY = ServerCapabilities(tools=ToolsCapability(list_changed=False))
@@ -51,9 +54,13 @@ async def _offer(session: ClientSession, client_info: Implementation) -> Initial
     return result
 
 
-def _offered_tools(result: InitializeResult) -> list[Tool] | None:
+def _offered_tools(result: InitializeResult) -> ListedTools | None:
     """The tools a first-contact answer brought, when it also names a
-    modern version this client speaks; None otherwise (a plain answer)."""
+    modern version this client speaks; None otherwise (a plain answer).
+    The ``brmcp/tools`` object is one tools/list page: counted against the
+    tool-list bounds (:class:`ToolListBudget`), and its ``_meta`` tells
+    ``marks_refusals``. Raises :class:`ToolListTooLarge` for an offer over a
+    bound (the first contact fails; nothing is remembered)."""
     meta = result.meta
     if not isinstance(meta, dict):
         return None
@@ -61,14 +68,16 @@ def _offered_tools(result: InitializeResult) -> list[Tool] | None:
     if not isinstance(versions, list) or LATEST_MODERN_VERSION not in versions:
         return None
     try:
-        tools = ListToolsResult.model_validate(meta.get(TOOLS_KEY)).tools
+        page = ListToolsResult.model_validate(meta.get(TOOLS_KEY))
     except ValueError:
         return None
-    if not all(_servable(tool) for tool in tools):
+    budget = ToolListBudget(f"first-contact {TOOLS_KEY}")
+    budget.page(page)
+    if not all(_servable(tool) for tool in page.tools):
         # Not served (nor remembered) as offered: the handshake's own
         # tools/list decides, as with a bot that made no offer.
         return None
-    return tools
+    return budget.result()
 
 
 def _servable(tool: Tool) -> bool:

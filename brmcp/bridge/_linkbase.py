@@ -1,21 +1,41 @@
 """What every part of a bot link shares (:mod:`.link`, :mod:`._exchange`,
-:mod:`._toolsnap`): its error (:class:`LinkError`), the hint given when a
-bot does not answer, the record of one BR session (:class:`_Session`), the
-transport error codes and the connect limit.
+:mod:`._toolsnap`, :mod:`._eras`, :mod:`.relay`, :mod:`.subscriptions`): its
+error (:class:`LinkError`), the hint given when a bot does not answer, the
+record of one BR session (:class:`_Session`), the transport error codes and
+the connect limit, and the bounds on what a bot sends (SECURITY.md "The
+bridge against a hostile bot"): the tool-list bounds
+(:class:`ToolListBudget`, :class:`ToolListTooLarge`) and the rate bound on
+relayed notifications (:class:`RateGate`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import anyio
 from mcp import ClientSession
-from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, Tool
+from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, ListToolsResult, Tool
+from pydantic import BaseModel
 
 from ..conn import Conn
-from .snapshots import Era
+from ..payment import MARKS_REFUSALS_KEY
+from .snapshots import Era, ListedTools
 
-__all__ = ["CONNECT_TIMEOUT", "TRANSPORT_ERROR_CODES", "LinkError", "no_answer_hint"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "MAX_TOOLS",
+    "MAX_TOOL_BYTES",
+    "MAX_TOOL_LIST_BYTES",
+    "MAX_TOOL_PAGES",
+    "TRANSPORT_ERROR_CODES",
+    "LinkError",
+    "RateGate",
+    "ToolListBudget",
+    "ToolListTooLarge",
+    "json_bytes",
+    "no_answer_hint",
+]
 
 log = logging.getLogger("brmcp.bridge")
 
@@ -26,8 +46,157 @@ CONNECT_TIMEOUT = 120.0
 TRANSPORT_ERROR_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT})
 
 
+#: Most ``tools/list`` pages followed for one tool list.
+MAX_TOOL_PAGES = 64
+#: Most tools in one tool list (all pages together). Agents take far fewer:
+#: OpenAI's API, for one, takes at most 128 functions per request.
+MAX_TOOLS = 1024
+#: Largest JSON of one tool (UTF-8 bytes: name, title, description, input
+#: and output schemas, annotations, ``_meta``). A tool with an unusually
+#: rich schema (an OpenAPI operation with nested objects) is a few KiB to a
+#: few tens of KiB; 256 KiB is a schema no model could use.
+MAX_TOOL_BYTES = 256 * 1024
+#: Largest JSON of one tool list (UTF-8 bytes, all pages together: every
+#: tool, every page's ``nextCursor`` and ``_meta``, the capabilities a
+#: modern ``brmcp/capabilities`` states). Far above any real list: 1,024
+#: tools of 4 KiB each (a long description and a rich schema) fit, and the
+#: lists MCP servers serve in practice, tens of tools of 1 to 2 KiB, are
+#: under 1 % of it. Far below memory concern: the snapshot holds at most
+#: this (its Python objects a small multiple of it), a refused list at most
+#: this plus the one page (one message, at most 16 MiB: SECURITY.md §1)
+#: that went over, and the file written is at most
+#: :data:`~.snapshots.MAX_SNAPSHOT_BYTES`.
+MAX_TOOL_LIST_BYTES = 4 * 1024 * 1024
+
+
 class LinkError(Exception):
     """The bot could not be reached: dialing, initialize or tools/list failed."""
+
+
+class ToolListTooLarge(LinkError):
+    """A bot's tool list (its ``tools/list`` pages, or the ``brmcp/tools``
+    of a first-contact answer) is over one of :data:`MAX_TOOL_PAGES`,
+    :data:`MAX_TOOLS`, :data:`MAX_TOOL_BYTES` or :data:`MAX_TOOL_LIST_BYTES`
+    (the message names it). The list is refused as a whole: it is neither
+    served nor persisted, and the snapshot in force (if any) stays."""
+
+
+def json_bytes(model: BaseModel) -> int:
+    """UTF-8 bytes of ``model`` as compact JSON by alias without None
+    fields: the bot's JSON re-serialized (pydantic-core's encoder, one
+    pass, nothing decoded), as the SDK writes it and a snapshot stores it."""
+    return len(model.__pydantic_serializer__.to_json(model, by_alias=True, exclude_none=True))
+
+
+class ToolListBudget:
+    """One tool list counted against the bounds as its pages arrive:
+    :meth:`page` raises :class:`ToolListTooLarge` at the first page that
+    goes over, so a bot can make the link hold at most
+    :data:`MAX_TOOL_LIST_BYTES` plus that page. ``what`` names the list in
+    the error (``"tools/list"``, ``"first-contact brmcp/tools"``)."""
+
+    __slots__ = ("bytes", "marks_refusals", "pages", "tools", "what")
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        #: Pages, tools and JSON bytes (UTF-8) counted so far.
+        self.pages = 0
+        self.tools: list[Tool] = []
+        self.bytes = 0
+        #: The first page's ``_meta`` says ``"brmcp/marksRefusals": true``.
+        self.marks_refusals = False
+
+    def _refuse(self, detail: str) -> ToolListTooLarge:
+        return ToolListTooLarge(f"{self.what}: {detail}; the whole list is refused")
+
+    def page(self, page: ListToolsResult) -> None:
+        """Count one page: its JSON (tools, ``nextCursor``, ``_meta``) and
+        its tools. Raises :class:`ToolListTooLarge`."""
+        self.pages += 1
+        if self.pages > MAX_TOOL_PAGES:
+            raise self._refuse(f"more than {MAX_TOOL_PAGES} pages (MAX_TOOL_PAGES)")
+        if self.pages == 1:
+            meta = page.meta
+            self.marks_refusals = isinstance(meta, dict) and meta.get(MARKS_REFUSALS_KEY) is True
+        if len(self.tools) + len(page.tools) > MAX_TOOLS:
+            raise self._refuse(f"more than {MAX_TOOLS} tools (MAX_TOOLS)")
+        size = json_bytes(page)
+        if size > MAX_TOOL_BYTES:
+            # Only a page this large can hold a tool over the bound.
+            for tool in page.tools:
+                one = json_bytes(tool)
+                if one > MAX_TOOL_BYTES:
+                    raise self._refuse(
+                        f"tool {tool.name[:64]!r} is {one} bytes of JSON, over the "
+                        f"{MAX_TOOL_BYTES}-byte bound on one tool (MAX_TOOL_BYTES)"
+                    )
+        self.bytes += size
+        if self.bytes > MAX_TOOL_LIST_BYTES:
+            raise self._refuse(
+                f"over {MAX_TOOL_LIST_BYTES} bytes of JSON (MAX_TOOL_LIST_BYTES) "
+                f"after {self.pages} page{'s' if self.pages > 1 else ''}"
+            )
+        self.tools.extend(page.tools)
+
+    def more(self) -> None:
+        """The last page named a next one: raises :class:`ToolListTooLarge`
+        when :data:`MAX_TOOL_PAGES` pages were counted already (the next
+        one is never asked for)."""
+        if self.pages >= MAX_TOOL_PAGES:
+            raise self._refuse(f"more than {MAX_TOOL_PAGES} pages (MAX_TOOL_PAGES)")
+
+    def result(self) -> ListedTools:
+        """The tools counted, with the list's ``marks_refusals``."""
+        return ListedTools(self.tools, marks_refusals=self.marks_refusals)
+
+
+class RateGate:
+    """A token bucket bounding the notifications relayed from one bot: up
+    to ``burst`` at once, then ``rate`` per second on ``clock`` (seconds;
+    anyio's monotonic clock when None). :meth:`take` says whether one more
+    may pass; the rest are dropped, and a run of drops is logged once (at
+    warning level when it starts, at info level with its count when a
+    notification passes again). ``what`` names the notifications in those
+    lines."""
+
+    __slots__ = ("_at", "_run", "_tokens", "burst", "clock", "dropped", "rate", "what")
+
+    def __init__(
+        self, what: str, *, burst: int, rate: float, clock: Callable[[], float] | None = None
+    ) -> None:
+        self.what = what
+        self.burst = burst
+        self.rate = rate
+        #: The time source (seconds); replaceable, e.g. by a test's clock.
+        self.clock: Callable[[], float] = clock if clock is not None else anyio.current_time
+        self._tokens = float(burst)
+        self._at: float | None = None
+        self._run = 0
+        #: Notifications dropped so far (observability and tests).
+        self.dropped = 0
+
+    def take(self) -> bool:
+        """True when one more notification may pass now (it is counted)."""
+        now = self.clock()
+        if self._at is not None and now > self._at:
+            self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.rate)
+        self._at = now if self._at is None else max(now, self._at)
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            if self._run:
+                log.info("bridge: %d %s dropped (over the rate bound)", self._run, self.what)
+                self._run = 0
+            return True
+        if self._run == 0:
+            log.warning(
+                "bridge: a bot sent %s faster than %d at once and %g per second; dropping the rest",
+                self.what,
+                self.burst,
+                self.rate,
+            )
+        self._run += 1
+        self.dropped += 1
+        return False
 
 
 def no_answer_hint(bot: str, seconds: float, own_uid: str | None) -> str:
@@ -65,7 +234,8 @@ class _Session:
         self.offer = offer
         #: The first contact found a modern bot: dial again in the modern era.
         self.switch = False
-        #: Tools a first contact brought (used by the next ``tools/list``).
+        #: Tools a first contact brought (used by the next ``tools/list``): a
+        #: :class:`~.snapshots.ListedTools` counted by :class:`ToolListBudget`.
         self.prefetched: list[Tool] | None = None
         self.session: ClientSession | None = None
         self.error: BaseException | None = None

@@ -4,11 +4,19 @@ snapshots): served to agents without a PM when it is known, fetched with
 or old or the bot said its tools changed, looked up again when an agent's
 call disagrees with it, and persisted per bot (:mod:`.snapshots`).
 :class:`ToolsMixin` gives :class:`~.link.BotLink` these methods.
+
+Every bot is a stranger (SECURITY.md "The bridge against a hostile bot"): a
+tool list over :data:`MAX_TOOL_PAGES`, :data:`MAX_TOOLS`,
+:data:`MAX_TOOL_BYTES` or :data:`MAX_TOOL_LIST_BYTES` is refused as a whole
+(:class:`ToolListTooLarge`; the snapshot in force stays, nothing is
+persisted), and background refreshes, whatever makes them (a flood of
+``notifications/tools/list_changed``), are coalesced: one in flight, at
+most one more queued, and at most one per :data:`RELIST_INTERVAL` seconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -31,15 +39,38 @@ from mcp_types.version import LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
 from ..eras import CAPABILITIES_META_KEY
 from ..payment import PRICE_ATOMS_KEY
 from ._eras import _TOOLS_ONLY, _pushes
-from ._linkbase import LinkError, _describe, _Session, log, no_answer_hint
+from ._linkbase import (
+    MAX_TOOL_BYTES,
+    MAX_TOOL_LIST_BYTES,
+    MAX_TOOL_PAGES,
+    MAX_TOOLS,
+    LinkError,
+    ToolListBudget,
+    ToolListTooLarge,
+    _describe,
+    _Session,
+    json_bytes,
+    log,
+    no_answer_hint,
+)
+from .clock import Clock
 from .retry import RetryPolicy
-from .snapshots import ERA_HANDSHAKE, ERA_MODERN, BotSnapshot, Era, SnapshotStore
+from .snapshots import ERA_HANDSHAKE, ERA_MODERN, BotSnapshot, Era, ListedTools, SnapshotStore
 from .subscriptions import Subscriptions
 
-__all__ = ["RECHECK_INTERVAL", "REFRESH_DELAY", "SNAPSHOT_MAX_AGE", "ToolsMixin"]
+__all__ = [
+    "MAX_TOOLS",
+    "MAX_TOOL_BYTES",
+    "MAX_TOOL_LIST_BYTES",
+    "MAX_TOOL_PAGES",
+    "RECHECK_INTERVAL",
+    "REFRESH_DELAY",
+    "RELIST_INTERVAL",
+    "SNAPSHOT_MAX_AGE",
+    "ToolListTooLarge",
+    "ToolsMixin",
+]
 
-#: Most tools/list pages followed for one snapshot.
-_MAX_PAGES = 64
 #: Seconds a remembered snapshot's background refresh waits after the
 #: request that triggered it (so it never competes with that request).
 REFRESH_DELAY = 1.0
@@ -50,6 +81,15 @@ RECHECK_INTERVAL = 10.0
 #: background (a bot that restarted with other tools sends no list change;
 #: an agent that only lists would otherwise never see them).
 SNAPSHOT_MAX_AGE = 300.0
+#: Least seconds between the starts of two background refreshes of one
+#: bot's snapshot, on the link's clock. A bot may send
+#: ``notifications/tools/list_changed`` at any rate; each costs the bot's
+#: ``tools/list`` (up to :data:`MAX_TOOL_PAGES` pages of it) and a
+#: notification to every agent session, so they are coalesced instead: the
+#: first after a quiet spell is fetched at once, the ones that arrive while
+#: it is fetched or waited for make one more, this many seconds after it.
+#: A real bot changes its tools on an operator's reload, minutes apart.
+RELIST_INTERVAL = 10.0
 
 
 class ToolsMixin:
@@ -82,6 +122,13 @@ class ToolsMixin:
     _changed: bool
     _doubted_at: float | None
     _fetched_at: float | None
+    #: Set by :meth:`_install_tools` (defaults until the first snapshot).
+    _marks_refusals: bool = False
+    _tools_bytes: int = 0
+    #: When the last background refresh asked the bot (link clock, s).
+    _relisted_at: float | None = None
+    #: :meth:`doubt_tools` asked for a look-up that has not happened yet.
+    _doubted: bool = False
 
     if TYPE_CHECKING:
 
@@ -102,6 +149,27 @@ class ToolsMixin:
     def tools(self) -> list[Tool] | None:
         """The last snapshot (None before the first one), possibly stale."""
         return self._tools
+
+    @property
+    def marks_refusals(self) -> bool:
+        """True when the tool list in force said ``"brmcp/marksRefusals":
+        true`` in its ``_meta`` (the first ``tools/list`` page's, or the
+        first-contact ``brmcp/tools`` object's; persisted with the
+        snapshot): the bot marks its genuine ``payment_required`` refusals
+        with ``brmcp/refusal``, so an unmarked refusal-shaped result from it
+        is tool output (:data:`brmcp.payment.MARKS_REFUSALS_KEY`). It stays
+        true until a list without the mark replaces the snapshot; a refused
+        list (over a bound) changes nothing."""
+        return self._marks_refusals
+
+    @property
+    def tools_bytes(self) -> int:
+        """UTF-8 bytes of the JSON of the snapshot's tools (each as on the
+        wire and in the snapshot file; 0 before the first snapshot): what
+        the link holds. At most :data:`MAX_TOOL_LIST_BYTES` for a list
+        fetched from the bot; one read from a snapshot file is bounded by
+        :data:`~.snapshots.MAX_SNAPSHOT_BYTES`."""
+        return self._tools_bytes
 
     def tool(self, name: str) -> Tool | None:
         return self._by_name.get(name)
@@ -125,7 +193,7 @@ class ToolsMixin:
         """True when the snapshot is not known to be current: the link was
         reset or restarted (it is served and refreshed in the background),
         or the bot said its tool list changed (:meth:`refresh` fetches it
-        before answering)."""
+        before answering, unless a background refresh is under way)."""
         return self._stale or self._changed
 
     def doubt_tools(self) -> bool:
@@ -143,11 +211,17 @@ class ToolsMixin:
             return False
         self._doubted_at = now
         self._changed = True
+        self._doubted = True
         return True
 
     def _install_tools(self, tools: list[Tool]) -> None:
+        """Put ``tools`` in force; a :class:`ListedTools` (what a fetch, a
+        first contact and a snapshot file give) brings ``marks_refusals``,
+        a plain list means no mark."""
         self._tools = tools
         self._by_name = {t.name: t for t in tools}
+        self._marks_refusals = isinstance(tools, ListedTools) and tools.marks_refusals
+        self._tools_bytes = sum(json_bytes(t) for t in tools)
 
     async def refresh(self) -> list[Tool]:
         """Return the tool snapshot. With none yet it is fetched with
@@ -157,8 +231,15 @@ class ToolsMixin:
         reset) is returned as it is and refreshed in the background after
         the next request that reaches the bot; so is one fetched more than
         :data:`SNAPSHOT_MAX_AGE` seconds ago (the agents get
-        ``notifications/tools/list_changed`` when it differed). Raises
-        :class:`LinkError`."""
+        ``notifications/tools/list_changed`` when it differed). A snapshot
+        the bot announced a change of is returned as it is while a
+        background refresh is under way or waiting out
+        :data:`RELIST_INTERVAL` (it tells the agents when it lands), unless
+        :meth:`doubt_tools` asked for a look-up. Raises :class:`LinkError`
+        (:class:`ToolListTooLarge` for a list over a bound: the snapshot in
+        force, if any, stays and is served from then on)."""
+        if self._tools is not None and self._changed and self._refreshing and not self._doubted:
+            return self._tools
         if self._tools is not None and not self._changed:
             fetched = self._fetched_at
             if (
@@ -204,7 +285,7 @@ class ToolsMixin:
                         tools: list[Tool]
                         stated: ServerCapabilities | None
                         if declared is not None and declared.tools is None:
-                            tools, stated = [], None
+                            tools, stated = ListedTools(), None
                         else:
                             current = self._current
                             prefetched = (
@@ -223,7 +304,16 @@ class ToolsMixin:
                                     raise
                                 # A modern bot without tools: ask what it serves.
                                 raw = await session.send_discover(LATEST_MODERN_VERSION)
-                                tools, stated = [], DiscoverResult.model_validate(raw).capabilities
+                                tools = ListedTools()
+                                stated = DiscoverResult.model_validate(raw).capabilities
+                except ToolListTooLarge as exc:
+                    # Refused as a whole; the snapshot in force stays (served,
+                    # not asked for again by every request) and the session is
+                    # kept (the bot answered, only too much).
+                    log.warning("bot %s: %s", self.uid[:8], exc)
+                    if self._tools is not None:
+                        self._changed = self._doubted = False
+                    raise
                 except TimeoutError:
                     if era != ERA_MODERN:
                         self.reset(gen)
@@ -252,11 +342,12 @@ class ToolsMixin:
                         # list again there.
                         self.require_handshake(gen)
                         continue
-                changed = changed or tools != self._tools
+                marks = isinstance(tools, ListedTools) and tools.marks_refusals
+                changed = changed or tools != self._tools or marks != self._marks_refusals
                 current = self._current
                 self._install_tools(tools)
                 self._stale = current is None or current.gen != gen
-                self._changed = False
+                self._changed = self._doubted = False
                 self._refresh_wanted = False
                 if changed:
                     self._schedule_save()
@@ -264,7 +355,11 @@ class ToolsMixin:
         raise LinkError("tools/list: the bot refused both eras")
 
     def _start_refresh(self) -> None:
-        """Refresh the snapshot in a background task (once at a time)."""
+        """Refresh the snapshot in a background task (one at a time). Called
+        while one runs, it does nothing more: a ``tools/list_changed``
+        (which sets ``_announce`` first) is taken by the running task, which
+        refreshes once more after it, :data:`RELIST_INTERVAL` seconds after
+        its own start."""
         if self._refreshing:
             return
         self._refreshing = True
@@ -272,20 +367,55 @@ class ToolsMixin:
         self._tg.start_soon(self._background_refresh, name=f"brmcp-bridge-refresh-{self.uid[:8]}")
 
     async def _background_refresh(self) -> None:
+        """Refresh rounds: each fetches ``tools/list`` and tells the agents
+        (``tools/list_changed``) when the bot announced a change or the list
+        differs; another round follows while the bot announced a change
+        during one. A failed round ends it (logged), the announcement kept
+        for the next."""
+        now, sleep = self._timer()
         try:
-            if not self._announce:
-                # Let the request that triggered it be answered first.
-                await anyio.sleep(REFRESH_DELAY)
-            before = self._tools
-            async with self._snapshot_lock:
-                await self._fetch()
-            if self._announce or before != self._tools:
+            while not self._closed:
+                announce = self._announce
+                if not announce:
+                    # Let the request that triggered it be answered first.
+                    await anyio.sleep(REFRESH_DELAY)
+                last = self._relisted_at
+                if last is not None:
+                    # Never more than RELIST_INTERVAL, even if the clock went back.
+                    wait = min(last + RELIST_INTERVAL - now(), RELIST_INTERVAL)
+                    if wait > 0:
+                        await sleep(wait)
+                announce = announce or self._announce
                 self._announce = False
-                await self.subscriptions.broadcast(ToolListChangedNotification())
-        except Exception as exc:
-            log.info("bot %s: background tools/list failed: %s", self.uid[:8], _describe(exc))
+                self._relisted_at = now()
+                before = self._tools
+                try:
+                    async with self._snapshot_lock:
+                        await self._fetch()
+                except Exception as exc:
+                    self._announce = self._announce or announce
+                    if not isinstance(exc, ToolListTooLarge):  # already logged
+                        log.info("bot %s: background tools/list failed: %s", self.uid[:8], _describe(exc))
+                    return
+                if self._announce:
+                    # Announced again while it was fetched: an agent that lists
+                    # meanwhile asks the bot itself; this task refreshes later.
+                    self._changed = True
+                if announce or before != self._tools:
+                    await self.subscriptions.broadcast(ToolListChangedNotification())
+                if not self._announce:
+                    return
         finally:
             self._refreshing = False
+
+    def _timer(self) -> tuple[Callable[[], float], Callable[[float], Awaitable[None]]]:
+        """``(now, sleep)`` of the link's clock: the :class:`~.clock.Clock`
+        whose ``now`` the link was given (the bridge's; a test's
+        :class:`~.clock.ManualClock`), else anyio's monotonic clock."""
+        owner = getattr(self._clock, "__self__", None)
+        if isinstance(owner, Clock):
+            return owner.now, owner.sleep
+        return anyio.current_time, anyio.sleep
 
     def snapshot(self) -> BotSnapshot | None:
         """What would be persisted now (None before the era is known)."""
@@ -297,8 +427,9 @@ class ToolsMixin:
             era=self._era,
             protocol_version=version,
             capabilities=self._capabilities,
-            tools=list(self._tools),
+            tools=self._tools,
             updated=int(self._clock()),
+            marks_refusals=self._marks_refusals,
         )
 
     def _schedule_save(self) -> None:
@@ -308,22 +439,27 @@ class ToolsMixin:
         self._tg.start_soon(_save, store, snapshot)
 
 
-async def _list_all(session: ClientSession) -> tuple[list[Tool], ServerCapabilities | None]:
-    """Every page of ``tools/list``, and the capabilities a brmcp harness
-    states in the first page's ``_meta`` (None when absent or invalid)."""
-    tools: list[Tool] = []
+async def _list_all(session: ClientSession) -> tuple[ListedTools, ServerCapabilities | None]:
+    """Every page of ``tools/list`` (with the first page's
+    ``brmcp/marksRefusals``), and the capabilities a brmcp harness states
+    in the first page's ``_meta`` (None when absent or invalid). Each page
+    is counted as it arrives (:class:`ToolListBudget`; the stated
+    capabilities are in the page's JSON), so a list over a bound stops
+    being fetched at the page that goes over: raises
+    :class:`ToolListTooLarge`."""
+    budget = ToolListBudget("tools/list")
     stated: ServerCapabilities | None = None
     cursor: str | None = None
-    for page_no in range(_MAX_PAGES):
+    while True:
         params = PaginatedRequestParams(cursor=cursor) if cursor is not None else None
         page = await session.send_request(ListToolsRequest(params=params), ListToolsResult)
-        if page_no == 0:
+        budget.page(page)
+        if budget.pages == 1:
             stated = _stated_capabilities(page.meta)
-        tools.extend(page.tools)
         cursor = page.next_cursor
         if not cursor:
-            break
-    return tools, stated
+            return budget.result(), stated
+        budget.more()
 
 
 def _stated_capabilities(meta: Any) -> ServerCapabilities | None:
@@ -340,5 +476,5 @@ async def _save(store: SnapshotStore, snapshot: BotSnapshot) -> None:
     try:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(store.save, snapshot)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: over MAX_SNAPSHOT_BYTES
         log.warning("bot %s: snapshot not written: %s", snapshot.bot[:8], exc)

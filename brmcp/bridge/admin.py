@@ -10,7 +10,7 @@ their own payments. All bodies are JSON.
 | ``GET /admin/settings`` | the settings object (``mcpclient.json`` keys) |
 | ``PUT`` or ``POST /admin/settings`` | apply a JSON object of changed keys; answers the new settings |
 | ``GET /admin/approvals`` | ``{"pending": [PendingPayment…]}`` |
-| ``POST /admin/approvals/<id>/approve`` or ``…/deny`` | decide; 404 for an unknown id |
+| ``POST /admin/approvals/<id>/approve`` or ``…/deny`` | decide; 404: unknown id, 409: withdrawn |
 | ``GET /admin/spend`` | ``{"entries": [SpendEntry…], "day_total_atoms": n}`` |
 | ``GET /admin/config-snippet/<uid>`` | the agent configuration for one bot |
 | ``POST /admin/ui-login`` | ``{"url", "expires_in"}``: a one-time login link to the approvals page |
@@ -18,15 +18,17 @@ their own payments. All bodies are JSON.
 A ``mode`` other than ``"approval"`` or ``"autopay"`` is refused here (400),
 although loading ``mcpclient.json`` reads any other value as approval (Go's
 rule). Errors are ``{"error": "<reason>"}`` with status 400 (bad input), 404
-(unknown path or id), 405 (wrong method), 413 (body too large) or 500
-(state could not be written).
+(unknown path or id), 405 (wrong method), 409 (a decision for a payment
+withdrawn because its agent went away: ``payment <id> was withdrawn: the
+agent went away; nothing was paid``), 413 (body too large) or 500 (state
+could not be written).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
@@ -44,6 +46,9 @@ from .settings import (
 )
 from .spend import SpendSummary
 from .ui import TICKET_TTL, UISessions
+
+if TYPE_CHECKING:
+    from .settle import Settler
 
 __all__ = ["MAX_ADMIN_BODY_BYTES", "AdminHost", "ConfigSnippet", "admin_handler", "config_snippet"]
 
@@ -65,6 +70,11 @@ class AdminHost(Protocol):
     def resolve_payment(self, payment_id: str, approve: bool) -> bool: ...
 
     def spend_log(self) -> SpendSummary: ...
+
+    @property
+    def _settler(self) -> Settler:
+        """Its payments (the approval queue remembers withdrawn ids)."""
+        ...
 
     def config_snippet(self, uid: str, base_url: str | None = None) -> ConfigSnippet: ...
 
@@ -161,6 +171,10 @@ def admin_handler(bridge: AdminHost) -> PathHandler:
                     return
                 approve = parts[2] == "approve"
                 if not bridge.resolve_payment(parts[1], approve):
+                    withdrawn = bridge._settler.approvals.withdrawn(parts[1])
+                    if withdrawn is not None:
+                        await send_json(send, 409, {"error": withdrawn})
+                        return
                     await send_json(send, 404, {"error": "unknown payment"})
                     return
                 await send_json(send, 200, {"id": parts[1], "approved": approve})

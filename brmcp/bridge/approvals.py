@@ -1,13 +1,17 @@
 """Payments parked for the user's decision (BRIDGE.md §Spend log and approvals).
 
 Kept in memory only: a restart drops every parked payment, which denies it
-(the waiting call dies with the process).
+(the waiting call dies with the process). A payment withdrawn because its
+agent went away (or its call was cancelled) is remembered by id, at most
+:data:`MAX_WITHDRAWN` of them, so that a decision arriving for it later is
+refused with :func:`withdrawn_text` instead of "unknown payment".
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -16,12 +20,20 @@ import anyio
 
 from .clock import Clock
 
-__all__ = ["ApprovalQueue", "Decision", "PendingPayment"]
+__all__ = ["MAX_WITHDRAWN", "ApprovalQueue", "Decision", "PendingPayment", "withdrawn_text"]
 
 log = logging.getLogger("brmcp.bridge")
 
 #: How a parked payment ended.
 Decision = Literal["approved", "denied", "timeout"]
+#: Withdrawn payment ids remembered (oldest forgotten first).
+MAX_WITHDRAWN = 256
+
+
+def withdrawn_text(payment_id: str) -> str:
+    """The refusal of a decision for a withdrawn payment (the admin API's
+    409 ``error``, the CLI's line, the approvals page)."""
+    return f"payment {payment_id} was withdrawn: the agent went away; nothing was paid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +73,7 @@ class ApprovalQueue:
     def __init__(self, clock: Clock, on_change: Callable[[], None] | None = None) -> None:
         self._clock = clock
         self._parked: dict[str, _Parked] = {}
+        self._withdrawn: OrderedDict[str, None] = OrderedDict()
         self._on_change = on_change
 
     def _changed(self) -> None:
@@ -72,9 +85,9 @@ class ApprovalQueue:
         return sorted((p.payment for p in self._parked.values()), key=lambda p: (p.created, p.id))
 
     def resolve(self, payment_id: str, approve: bool) -> bool:
-        """Deliver a decision. False for an unknown id; the first decision
-        wins and repeats are ignored (still True while the payment is
-        parked)."""
+        """Deliver a decision. False for an unknown or withdrawn id (see
+        :meth:`withdrawn`); the first decision wins and repeats are ignored
+        (still True while the payment is parked)."""
         parked = self._parked.get(payment_id)
         if parked is None:
             return False
@@ -82,6 +95,22 @@ class ApprovalQueue:
             parked.approved = approve
             parked.event.set()
         return True
+
+    def withdrawn(self, payment_id: str) -> str | None:
+        """:func:`withdrawn_text` when ``payment_id`` was withdrawn recently
+        (its agent went away or its call was cancelled, so nothing was paid
+        and a decision can no longer count), else None."""
+        return withdrawn_text(payment_id) if payment_id in self._withdrawn else None
+
+    def note_withdrawn(self, payment_id: str) -> None:
+        """Remember ``payment_id`` as withdrawn (also one already decided:
+        an approval that came while the agent's connection was detached,
+        after which the agent did not come back). Keeps the newest
+        :data:`MAX_WITHDRAWN`."""
+        self._withdrawn[payment_id] = None
+        self._withdrawn.move_to_end(payment_id)
+        while len(self._withdrawn) > MAX_WITHDRAWN:
+            self._withdrawn.popitem(last=False)
 
     async def wait(
         self,
@@ -95,8 +124,10 @@ class ApprovalQueue:
         """Park a payment and wait for a decision or ``timeout_secs`` seconds on
         the bridge clock; ``on_parked`` is called with the payment once it is
         listed, and the queue's ``on_change`` whenever a payment is listed or
-        removed. The entry is removed however the wait ends (including
-        cancellation of the calling task)."""
+        removed. The entry is removed however the wait ends; when the calling
+        task is cancelled before a decision (its agent went away, the call
+        was cancelled, the bridge is closing) the id is remembered as
+        withdrawn (:meth:`withdrawn`)."""
         payment_id = secrets.token_hex(8)
         while payment_id in self._parked:
             payment_id = secrets.token_hex(8)
@@ -129,5 +160,7 @@ class ApprovalQueue:
             return "approved" if parked.approved else "denied"
         finally:
             self._parked.pop(payment_id, None)
+            if outcome.startswith("withdrawn"):
+                self.note_withdrawn(payment_id)
             log.info("payment %s %s", payment_id, outcome)
             self._changed()

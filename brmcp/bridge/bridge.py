@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,6 +130,9 @@ class Bridge:
             parse_listen_address(config.listen)
         self.config = config
         self._clock = config.clock
+        #: This bridge's ``brmcp/callerEpoch`` (WIRE.md §Pay alongside): new at
+        #: every start, so a bot drops calls held for the process before it.
+        self._epoch = secrets.token_hex(8)
         self._data_dir = Path(config.data_dir)
         self._settings_path = self._data_dir / SETTINGS_FILE
         self._settings = load_settings(self._settings_path)
@@ -414,7 +418,15 @@ class Bridge:
             own_uid=self.config.uid,
         )
         funding = Funding(uid, self._settler, self._current, link.fixed_price, link.spawn)
-        proxy = BotProxy(link, self._settler, self._clock, self.config.name, funding=funding)
+        proxy = BotProxy(
+            link,
+            self._settler,
+            self._clock,
+            self.config.name,
+            funding=funding,
+            settings=self._current,
+            epoch=self._epoch,
+        )
         self._links[uid] = link
         self._proxies[uid] = proxy
         return proxy

@@ -11,10 +11,13 @@ What the daemon supplies to the bridge:
   :meth:`Bridge.handle_pm`, then ``AckReceivedPM``;
 * payer: :class:`TipPayer` pays with ``PaymentsService.TipUser`` (``dcr_amount``
   = atoms / 1e8, 3 attempts) and returns once the matching terminal
-  ``TipProgress`` event says the tip completed; a terminal event no payment
-  waits for (it came after the tip wait, or after a restart) is a late
-  outcome for :meth:`Bridge.resolve_spend`; every progress event is acked
-  after it was handled;
+  ``TipProgress`` event says the tip completed; a first event saying the
+  attempt failed and will be retried ends the wait at once (the spend stays
+  pending); a terminal event no payment waits for (it came after the tip
+  wait, after such a stall, or after a restart) is a late outcome for
+  :meth:`Bridge.resolve_spend`; every progress event is acked after it was
+  handled (one whose outcome could not be written stays unacked, so
+  brclient delivers it again);
 * the endpoint on ``listen`` (default ``127.0.0.1:8891``), bound while the
   bridge is enabled, and a runtime file that tells the CLI where the admin
   surface is (:data:`RUNTIME_FILE`).
@@ -112,9 +115,13 @@ class TipPaymentError(Exception):
 
 class TipStalledError(TipPaymentError):
     """A tip attempt failed and brclient retries it later (e.g. the payee
-    has no wallet: the next attempt is a day away): the wait ends now, the
-    spend is ``failed`` with "may still land" in its err (a late completion
-    turns it paid)."""
+    has no wallet: the next attempt is a day away): the wait ends now and
+    the agent is told at once, but the tip may still land, so the spend
+    stays ``pending`` (counted against the day cap) with this reason in its
+    ``err`` until brclient's terminal TipProgress settles it: ``paid`` when
+    the retry completes, ``failed`` when brclient will not retry
+    (:meth:`Bridge.resolve_spend`; :class:`TipMatcher` routes those events
+    past newer payments)."""
 
     may_land = True
 
@@ -646,7 +653,8 @@ class BridgeDaemon:
                 event.attempt_err,
             )
             # The attempt cannot complete now: the payment waiting for it
-            # ends at once (its spend says it may still land).
+            # ends at once (its spend stays pending: it may still land). A
+            # further retried attempt of a stalled tip changes nothing.
             self.matcher.stall(event.uid, event.amount_matoms, event.attempt_err)
             return True
         error = None if event.completed else (event.attempt_err or "tip attempt failed")

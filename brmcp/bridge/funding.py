@@ -34,13 +34,37 @@ from typing import Any
 
 import anyio
 
-from ..payment import HELD_KEY, PaymentRequired, parse_payment_required, parse_receipt
+from ..payment import (
+    BALANCE_ATOMS_KEY,
+    HELD_KEY,
+    REFUNDED_ATOMS_KEY,
+    PaymentRequired,
+    parse_payment_required,
+    parse_receipt,
+)
+from .budget import Listing
 from .settings import Settings
 from .settle import Settler
 
 __all__ = ["Funding", "Payment"]
 
 log = logging.getLogger("brmcp.bridge")
+
+
+class _Unset:
+    """The type of :data:`_UNSET` (an argument not given)."""
+
+    __slots__ = ()
+
+
+_UNSET = _Unset()
+
+
+def _whole(value: Any) -> int | None:
+    """``value`` when it is a JSON integer ≥ 0, else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 class Payment:
@@ -108,13 +132,29 @@ class Funding:
         self._inflight: Payment | None = None
         #: Payments started ahead of need (alongside or prepay), for tests and metrics.
         self.started = 0
+        #: True while the bot's refusals contradict its listing (:meth:`distrust`).
+        self.distrusted = False
 
     # -- the known balance --------------------------------------------------------
 
-    def observe(self, tool: str, result: Any, ahead: Payment | None = None) -> None:
+    def observe(
+        self,
+        tool: str,
+        result: Any,
+        ahead: Payment | None = None,
+        *,
+        refusal: PaymentRequired | _Unset | None = _UNSET,
+        listing: Listing | None = None,
+    ) -> None:
         """Learn the balance from a tool result: a receipt or a refusal sets
         it; a successful result without a receipt from a fixed-price tool
         (a Go bot) lowers a known balance by the price.
+
+        ``refusal``: the refusal the caller found in ``result`` (None: none,
+        e.g. refusal-shaped tool output from a bot that marks its genuine
+        refusals); parsed from ``result`` when not given. ``listing``: what
+        the agent was shown for ``tool``; a refusal or receipt that keeps to
+        it ends a :meth:`distrust`.
 
         ``ahead``: the payment made alongside this call and not counted yet.
         A receipt counts that payment's credit when the bot held the call
@@ -126,20 +166,43 @@ class Funding:
         """
         meta = getattr(result, "meta", None)
         receipt = parse_receipt(meta)
-        refusal = parse_payment_required(result)
+        if isinstance(refusal, _Unset):
+            refusal = parse_payment_required(result)
         if receipt is not None and ahead is not None and ahead.included is None:
             held = isinstance(meta, dict) and meta.get(HELD_KEY) is True
             ahead.included = held or ahead.confirmed
+        if listing is not None and listing.kind == "fixed" and self.distrusted:
+            asked = receipt.charged_atoms if receipt is not None else None
+            if refusal is not None:
+                asked = max(refusal.price_atoms, refusal.shortfall_atoms)
+            if asked is not None and asked <= listing.price_atoms:
+                self.distrusted = False
+                log.info("bot %s keeps to its listed prices again: paying alongside resumes", self.bot[:8])
         if receipt is not None:
             self._set(receipt.balance_atoms)
         elif refusal is not None:
             # A refusal says the credit of a payment under way had not covered
             # the call yet: it does not stop that payment from being added.
             self.balance = max(0, refusal.balance_atoms)
+        elif isinstance(meta, dict) and _whole(meta.get(REFUNDED_ATOMS_KEY)) is not None:
+            balance = _whole(meta.get(BALANCE_ATOMS_KEY))
+            if balance is not None:
+                self._set(balance)
         elif not getattr(result, "is_error", False) and self.balance is not None:
             price = self._price_of(tool)
             if price:
                 self._set(max(0, self.balance - price))
+
+    def distrust(self) -> None:
+        """The bot asked more than the price it listed: pay nothing
+        alongside its calls, and prepay nothing, until a refusal or receipt
+        of it keeps to its listing again (BRIDGE.md §Pay alongside and
+        prepay)."""
+        if not self.distrusted:
+            log.info(
+                "bot %s asked more than its listed price: no payment alongside until it agrees", self.bot[:8]
+            )
+        self.distrusted = True
 
     def _set(self, balance: int) -> None:
         self.balance = balance
@@ -156,6 +219,8 @@ class Funding:
         already in flight, or a new one for the shortfall when the price is
         fixed, the known balance short and the policy lets it go unasked.
         None: send the call unmarked."""
+        if self.distrusted:
+            return None
         price = self._price_of(tool)
         inflight = self._inflight
         if inflight is not None and not inflight.done:
@@ -183,14 +248,16 @@ class Funding:
     def after_call(self, tool: str, result: Any) -> None:
         """A call of ``tool`` succeeded: top the balance up for the next one
         when prepay is on for this bot (see the module docstring)."""
-        if not self._settings().prepays(self.bot):
+        if self.distrusted or not self._settings().prepays(self.bot):
             return
         inflight = self._inflight
         if inflight is not None and not inflight.done:
             return
         receipt = parse_receipt(getattr(result, "meta", None))
-        price = self._price_of(tool) or (receipt.charged_atoms if receipt is not None else 0)
-        if price <= 0 or self.balance is None or self.balance >= price:
+        # Only a tool with a listed fixed price is prepaid, and never more
+        # than that price: a receipt's word does not set an amount.
+        price = self._price_of(tool) or 0
+        if receipt is None or price <= 0 or self.balance is None or self.balance >= price:
             return
         self._start(tool, price, self.balance, prepay=True)
 

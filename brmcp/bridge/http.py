@@ -248,11 +248,17 @@ MAX_REMEMBERED_SESSIONS = 10_000
 
 
 async def _expire(calls: list[AgentCall]) -> None:
-    """After :data:`RESUME_GRACE`, the still-detached calls' agents are gone."""
-    await anyio.sleep(RESUME_GRACE)
-    for call in calls:
-        if call.detached:
-            call.gone.set()
+    """After :data:`RESUME_GRACE` seconds (wall time), the still-detached
+    calls' agents are gone. Meanwhile no payment starts for them
+    (:class:`~brmcp.bridge.relay.AgentGone`); a payment parked for approval
+    stays listed and is withdrawn here unless the agent resumed."""
+    try:
+        await anyio.sleep(RESUME_GRACE)
+    finally:
+        # Also when the bridge closes during the grace: nobody resumes then.
+        for call in calls:
+            if call.detached:
+                call.gone.set()
 
 
 #: Largest JSON-RPC answer written as one SSE event. The official Python
@@ -546,14 +552,21 @@ class BridgeApp:
         # Only a DELETE the SDK accepted ended the session; a refused one
         # (bad protocol version, ...) leaves it, and its subscriptions, alive.
         if 200 <= status < 300 and len(ended) == 1:
-            endpoint.proxy.link.forget_agent(ended[0].decode("latin-1"))
+            session_id = ended[0].decode("latin-1")
+            # Its calls still in flight have nobody to answer: a payment
+            # parked for one of them is withdrawn, none is started.
+            if endpoint.proxy.link.relay.abandon(session_id):
+                log.info("agent session ended with calls in flight: they count as gone")
+            endpoint.proxy.link.forget_agent(session_id)
 
     async def _serve_call(
         self, endpoint: _Endpoint, scope: Scope, receive: Receive, send: Send, message: dict[str, Any]
     ) -> None:
         """Serve a ``tools/call`` POST. When its connection closes before the
-        answer was written, the call is detached; unless the agent resumes
-        the stream (``GET`` with ``Last-Event-ID``) within
+        answer was written (the agent's FIN or TCP reset: uvicorn reports
+        ``http.disconnect`` and the SDK's stream ends), the call is
+        detached: no payment starts for it meanwhile. Unless the agent
+        resumes the stream (``GET`` with ``Last-Event-ID``) within
         :data:`RESUME_GRACE` seconds, the agent counts as gone: a parked
         approval is withdrawn and no payment is started (BRIDGE.md
         §Resumability)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import errno
 import ipaddress
 import logging
@@ -27,6 +28,39 @@ log = logging.getLogger("brmcp.bridge")
 
 #: Seconds a stop waits for open requests before cutting them (Go: 3 s).
 SHUTDOWN_GRACE = 3.0
+
+#: The logger uvicorn's own records of the current listener go to (set in the
+#: task that runs the server; the tasks of its connections inherit it).
+_RECORDS_TO: contextvars.ContextVar[str | None] = contextvars.ContextVar("brmcp_listener_log", default=None)
+
+
+class _UvicornRecords(logging.Filter):
+    """On uvicorn's ``uvicorn.error`` logger: a record made inside an
+    :class:`OwnedListener`'s server goes to that listener's logger instead
+    (its name, e.g. ``brmcp.bridge``, in place of ``uvicorn.error``), with
+    uvicorn's INFO lines ("Started server process", "Shutting down",
+    "Finished server process") lowered to DEBUG, so a normal start shows
+    brmcp's own lines only. Records of other uvicorn servers in the process
+    pass unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = _RECORDS_TO.get()
+        if name is None:
+            return True
+        if record.levelno == logging.INFO:
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        record.name = name
+        target = logging.getLogger(name)
+        if target.isEnabledFor(record.levelno):
+            target.handle(record)
+        return False
+
+
+def _route_uvicorn_records() -> None:
+    """Install :class:`_UvicornRecords` once per process."""
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _UvicornRecords) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(_UvicornRecords())
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,10 +214,20 @@ class _Server(uvicorn.Server):
 
 
 class OwnedListener:
-    """One running uvicorn server on a bound loopback socket."""
+    """One running uvicorn server on a bound loopback socket. uvicorn's own
+    log records of this server go to the logger ``log_name`` (uvicorn's INFO
+    lines at DEBUG)."""
 
-    def __init__(self, app: ASGIApp, address: str, limits: ListenerLimits | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        address: str,
+        limits: ListenerLimits | None = None,
+        *,
+        log_name: str = "brmcp.bridge",
+    ) -> None:
         self._app = app
+        self._log_name = log_name
         self.limits = limits or ListenerLimits()
         self._host, self._port = parse_listen_address(address)
         self._server: _Server | None = None
@@ -224,8 +268,10 @@ class OwnedListener:
         )
         server = _Server(config)
         self._server = server
+        _route_uvicorn_records()
 
         async def _serve() -> None:
+            _RECORDS_TO.set(self._log_name)
             with anyio.CancelScope() as scope:
                 self._scope = scope
                 try:

@@ -22,6 +22,14 @@ subscription methods; ``prompts``; ``completions``), copying the bot's
 (a Go bot, a harness with only tools) yields exactly the previous
 endpoint: ``{"logging": {}, "tools": {"listChanged": false}}`` and -32601
 "Method not found" for these methods.
+
+Bytes (SECURITY.md "The bridge against a hostile bot"): a forwarded result
+is one message from the bot, so the transport's bound on one message
+(16 MiB, ``AssemblerConfig.max_message_bytes``) bounds it, and the bridge
+holds it only until it is written to the agent. The bridge follows no
+cursor itself (the agent pages, one request per page) and keeps nothing of
+a result, so nothing accumulates across pages or requests: no further
+bound is needed.
 """
 
 from __future__ import annotations

@@ -21,18 +21,28 @@ Every local HTTP session for a bot talks to the same low-level
 The payment loop, for one logical call:
 
 1. the bridge mints one callKey (16 random bytes as 32 hex) and sends it on
-   every reissue and re-sent copy; the agent's own ``_meta`` is not forwarded;
+   every reissue and re-sent copy, with this process's ``brmcp/callerEpoch``;
+   the agent's own ``_meta`` is not forwarded;
 2. every request is sent by :meth:`BotLink.exchange`: re-sent on an
    RTT-sized backoff until a reply or its deadline (the message TTL); at the
    deadline the agent gets a JSON-RPC error saying what was paid;
-3. ``payment_required`` before paying runs :meth:`Settler.settle`; a refusal
-   appends ``<name>: payment not made: <reason>``; success reissues;
-4. ``payment_required`` after paying is polled: up to 6 reissues after the
-   payment with 3 s waits between them (5 waits); if the bot still asks (its
-   credit was used by another call, or never arrived) the call goes round
-   the payment loop again, within the caps, at most :data:`MAX_PAYMENTS`
-   payments in all, then ends with a note. The bot's refusal is never
-   returned bare after the bridge paid.
+3. a refusal is taken only when it is one: refusal-shaped output of a bot
+   that marks its genuine refusals (``brmcp/refusal``) is the tool's output;
+4. the call's hard bound (:mod:`.budget`) judges the refusal against the
+   listing the agent was shown (free tools and other tools' refusals are
+   never paid; a fixed price is never exceeded; the per-call cap covers the
+   whole call), then :meth:`Settler.settle` applies the caps, the day total
+   and approval; a refusal appends ``<name>: payment not made: <reason>``;
+   success reissues;
+5. ``payment_required`` after paying is polled: up to 6 reissues after the
+   payment with 3 s waits between them (5 waits); if the bot still asks, a
+   call in autopay mode ends with a note (one payment per logical call), and
+   in approval mode the user may approve a further payment, at most
+   :data:`MAX_PAYMENTS` in all. The bot's refusal is never returned bare
+   after the bridge paid;
+6. every result after which atoms moved tells the agent what was paid,
+   charged or refunded and the credit left at the bot (a text item and
+   ``_meta`` ``brmcp/paidAtoms``).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import json
 import logging
 import secrets
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, cast
 
 import anyio
@@ -64,17 +75,26 @@ from mcp.types import (
 )
 
 from ..payment import (
+    BALANCE_ATOMS_KEY,
     CALL_KEY,
+    CALLER_EPOCH_KEY,
+    PAID_ATOMS_KEY,
     PAY_ALONGSIDE_KEY,
+    REFUNDED_ATOMS_KEY,
+    REFUSAL_KEY,
+    PaymentRequired,
+    Receipt,
     parse_payment_required,
     parse_receipt,
     payment_required_result,
 )
+from .budget import CallBudget, listing_of
 from .clock import Clock
 from .funding import Funding, Payment
 from .link import BotLink, DeadlineError, LinkError
 from .mirror import Mirror, MirrorServer
 from .relay import AgentCall, strip_reserved_meta
+from .settings import Settings
 from .settle import Settler
 from .snapshots import ERA_MODERN
 
@@ -98,8 +118,9 @@ POLL_INTERVAL = 3.0
 #: Reissues after each payment (with :data:`POLL_INTERVAL` waits between
 #: them) before the call goes round the payment loop again.
 POLL_ATTEMPTS = 6
-#: Most payments one logical call makes: a call whose credit another call
-#: used pays again (within the caps) up to this, then ends with a note.
+#: Most payments one logical call makes, each after the first approved by
+#: the user (approval mode only; autopay pays a call once), within the
+#: per-call cap for the whole call.
 MAX_PAYMENTS = 3
 #: How the harness answers a duplicate whose original it refused before
 #: running (WIRE.md §callKey); the bridge then simply asks again.
@@ -111,20 +132,40 @@ MAX_DUPLICATE_RETRIES = 8
 RETAIN_SECONDS = 1800.0
 #: Most such keys kept per bot.
 MAX_RETAINED = 1024
+#: Seconds during which a payment whose outcome is unknown is counted by the
+#: next call of its tool on its bot as that call's payment (BRIDGE.md §The
+#: hard bound, "A payment in doubt is counted once"); it counts against the
+#: day cap for 24 hours whatever its age.
+IN_DOUBT_WINDOW = 3600.0
 
 
 class BotProxy:
     """The mirror server of one bot. ``name`` is the bridge name (the
     refusal-note prefix); payments go through ``settler``; ``clock`` paces
-    the credit polls."""
+    the credit polls; ``settings`` reads the policy in force (per-call cap,
+    mode); ``epoch`` is the bridge process's ``brmcp/callerEpoch`` token
+    (WIRE.md §Pay alongside), sent with every call."""
 
     def __init__(
-        self, link: BotLink, settler: Settler, clock: Clock, name: str, *, funding: Funding | None = None
+        self,
+        link: BotLink,
+        settler: Settler,
+        clock: Clock,
+        name: str,
+        *,
+        settings: Callable[[], Settings],
+        funding: Funding | None = None,
+        epoch: str | None = None,
     ) -> None:
         self.link = link
         self._settler = settler
         self._clock = clock
         self._name = name
+        self._settings = settings
+        #: This bridge process's caller epoch (16 hex characters).
+        self.epoch = epoch if epoch is not None else secrets.token_hex(8)
+        #: callKey → what earlier copies of that logical call paid (for a re-send).
+        self._budgets: OrderedDict[str, CallBudget] = OrderedDict()
         #: The known balance, pay alongside and prepay (:mod:`.funding`);
         #: None: the bridge only pays when the bot asks.
         self.funding = funding
@@ -201,9 +242,36 @@ class BotProxy:
                     # Let the earlier copy finish what it started (a payment in
                     # flight, an execution at the bot) before this one asks.
                     await earlier.ended.wait()
+                budget = self._budgets.get(key) if reused else None
+                adopted = (
+                    None
+                    if reused
+                    else self._settler.adopt(
+                        self.link.uid, tool, newer_than=self._clock.now() - IN_DOUBT_WINDOW
+                    )
+                )
+                if adopted is not None:
+                    # A payment to this bot for this tool whose outcome is not
+                    # known yet (made before a restart, or its tip wait ran
+                    # out): this call counts it as its own and pays no more
+                    # until brclient tells its outcome.
+                    budget = CallBudget(listing_of(self.link.tool(tool)), in_doubt=adopted.atoms)
+                    budget.add(adopted.atoms)
+                    reused = True
+                    log.info(
+                        "call of %s on bot %s counts a payment of %d atoms in doubt (made %s)",
+                        tool,
+                        self.link.uid[:8],
+                        adopted.atoms,
+                        adopted.ts,
+                    )
+                if budget is None:
+                    budget = CallBudget(listing_of(self.link.tool(tool)))
                 abandoned = False
+                succeeded = False
                 try:
-                    result = await self._pay_loop(tool, arguments, tracked, key, reused=reused)
+                    result = await self._pay_loop(tool, arguments, tracked, key, reused=reused, budget=budget)
+                    succeeded = not result.is_error
                 except anyio.get_cancelled_exc_class():
                     abandoned = True  # the agent cancelled (or its session ended)
                     raise
@@ -212,6 +280,13 @@ class BotProxy:
                         await tracked.settle()
                     raise
                 finally:
+                    if adopted is not None and not succeeded:
+                        self._settler.release_adopted(adopted)
+                    if budget.payments:
+                        self._budgets[key] = budget
+                        self._budgets.move_to_end(key)
+                        while len(self._budgets) > MAX_RETAINED:
+                            self._budgets.popitem(last=False)
                     if tracked is not None and (
                         abandoned or tracked.detached or tracked.gone.is_set() or tracked.unknown
                     ):
@@ -222,7 +297,7 @@ class BotProxy:
                 return result
         finally:
             if metrics is not None:
-                metrics.calls.labels(outcome).inc()
+                metrics.calls.labels(tool, outcome).inc()
                 metrics.call_seconds.observe(anyio.current_time() - started)
                 if outcome == "failed":
                     metrics.errors.labels("call").inc()
@@ -353,27 +428,37 @@ class BotProxy:
         key: str,
         *,
         reused: bool = False,
+        budget: CallBudget | None = None,
     ) -> CallToolResult:
+        """The payment loop of one logical call (the module docstring);
+        ``budget`` carries what earlier copies of this call already paid
+        (an agent's re-send, or a payment in doubt after a restart)."""
         progress = tracked.progress if tracked is not None and tracked.wants_progress else None
         gone = tracked.gone if tracked is not None else None
+        if budget is None:
+            budget = CallBudget(listing_of(self.link.tool(tool)))
         request = CallToolRequest(
             params=CallToolRequestParams(
-                name=tool, arguments=arguments, _meta=cast(RequestParamsMeta, {CALL_KEY: key})
+                name=tool,
+                arguments=arguments,
+                _meta=cast(RequestParamsMeta, {CALL_KEY: key, CALLER_EPOCH_KEY: self.epoch}),
             )
         )
         bot = self.link.uid
-        paid_atoms = 0
-        payments = 0
         polls = 0
         era_switched = False
         funding = self.funding
         # A re-sent call (an earlier copy's key) may be answered from the bot's
-        # record of that copy: never pay alongside it.
-        # Nor alongside a call the bot will refuse anyway (arguments that do
-        # not satisfy the tool's input schema): nothing is paid for it.
+        # record of that copy: never pay alongside it; nor alongside a call
+        # already paid for, nor one the bot will refuse anyway (arguments
+        # that do not satisfy the tool's input schema).
         ahead = (
             funding.alongside(tool, gone)
-            if funding is not None and not reused and self._arguments_valid(tool, arguments)
+            if funding is not None
+            and not reused
+            and budget.payments == 0
+            and budget.listing.kind == "fixed"
+            and self._arguments_valid(tool, arguments)
             else None
         )
         plain = request
@@ -414,17 +499,15 @@ class BotProxy:
             except DeadlineError as exc:
                 if tracked is not None:
                     tracked.unknown = True  # the bot may have run it: a re-send reuses the key
-                late = payments and not exc.sends  # paying and the credit polls used the deadline
+                late = budget.payments and not exc.sends  # paying and the credit polls used the deadline
                 text = f"the call's deadline passed while paying bot {bot[:8]} and waiting for it to see "
                 text += "the credit"
                 raise MCPError(
-                    INTERNAL_ERROR,
-                    f"{text if late else exc}; {_charged(*_spent(paid_atoms, payments, ahead))}",
+                    INTERNAL_ERROR, f"{text if late else exc}; {_charged(*_spent(budget, ahead))}"
                 ) from None
             except LinkError as exc:
                 raise MCPError(
-                    INTERNAL_ERROR,
-                    f"bot unavailable: {exc}; {_charged(*_spent(paid_atoms, payments, ahead))}",
+                    INTERNAL_ERROR, f"bot unavailable: {exc}; {_charged(*_spent(budget, ahead))}"
                 ) from None
             except MCPError as exc:
                 if exc.error.code == INVALID_PARAMS and exc.error.message == f'unknown tool "{tool}"':
@@ -433,6 +516,8 @@ class BotProxy:
                     self.link.doubt_tools()
                 raise
             receipt = parse_receipt(result.meta)
+            refunded = _refunded(result.meta)
+            refusal = self._refusal_of(result)
             result = _clean_result(result)
             if _asks_to_retry(result) and retries < MAX_DUPLICATE_RETRIES:
                 # A re-sent copy waited on an earlier one the bot refused
@@ -453,16 +538,17 @@ class BotProxy:
                 request = plain = _with_key(plain, secrets.token_hex(16))
                 continue
             if funding is not None:
-                funding.observe(tool, result, ahead)
-            refusal = parse_payment_required(result)
+                funding.observe(tool, result, ahead, refusal=refusal, listing=budget.listing)
             if receipt is not None:
                 self._settler.note_balance(bot, receipt.balance_atoms)
             elif refusal is not None:
                 self._settler.note_balance(bot, refusal.balance_atoms)
+            elif refunded is not None:
+                self._settler.note_balance(bot, refunded[1])
             if refusal is None:
                 if funding is not None and not result.is_error:
                     funding.after_call(tool, result)
-                return result
+                return self._with_money(result, budget, ahead, receipt, refunded)
             if ahead is not None:
                 # Refused although a payment is on its way (a bot that does
                 # not hold marked calls, or a hold that ran out): wait for
@@ -473,47 +559,156 @@ class BotProxy:
                     note = TextContent(type="text", text=f"{self._name}: payment not made: {failed}")
                     return result.model_copy(update={"content": [*result.content, note]})
                 if failed is None:
-                    payments += 1
-                    paid_atoms += amount
+                    budget.add(amount)
                     polls = 0
                     if gone is None or not gone.is_set():
                         continue
                 # else: a prepayment this call waited for was not made (denied,
                 # failed): the call pays for itself below, as any refused call.
-            if payments and polls < POLL_ATTEMPTS - 1 and (gone is None or not gone.is_set()):
+            if budget.payments and polls < POLL_ATTEMPTS - 1 and (gone is None or not gone.is_set()):
                 # Paid: the credit may still be on its way to the bot.
                 await self._clock.sleep(POLL_INTERVAL)
                 polls += 1
                 continue
-            reason: str | None
-            if payments >= MAX_PAYMENTS:
-                reason = (
-                    f"already paid {paid_atoms} atoms for this call in {payments} payments and the bot"
-                    " still asks for payment; that credit stays at the bot for later calls"
-                )
-            else:
-                paying = anyio.current_time()
-                reason = await self._settler.settle(bot, tool, refusal, gone=gone)
-                deadline += anyio.current_time() - paying
-                if reason is None:
-                    payments += 1
-                    amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
-                    paid_atoms += amount
-                    if funding is not None:
-                        funding.paid(amount)
-                    polls = 0
-                    if gone is not None and gone.is_set():
-                        # Nobody is left to receive the result: do not run the
-                        # tool; the credit stays at the bot for later calls.
-                        reason = f"the agent went away; the {paid_atoms} atoms paid stay at the bot as credit"
-                    else:
-                        continue
-                elif payments:
-                    reason += (
-                        f" (already paid {paid_atoms} atoms for this call; that credit stays at the bot)"
-                    )
+            paying = anyio.current_time()
+            reason = await self._decide(tool, refusal, budget, key, gone)
+            deadline += anyio.current_time() - paying
+            if reason is None:
+                if funding is not None:
+                    funding.paid(budget.last_atoms)
+                polls = 0
+                if gone is None or not gone.is_set():
+                    continue
+                # Nobody is left to receive the result: do not run the
+                # tool; the credit stays at the bot for later calls.
+                reason = f"the agent went away; the {budget.paid_atoms} atoms paid stay at the bot as credit"
             note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
             return result.model_copy(update={"content": [*result.content, note]})
+
+    def _refusal_of(self, result: CallToolResult) -> PaymentRequired | None:
+        """The bot's payment refusal in ``result``, or None when it is none:
+        not refusal-shaped (WIRE.md §Payments, "Recognising a refusal"), or
+        unmarked from a bot that marks its genuine refusals (``brmcp/refusal``;
+        its tool's output can look like anything), or carrying a receipt
+        (the output of a call the bot charged)."""
+        refusal = parse_payment_required(result)
+        if refusal is None:
+            return None
+        if parse_receipt(result.meta) is not None:
+            # A refusal charges nothing, so it carries no receipt (WIRE.md
+            # §Receipts): this is the output of a call the bot charged.
+            return None
+        if self.link.marks_refusals:
+            meta = result.meta
+            if not (isinstance(meta, dict) and meta.get(REFUSAL_KEY) is True):
+                return None
+        return refusal
+
+    async def _decide(
+        self,
+        tool: str,
+        refusal: PaymentRequired,
+        budget: CallBudget,
+        key: str,
+        gone: anyio.Event | None,
+    ) -> str | None:
+        """Pay for ``refusal`` within the call's hard bound (:mod:`.budget`)
+        and the policy (:class:`Settler`). Returns None once a payment was
+        confirmed (counted in ``budget``), else the reason nothing was paid
+        (shown after ``<name>: payment not made: ``)."""
+        settings = self._settings()
+        judgement = budget.judge(tool, refusal, settings.per_call_cap_atoms)
+        reason = judgement.decline
+        no_more = budget.payments and (settings.autopay or budget.payments >= MAX_PAYMENTS)
+        if no_more and (reason is None or judgement.over_cap):
+            if budget.in_doubt:
+                reason = (
+                    f"a payment of {budget.in_doubt} atoms to this bot for {tool} whose outcome is not"
+                    " known yet (see the spend log) counts for this call; nothing more is paid for it"
+                    " until brclient reports that payment's outcome"
+                )
+            else:
+                reason = (
+                    f"already paid {budget.paid_atoms} atoms for this call and the bot still asks for"
+                    " payment; one call is paid once unless you approve more (approval mode); that"
+                    " credit stays at the bot for later calls"
+                )
+            log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
+            return reason
+        if judgement.contradicts_listing:
+            if self.funding is not None:
+                self.funding.distrust()
+            shown = budget.listing.describe()
+            try:
+                await self.link.refresh()
+            except LinkError:
+                now = "the listing could not be refreshed"
+            else:
+                current = listing_of(self.link.tool(tool))
+                now = f"now {current.describe()}" if current != budget.listing else f"still {shown}"
+            reason = f"{reason} ({now}); nothing was paid; a new price applies only to a new call of {tool}"
+        if reason is not None:
+            if budget.payments and "already paid" not in reason:
+                reason += _already(budget)
+            log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
+            return reason
+        asked = PaymentRequired(
+            tool=tool,
+            price_atoms=refusal.price_atoms,
+            balance_atoms=refusal.balance_atoms,
+            shortfall_atoms=judgement.amount,
+        )
+        reason = await self._settler.settle(
+            self.link.uid, tool, asked, gone=gone, call_key=key, ask=judgement.further
+        )
+        if reason is not None:
+            if budget.payments:
+                reason += _already(budget)
+            return reason
+        budget.add(judgement.amount)
+        return None
+
+    def _with_money(
+        self,
+        result: CallToolResult,
+        budget: CallBudget,
+        ahead: Payment | None,
+        receipt: Receipt | None,
+        refunded: tuple[int, int] | None,
+    ) -> CallToolResult:
+        """``result`` with what moved for this call told to the agent
+        (BRIDGE.md §The payment flow, "Money is visible"): one text item
+        ``<name>: paid N atoms to the bot for this call; the bot charged C
+        atoms; your credit at the bot: B atoms`` (the parts that apply), and
+        the ``_meta`` key ``brmcp/paidAtoms`` when this bridge paid for the
+        call; the bot's receipt and refund keys stay. Unchanged when no
+        atom moved."""
+        paid, _ = _spent(budget, ahead)
+        pending = ahead is not None and not ahead.done
+        charged = receipt.charged_atoms if receipt is not None else 0
+        refund = refunded[0] if refunded is not None else 0
+        if not (paid or pending or charged or refund):
+            return result
+        parts: list[str] = []
+        if paid:
+            parts.append(f"paid {paid} atoms to the bot for this call")
+        if pending and ahead is not None:
+            parts.append(f"a payment of {ahead.amount} atoms made alongside is being confirmed")
+        if charged:
+            parts.append(f"the bot charged {charged} atoms")
+        if refund:
+            parts.append(f"the call failed and the bot refunded {refund} atoms")
+        if receipt is not None:
+            parts.append(f"your credit at the bot: {receipt.balance_atoms} atoms")
+        elif refunded is not None:
+            parts.append(f"your credit at the bot: {refunded[1]} atoms")
+        elif paid:
+            parts.append("what the bot did not charge stays there as credit for later calls")
+        note = TextContent(type="text", text=f"{self._name}: " + "; ".join(parts))
+        update: dict[str, Any] = {"content": [*result.content, note]}
+        if paid:
+            update["meta"] = {**dict(result.meta or {}), PAID_ATOMS_KEY: paid}
+        return result.model_copy(update=update)
 
 
 def _asks_to_retry(result: CallToolResult) -> bool:
@@ -531,12 +726,36 @@ def _fingerprint(tool: str, arguments: dict[str, Any] | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _spent(paid_atoms: int, payments: int, ahead: Payment | None) -> tuple[int, int]:
-    """``(atoms, payments)`` made for a call so far: those counted after
-    refusals plus a confirmed payment made alongside not counted yet."""
+def _spent(budget: CallBudget, ahead: Payment | None) -> tuple[int, int]:
+    """``(atoms, payments)`` made for a call so far: those counted in its
+    budget plus a confirmed payment made alongside not counted yet."""
     if ahead is not None and ahead.confirmed:
-        return paid_atoms + ahead.amount, payments + 1
-    return paid_atoms, payments
+        return budget.paid_atoms + ahead.amount, budget.payments + 1
+    return budget.paid_atoms, budget.payments
+
+
+def _already(budget: CallBudget) -> str:
+    """The suffix of a refusal note for a call that already paid."""
+    return f" (already paid {budget.paid_atoms} atoms for this call; that credit stays at the bot)"
+
+
+def _refunded(meta: Any) -> tuple[int, int] | None:
+    """``(refunded atoms, balance after the refund)`` from a result's
+    ``_meta`` (``brmcp/refundedAtoms`` and ``brmcp/balanceAtoms``, WIRE.md
+    §Receipts), or None when either is missing or not a whole number ≥ 0."""
+    if not isinstance(meta, dict):
+        return None
+    refunded, balance = _whole(meta.get(REFUNDED_ATOMS_KEY)), _whole(meta.get(BALANCE_ATOMS_KEY))
+    if refunded is None or balance is None:
+        return None
+    return refunded, balance
+
+
+def _whole(value: Any) -> int | None:
+    """``value`` when it is a JSON integer ≥ 0, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 def _charged(paid_atoms: int, payments: int) -> str:

@@ -22,6 +22,12 @@ bot's traffic has to be routed:
 
 The link declares the sampling and elicitation capabilities to every bot
 (it cannot know which agent will be asking), and answers for the agent.
+
+Log messages and progress are relayed within bounds (SECURITY.md "The
+bridge against a hostile bot"): one over :data:`MAX_RELAYED_BYTES` is
+dropped, and at most :data:`RELAY_BURST` at once, then :data:`RELAY_RATE`
+per second, pass from one bot (:attr:`Relay.gate`); the rest are dropped
+with one log line per run of drops.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar, get_args
 
@@ -62,7 +68,16 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
-__all__ = ["SETTLE_TIMEOUT", "AgentCall", "Relay", "agent_session_id", "strip_reserved_meta"]
+from ._linkbase import RateGate, json_bytes
+
+__all__ = [
+    "SETTLE_TIMEOUT",
+    "AgentCall",
+    "AgentGone",
+    "Relay",
+    "agent_session_id",
+    "strip_reserved_meta",
+]
 
 log = logging.getLogger("brmcp.bridge")
 
@@ -70,6 +85,16 @@ log = logging.getLogger("brmcp.bridge")
 SETTLE_TIMEOUT = 2.0
 #: Agent sessions whose ``logging/setLevel`` choice is remembered (least recently set dropped first).
 MAX_LEVELS = 1024
+#: Largest log message (its JSON: level, logger, data) or progress message
+#: (UTF-8) relayed to agents, in bytes; a larger one is dropped. Logs and
+#: progress are for people to read; 64 KiB is pages of text.
+MAX_RELAYED_BYTES = 64 * 1024
+#: Log messages and progress notifications relayed from one bot: this many
+#: at once, then :data:`RELAY_RATE` per second; the rest are dropped (one
+#: warning per run of drops). A log message goes to every agent session with
+#: a call in flight on the bot, so a flood would be multiplied by them.
+RELAY_BURST = 100
+RELAY_RATE = 50.0
 
 _LEVELS: tuple[LoggingLevel, ...] = get_args(LoggingLevel)  # severity ascending
 _RESERVED_PREFIX = "io.modelcontextprotocol/"
@@ -85,19 +110,87 @@ def agent_session_id(ctx: ServerRequestContext[Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+class AgentGone(anyio.Event):
+    """The :attr:`AgentCall.gone` event: an :class:`anyio.Event`, set once
+    nobody is left to receive the call's outcome, which also tells whether
+    the agent's connection is closed right now and may still be resumed
+    (:attr:`detached`, BRIDGE.md §Resumability).
+
+    Set by: the resume grace running out on a detached call (TCP reset or
+    FIN from the agent), an HTTP session DELETE the SDK accepted, a re-send
+    that takes the call over, and the call's task being cancelled (the
+    agent's ``notifications/cancelled``, its session ending, the bridge
+    closing). Payments honour both states (:mod:`.settle`): none starts
+    while the call is detached, and a payment parked for approval is
+    withdrawn once it is set."""
+
+    __slots__ = ("_changed", "_detached", "_event")
+
+    def __new__(cls) -> AgentGone:
+        return object.__new__(cls)
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self._changed = anyio.Event()
+        self._detached = False
+
+    def set(self) -> None:
+        """Nobody is left to receive the outcome (idempotent)."""
+        self._event.set()
+        self._poke()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    def statistics(self) -> anyio.EventStatistics:
+        return self._event.statistics()
+
+    @property
+    def detached(self) -> bool:
+        """True while the agent's connection is closed and not resumed."""
+        return self._detached
+
+    def detach(self) -> None:
+        """The agent's connection closed before the answer was written."""
+        self._detached = True
+        self._poke()
+
+    def reattach(self) -> None:
+        """The agent resumed the call's stream."""
+        self._detached = False
+        self._poke()
+
+    async def wait_attached(self) -> bool:
+        """Return True as soon as the connection is attached (at once when it
+        is), False as soon as the agent is gone."""
+        while True:
+            if self._event.is_set():
+                return False
+            if not self._detached:
+                return True
+            await self._changed.wait()
+
+    def _poke(self) -> None:
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+
 class AgentCall:
     """One agent ``tools/call`` in flight on a link. ``ctx`` is the agent
     request's SDK context; relays to it are counted so the call can wait
     for them (:meth:`settle`) before its result is written."""
 
     __slots__ = (
+        "_gate",
         "_idle",
         "_last_progress",
         "_pending",
         "agent",
         "call_key",
         "ctx",
-        "detached",
         "ended",
         "fingerprint",
         "gone",
@@ -105,9 +198,11 @@ class AgentCall:
         "unknown",
     )
 
-    def __init__(self, ctx: ServerRequestContext[Any], seq: int) -> None:
+    def __init__(self, ctx: ServerRequestContext[Any], seq: int, gate: RateGate | None = None) -> None:
         self.ctx = ctx
         self.seq = seq
+        #: The link's rate bound on relayed notifications (None: unbounded).
+        self._gate = gate
         sid = agent_session_id(ctx)
         #: The agent's HTTP session; a call without one is its own agent.
         self.agent: object = sid if sid is not None else self
@@ -115,11 +210,10 @@ class AgentCall:
         self._idle = anyio.Event()
         self._idle.set()
         self._last_progress: float | None = None
-        #: Set when the agent's request went away without cancelling it (its
-        #: HTTP connection closed): nobody is left to receive the outcome.
-        self.gone = anyio.Event()
-        #: True while the agent's connection is closed and not resumed.
-        self.detached = False
+        #: Set when nobody is left to receive the outcome, whatever the
+        #: reason (see :class:`AgentGone`); also says whether the agent's
+        #: connection is detached right now.
+        self.gone = AgentGone()
         #: The logical call's callKey and what identifies a re-send of it
         #: (set by the proxy).
         self.call_key = ""
@@ -129,6 +223,18 @@ class AgentCall:
         #: True when the call ended without knowing whether the bot ran it
         #: (its deadline passed): a re-send must reuse its callKey.
         self.unknown = False
+
+    @property
+    def detached(self) -> bool:
+        """True while the agent's connection is closed and not resumed."""
+        return self.gone.detached
+
+    @detached.setter
+    def detached(self, value: bool) -> None:
+        if value:
+            self.gone.detach()
+        else:
+            self.gone.reattach()
 
     @property
     def request_id(self) -> Any:
@@ -156,8 +262,15 @@ class AgentCall:
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """Progress callback for the bot request: relays increasing values
-        to the agent request."""
+        to the agent request, within the link's rate bound (shared with log
+        messages, :data:`RELAY_BURST`, :data:`RELAY_RATE`); one whose
+        ``message`` is over :data:`MAX_RELAYED_BYTES` is dropped."""
         if self._last_progress is not None and progress <= self._last_progress:
+            return
+        if self._gate is not None and not self._gate.take():
+            return
+        if message is not None and len(message.encode("utf-8", "replace")) > MAX_RELAYED_BYTES:
+            log.debug("bot progress dropped: its message is over %d bytes", MAX_RELAYED_BYTES)
             return
         self._last_progress = progress
         self.begin_relay()
@@ -191,10 +304,15 @@ class Relay:
     callbacks for the bot's log messages, sampling and elicitation
     requests (see the module docstring for the routing rules)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self._calls: dict[int, AgentCall] = {}
         self._seq = itertools.count()
         self._levels: OrderedDict[str, LoggingLevel] = OrderedDict()
+        #: The rate bound on the log messages and progress relayed from the
+        #: bot (``clock``: seconds, anyio's by default; replaceable on it).
+        self.gate = RateGate(
+            "log messages and progress notifications", burst=RELAY_BURST, rate=RELAY_RATE, clock=clock
+        )
 
     @contextmanager
     def track(self, ctx: ServerRequestContext[Any] | None) -> Iterator[AgentCall | None]:
@@ -203,10 +321,15 @@ class Relay:
         if ctx is None:
             yield None
             return
-        call = AgentCall(ctx, next(self._seq))
+        call = AgentCall(ctx, next(self._seq), self.gate)
         self._calls[call.seq] = call
         try:
             yield call
+        except anyio.get_cancelled_exc_class():
+            # Cancelled (the agent's notifications/cancelled, its session
+            # ended, the bridge closing): nobody receives the outcome.
+            call.gone.set()
+            raise
         finally:
             del self._calls[call.seq]
             call.ended.set()
@@ -229,11 +352,21 @@ class Relay:
     def detach(self, session_id: str, request_id: Any) -> list[AgentCall]:
         """The agent's connection for request ``request_id`` of HTTP session
         ``session_id`` closed before the answer was written: mark those
-        calls detached and return them (the HTTP layer sets
-        :attr:`AgentCall.gone` unless they are resumed in time)."""
+        calls detached (no payment starts for them meanwhile) and return
+        them (the HTTP layer sets :attr:`AgentCall.gone` unless they are
+        resumed in time)."""
         calls = self._find(session_id, request_id)
         for call in calls:
             call.detached = True
+        return calls
+
+    def abandon(self, session_id: str) -> list[AgentCall]:
+        """The agent's HTTP session ``session_id`` ended (a DELETE the SDK
+        accepted): every call of it is gone at once (nothing can resume
+        it). Returns those calls."""
+        calls = self.calls_of(session_id)
+        for call in calls:
+            call.gone.set()
         return calls
 
     def reattach(self, session_id: str, request_id: Any) -> bool:
@@ -270,12 +403,19 @@ class Relay:
     # -- link session callbacks -------------------------------------------------
 
     async def on_log(self, params: LoggingMessageNotificationParams) -> None:
-        """``logging_callback`` of the link's ClientSession."""
+        """``logging_callback`` of the link's ClientSession. Within the rate
+        bound (:attr:`gate`); a message whose JSON (level, logger, data) is
+        over :data:`MAX_RELAYED_BYTES` is dropped."""
         targets = [call for call in self._per_agent() if self._wants_log(call, params.level)]
         if not targets:
             log.debug("bot log message dropped: no agent call wants it")
             return
+        if not self.gate.take():
+            return
         clean = params.model_copy(update={"meta": None})
+        if json_bytes(clean) > MAX_RELAYED_BYTES:
+            log.debug("bot log message dropped: over %d bytes", MAX_RELAYED_BYTES)
+            return
         notification = LoggingMessageNotification(params=clean)
         for call in targets:  # counted before the first await: settle() sees them all
             call.begin_relay()

@@ -13,8 +13,21 @@ Order of a settlement:
    reserve past the daily cap and a policy change made while a call waited
    binds it;
 5. the payer runs with a ``tip_wait_secs`` deadline: success → ``paid``; an
-   error → ``failed`` (no longer counted); deadline or cancellation → stays
-   ``pending`` and counted, because the tip may still land.
+   error → ``failed`` (no longer counted); an error that says the payment
+   may still land (brclient retries the tip later), the deadline, or
+   cancellation → stays ``pending`` and counted, because the tip may still
+   land; a late tip outcome settles it (:meth:`Settler.resolve`).
+
+While the agent's connection is detached (closed, within the resume grace;
+:class:`~brmcp.bridge.relay.AgentGone`) no payment starts, approved or not:
+it waits until the agent resumes or counts as gone, and then it is
+withdrawn (BRIDGE.md §Resumability).
+
+Pending entries whose payment this process is not making (written before a
+restart, or whose wait ended without an outcome) are *in doubt*:
+:meth:`Settler.in_doubt` lists them and :meth:`Settler.adopt` lets one call
+claim one, so a call after a restart can take over that entry's callKey
+instead of paying again (BRIDGE.md §Spend log and approvals).
 """
 
 from __future__ import annotations
@@ -35,18 +48,29 @@ if TYPE_CHECKING:
 from .approvals import ApprovalQueue, PendingPayment
 from .clock import Clock, go_duration
 from .errors import BridgeError
+from .relay import AgentGone
 from .settings import Settings
 from .spend import (
     STATUS_FAILED,
     STATUS_PAID,
     STATUS_PENDING,
     BotBalance,
+    InDoubtSpend,
     SpendLog,
     SpendSummary,
     SpendTicket,
 )
 
-__all__ = ["AGENT_GONE", "AGENT_GONE_PAID", "Payer", "Settler", "cap_refusal"]
+__all__ = [
+    "AGENT_GONE",
+    "AGENT_GONE_PAID",
+    "DETACHED_HOLD_LIMIT",
+    "LATE_OUTCOME_WAIT",
+    "InDoubtSpend",
+    "Payer",
+    "Settler",
+    "cap_refusal",
+]
 
 log = logging.getLogger("brmcp.bridge")
 
@@ -56,6 +80,14 @@ AGENT_GONE = "the agent went away before paying; nothing was paid"
 AGENT_GONE_PAID = (
     "the agent went away while this payment was in flight; the credit stays at the bot for later calls"
 )
+#: Most seconds (wall time) a payment waits for a detached agent connection
+#: to be resumed or given up (the HTTP layer gives up after its 3 s resume
+#: grace); past this the agent counts as gone.
+DETACHED_HOLD_LIMIT = 30.0
+#: Most seconds (wall time) a late tip outcome waits for a payment of the
+#: same payee and amount that this process is still finishing (its tip
+#: stalled an instant ago) before it counts as matching nothing.
+LATE_OUTCOME_WAIT = 10.0
 
 
 @runtime_checkable
@@ -65,9 +97,11 @@ class Payer(Protocol):
     exception's text is shown to the agent verbatim, so make it a
     human-readable reason. An exception with a true ``may_land`` attribute
     means the payment did not complete now but may still land (the spend
-    stays ``pending`` with that reason in ``err``); any other marks it
-    ``failed``. It may be cancelled (the tip wait expired or the
-    call was abandoned); the payment's outcome is then unknown."""
+    stays ``pending``, counted against the day cap, with that reason in
+    ``err``, until a late outcome settles it through
+    :meth:`Settler.resolve`); any other marks it ``failed``. It may be
+    cancelled (the tip wait expired); the payment's outcome is then
+    unknown and the spend stays ``pending`` too."""
 
     async def pay(self, payee_uid: str, atoms: int) -> None:
         """Pay ``atoms`` atoms to ``payee_uid``; raise with a reason on failure."""
@@ -103,6 +137,20 @@ def _error_text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+async def _attached(gone: anyio.Event | None) -> bool:
+    """False when the agent is gone; for an
+    :class:`~brmcp.bridge.relay.AgentGone`, waits while the agent's
+    connection is detached (at most :data:`DETACHED_HOLD_LIMIT` s, then the
+    agent counts as gone)."""
+    if gone is None:
+        return True
+    if not isinstance(gone, AgentGone):
+        return not gone.is_set()
+    with anyio.move_on_after(DETACHED_HOLD_LIMIT):
+        return await gone.wait_attached()
+    return False
+
+
 class Settler:
     """Owns the spend log, the approval queue and the payer."""
 
@@ -124,6 +172,8 @@ class Settler:
         self.approvals = ApprovalQueue(clock, on_change=self._changed)
         self._listeners: list[Callable[[], None]] = []
         self._balances: dict[str, BotBalance] = {}
+        #: Set (and replaced) whenever a payment of this process finishes.
+        self._finished = anyio.Event()
         #: Prometheus metrics to update (:class:`brmcp.metrics.BridgeMetrics`), or None.
         self.metrics: BridgeMetrics | None = None
         #: Bumped whenever the approvals or the spend log change.
@@ -176,14 +226,58 @@ class Settler:
         return self._spend.summary(self._now())
 
     async def resolve(self, payee: str, atoms: int, err: str | None) -> bool:
-        """Late outcome for a pending payment (see :meth:`SpendLog.resolve`);
-        persisted. Raises BridgeError when the write fails (the change stays
-        in memory and is written with the next change)."""
-        async with self._lock:
-            if not self._spend.resolve(payee, atoms, err):
-                return False
-            await self._persist()
-            return True
+        """Late outcome for a pending payment (see :meth:`SpendLog.resolve`):
+        ``err`` None marks it ``paid``, a text ``failed``; persisted. This
+        is how an entry whose tip brclient retries later, whose tip wait
+        ran out, or that an earlier process left pending is settled. When
+        no entry is claimable yet but this process is finishing a payment of
+        the same payee and amount (its tip stalled an instant ago), waits
+        for it, at most :data:`LATE_OUTCOME_WAIT` s. Returns False when
+        nothing matches. Raises BridgeError when the write fails (the change
+        stays in memory and is written with the next change)."""
+        with anyio.move_on_after(LATE_OUTCOME_WAIT):
+            while True:
+                async with self._lock:
+                    if self._spend.resolve(payee, atoms, err):
+                        await self._persist()
+                        return True
+                    if not self._spend.paying(payee, atoms):
+                        return False
+                    finished = self._finished
+                await finished.wait()
+        return False
+
+    def in_doubt(self, bot: str) -> list[InDoubtSpend]:
+        """The spend entries to ``bot`` (case-insensitive) that are
+        ``pending`` and that this process is not making right now, oldest
+        first: written by an earlier process (it stopped or crashed with the
+        tip in flight), or whose tip wait ran out, or whose tip brclient
+        retries later. Their money may have moved; each is settled by a late
+        tip outcome (:meth:`resolve`). Each exposes ``.tool``, ``.atoms``,
+        ``.call_key`` (None for entries of older versions), ``.ts`` (unix
+        seconds), ``.status``, ``.adopted`` and ``await .wait_settled()``
+        (see :class:`~brmcp.bridge.spend.InDoubtSpend`)."""
+        return self._spend.in_doubt(bot)
+
+    def adopt(self, bot: str, tool: str, *, newer_than: float | None = None) -> InDoubtSpend | None:
+        """Claim the oldest in-doubt entry (:meth:`in_doubt`) to ``bot`` for
+        ``tool`` that no other call has claimed, for one call: it is marked
+        adopted in memory until :meth:`release_adopted`, so two calls never
+        take over the same entry (and its callKey). None when there is
+        none, or when every one was written at or before ``newer_than``
+        (unix seconds). The entry stays ``pending`` and counted; claiming
+        it moves no money and writes nothing."""
+        for candidate in self._spend.in_doubt(bot):
+            if newer_than is not None and candidate.ts <= newer_than:
+                continue
+            if candidate.tool == tool and not candidate.adopted:
+                candidate._row.adopted = True
+                return candidate
+        return None
+
+    def release_adopted(self, entry: InDoubtSpend) -> None:
+        """Let another call adopt ``entry`` again (idempotent)."""
+        entry._row.adopted = False
 
     def has_paid(self, bot: str) -> bool:
         """True when the spend log holds a payment to ``bot`` that did not
@@ -209,6 +303,8 @@ class Settler:
         *,
         gone: anyio.Event | None = None,
         prepay: bool = False,
+        call_key: str | None = None,
+        ask: bool = False,
     ) -> str | None:
         """Pay what ``bot`` asked for ``tool``. Returns None once the payment
         is confirmed, else the reason nothing (certain) was paid, as shown
@@ -223,11 +319,20 @@ class Settler:
         call waited (for the spend lock or for the user) is honoured.
 
         ``gone`` is set when the agent's request went away: a payment parked
-        for approval is then withdrawn, and none is started. A payment
-        already in flight completes (its credit stays at the bot) and its
-        spend entry says so."""
+        for approval is then withdrawn (a later decision for it is refused,
+        :meth:`ApprovalQueue.withdrawn`), and none is started. When ``gone``
+        is the call's :class:`~brmcp.bridge.relay.AgentGone`, no payment
+        starts while the agent's connection is detached: an approval or an
+        autopay decision waits until the agent resumes (then it proceeds) or
+        counts as gone (then it is withdrawn). A payment already in flight
+        completes (its credit stays at the bot) and its spend entry says so.
+
+        ``call_key`` (the logical call's ``brmcp/callKey``) is recorded in
+        the spend entry (``"callKey"``), written before the payer runs.
+        ``ask``: the user must approve this payment even in autopay mode
+        (e.g. a further payment for one logical call)."""
         amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
-        reason, attempted = await self._settle(bot, tool, amount, gone, prepay)
+        reason, attempted = await self._settle(bot, tool, amount, gone, prepay, call_key, ask)
         if reason is not None:
             log.info("payment to bot %s for tool %s (%d atoms) not made: %s", bot, tool, amount, reason)
             if not attempted and self.metrics is not None:
@@ -246,12 +351,19 @@ class Settler:
         )
 
     async def _settle(
-        self, bot: str, tool: str, amount: int, gone: anyio.Event | None, prepay: bool = False
+        self,
+        bot: str,
+        tool: str,
+        amount: int,
+        gone: anyio.Event | None,
+        prepay: bool = False,
+        call_key: str | None = None,
+        ask: bool = False,
     ) -> tuple[str | None, bool]:
         """The refusal reason (None: paid) and whether the payer ran."""
         if amount <= 0:
             return "bot requested a nonpositive amount", False
-        approved = False
+        approved: str | None = None  # the id of the approved parked payment
         while True:
             settings = self._settings()
             async with self._lock:
@@ -259,29 +371,35 @@ class Settler:
             if reason is not None:
                 return reason, False
             if gone is not None and gone.is_set():
-                return AGENT_GONE, False
-            if not settings.autopay and not approved:
+                return self._gone(approved), False
+            if (ask or not settings.autopay) and approved is None:
                 timeout = settings.approval_timeout_secs
                 label = f"{tool} (prepayment)" if prepay else tool
-                decision = await self._park(bot, label, amount, timeout, gone)
+                decision, payment_id = await self._park(bot, label, amount, timeout, gone)
                 if decision == "gone":
                     return AGENT_GONE, False
                 if decision == "denied":
                     return "payment denied by the user", False
                 if decision == "timeout":
                     return f"approval timed out after {go_duration(timeout)}", False
-                approved = True
+                approved = payment_id
+            if not await _attached(gone):
+                return self._gone(approved), False
             async with self._lock:
                 settings = self._settings()
-                if not settings.autopay and not approved:
+                if (ask or not settings.autopay) and approved is None:
                     continue  # switched to approval meanwhile: the user decides first
                 now = self._now()
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(now))
                 if reason is not None:
                     return reason, False
                 if gone is not None and gone.is_set():
-                    return AGENT_GONE, False
-                ticket = self._spend.launch(ts=now, bot=bot, tool=tool, atoms=amount, prepay=prepay)
+                    return self._gone(approved), False
+                if isinstance(gone, AgentGone) and gone.detached:
+                    continue  # the connection dropped again: wait for it first
+                ticket = self._spend.launch(
+                    ts=now, bot=bot, tool=tool, atoms=amount, prepay=prepay, call_key=call_key
+                )
                 try:
                     await self._persist()
                 except BridgeError as exc:
@@ -295,29 +413,46 @@ class Settler:
                 amount,
                 bot,
                 tool,
-                "approved" if approved else settings.mode,
+                "approved" if approved is not None else settings.mode,
             )
             # Shielded: once money may move, the agent going away or cancelling
             # does not interrupt it (the tip wait still bounds it).
             with anyio.CancelScope(shield=True):
                 return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id, gone), True
 
+    def _gone(self, approved: str | None) -> str:
+        """The agent went away before its payment started: an approval it
+        had already got is withdrawn too (a repeated decision is refused)."""
+        if approved is not None:
+            self.approvals.note_withdrawn(approved)
+            log.info("approved payment %s withdrawn: the agent went away before it started", approved)
+        return AGENT_GONE
+
     async def _park(
         self, bot: str, tool: str, amount: int, approval_secs: float, gone: anyio.Event | None
-    ) -> str:
+    ) -> tuple[str, str]:
         """Wait for the user's decision, or ``"gone"`` as soon as the agent's
-        request went away (the parked payment is withdrawn)."""
+        request went away (the parked payment is withdrawn); returns it and
+        the parked payment's id."""
+        parked_id = ""
+
+        def on_parked(payment: PendingPayment) -> None:
+            nonlocal parked_id
+            parked_id = payment.id
+            self._parked(payment)
+
         if gone is None:
-            return await self.approvals.wait(
-                bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=self._parked
+            decided = await self.approvals.wait(
+                bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=on_parked
             )
+            return decided, parked_id
         decision = "gone"
         async with anyio.create_task_group() as tg:
 
             async def _decide() -> None:
                 nonlocal decision
                 decision = await self.approvals.wait(
-                    bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=self._parked
+                    bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=on_parked
                 )
                 tg.cancel_scope.cancel()
 
@@ -326,7 +461,7 @@ class Settler:
             tg.cancel_scope.cancel()
         if decision == "gone":
             log.info("payment of %d atoms to %s for %s withdrawn: the agent went away", amount, bot, tool)
-        return decision
+        return decision, parked_id
 
     async def _pay(
         self,
@@ -345,10 +480,10 @@ class Settler:
                 except Exception as exc:
                     reason = _error_text(exc)
                     if getattr(exc, "may_land", False):
-                        # It did not complete now: failed (not counted), and the
-                        # entry says it may still land; a late completion of
-                        # it turns the entry paid (SpendLog.resolve).
-                        status, err = STATUS_FAILED, reason
+                        # It did not complete now but brclient's retry may
+                        # still land it: pending and counted, with the reason;
+                        # its late outcome settles it (SpendLog.resolve).
+                        status, err = STATUS_PENDING, reason
                     elif not scope.cancel_called:
                         status, err = STATUS_FAILED, reason
                 else:
@@ -379,6 +514,8 @@ class Settler:
             with anyio.CancelScope(shield=True):
                 async with self._lock:
                     self._spend.finish(ticket, status, err)
+                    finished, self._finished = self._finished, anyio.Event()
+                    finished.set()
                     try:
                         await self._persist()
                     except BridgeError as exc:

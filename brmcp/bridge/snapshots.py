@@ -5,18 +5,26 @@ One file per bot, ``<data_dir>/mcpsnapshots/<uid>.json``, written
 atomically with mode 0600 (the directory 0700)::
 
     {"bot": "<64 hex>", "era": "modern", "protocol_version": "2026-07-28",
-     "capabilities": {...} | null, "tools": [...], "updated": 1800000000}
+     "capabilities": {...} | null, "tools": [...], "marks_refusals": false,
+     "updated": 1800000000}
 
 ``era`` is ``"modern"`` (2026-07-28: no initialize, an envelope per
 request) or ``"handshake"`` (initialize first: the Go reference and older
-SDKs). A missing, unreadable or malformed file is no snapshot: the bridge
-asks the bot again (it never fails to start because of one).
+SDKs). ``marks_refusals`` (absent in older files: false) is true when the
+bot's last tool list said ``"brmcp/marksRefusals": true``
+(:data:`brmcp.payment.MARKS_REFUSALS_KEY`). A missing, unreadable,
+malformed or oversized (over :data:`MAX_SNAPSHOT_BYTES`) file is no
+snapshot: the bridge asks the bot again (it never fails to start because
+of one).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -24,9 +32,19 @@ from typing import Any, Literal
 import pydantic
 from mcp.types import ServerCapabilities, Tool
 
-from ._files import read_text, write_atomic
+from ._files import write_atomic
 
-__all__ = ["ERA_HANDSHAKE", "ERA_MODERN", "SNAPSHOT_DIR", "BotSnapshot", "Era", "SnapshotStore"]
+__all__ = [
+    "ERA_HANDSHAKE",
+    "ERA_MODERN",
+    "MAX_SNAPSHOT_BYTES",
+    "SNAPSHOT_DIR",
+    "BotSnapshot",
+    "Era",
+    "ListedTools",
+    "SnapshotStore",
+    "SnapshotTooLarge",
+]
 
 log = logging.getLogger("brmcp.bridge")
 
@@ -37,8 +55,29 @@ ERA_MODERN: Literal["modern"] = "modern"
 #: The bot needs the initialize handshake first.
 ERA_HANDSHAKE: Literal["handshake"] = "handshake"
 Era = Literal["modern", "handshake"]
-#: Largest snapshot file read back (bytes); a larger one is ignored.
-MAX_SNAPSHOT_BYTES = 16 * 1024 * 1024
+#: Largest snapshot file read or written (bytes). A larger file is ignored
+#: (logged) without being read; a snapshot whose JSON would be larger is not
+#: written (logged; the file in place stays). Twice the bound on one tool
+#: list (:data:`~._linkbase.MAX_TOOL_LIST_BYTES`, 4 MiB), so every list the
+#: bridge accepts fits with its capabilities and header.
+MAX_SNAPSHOT_BYTES = 8 * 1024 * 1024
+
+
+class SnapshotTooLarge(ValueError):
+    """A snapshot over :data:`MAX_SNAPSHOT_BYTES` (file or JSON to write)."""
+
+
+class ListedTools(list[Tool]):
+    """A bot's tools (a list of :class:`~mcp.types.Tool`) with what its
+    list said about itself: ``marks_refusals``, true when the list's
+    ``_meta`` carried ``"brmcp/marksRefusals": true``
+    (:data:`brmcp.payment.MARKS_REFUSALS_KEY`)."""
+
+    __slots__ = ("marks_refusals",)
+
+    def __init__(self, tools: Iterable[Tool] = (), *, marks_refusals: bool = False) -> None:
+        super().__init__(tools)
+        self.marks_refusals = marks_refusals
 
 
 @dataclass(slots=True)
@@ -46,8 +85,10 @@ class BotSnapshot:
     """What the bridge remembers of one bot: ``bot`` (lowercase uid),
     ``era``, ``protocol_version`` (the version last used with it),
     ``capabilities`` (None when the bot never declared any to us), ``tools``
-    (its ``tools/list``, verbatim) and ``updated`` (unix seconds of the
-    last refresh)."""
+    (its ``tools/list``, verbatim), ``marks_refusals`` (that list said
+    ``"brmcp/marksRefusals": true``) and ``updated`` (unix seconds of the
+    last refresh). ``tools`` is always a :class:`ListedTools` whose
+    ``marks_refusals`` is this one (a plain list is wrapped)."""
 
     bot: str
     era: Era
@@ -55,6 +96,10 @@ class BotSnapshot:
     capabilities: ServerCapabilities | None = None
     tools: list[Tool] = field(default_factory=list)
     updated: int = 0
+    marks_refusals: bool = False
+
+    def __post_init__(self) -> None:
+        self.tools = ListedTools(self.tools, marks_refusals=self.marks_refusals)
 
     def to_json(self) -> str:
         """The file content (compact JSON; tools as on the wire)."""
@@ -69,6 +114,7 @@ class BotSnapshot:
                     else self.capabilities.model_dump(by_alias=True, mode="json", exclude_none=True)
                 ),
                 "tools": [t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in self.tools],
+                "marks_refusals": self.marks_refusals,
                 "updated": self.updated,
             },
             separators=(",", ":"),
@@ -93,6 +139,9 @@ class BotSnapshot:
         tools_raw = data.get("tools")
         if not isinstance(tools_raw, list):
             raise ValueError("tools must be a list")
+        marks = data.get("marks_refusals", False)
+        if not isinstance(marks, bool):
+            raise ValueError("marks_refusals must be true or false")
         try:
             caps_raw = data.get("capabilities")
             capabilities = None if caps_raw is None else ServerCapabilities.model_validate(caps_raw)
@@ -106,6 +155,7 @@ class BotSnapshot:
             capabilities=capabilities,
             tools=tools,
             updated=updated,
+            marks_refusals=marks,
         )
 
 
@@ -121,12 +171,12 @@ class SnapshotStore:
 
     def load(self, uid: str) -> BotSnapshot | None:
         """The snapshot of ``uid``, or None when there is none or it cannot
-        be used (logged at warning level; the bot is asked again)."""
+        be used (logged at warning level; the bot is asked again). A file
+        over :data:`MAX_SNAPSHOT_BYTES`, or not a regular file, is never
+        read."""
         path = self.path(uid)
         try:
-            if path.exists() and path.stat().st_size > MAX_SNAPSHOT_BYTES:
-                raise ValueError(f"larger than {MAX_SNAPSHOT_BYTES} bytes")
-            text = read_text(path)
+            text = _read_bounded(path, MAX_SNAPSHOT_BYTES)
             if text is None:
                 return None
             snapshot = BotSnapshot.from_json(text)
@@ -155,5 +205,34 @@ class SnapshotStore:
         return found
 
     def save(self, snapshot: BotSnapshot) -> None:
-        """Write ``snapshot`` atomically (mode 0600). Raises OSError."""
-        write_atomic(self.path(snapshot.bot), snapshot.to_json())
+        """Write ``snapshot`` atomically (mode 0600). Raises OSError, and
+        :class:`SnapshotTooLarge` (a ValueError; nothing written, the file
+        in place stays) when its JSON is over :data:`MAX_SNAPSHOT_BYTES`."""
+        text = snapshot.to_json()
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+        if size > MAX_SNAPSHOT_BYTES:
+            raise SnapshotTooLarge(f"{size} bytes of JSON, over the {MAX_SNAPSHOT_BYTES}-byte bound")
+        write_atomic(self.path(snapshot.bot), text)
+
+
+def _read_bounded(path: Path, limit: int) -> str | None:
+    """The UTF-8 content of ``path``, or None when it does not exist.
+    Reads at most ``limit`` + 1 bytes: raises :class:`SnapshotTooLarge`
+    when the file (as stat says, or as read) is larger than ``limit``,
+    ValueError when it is not a regular file (opened without blocking, so a
+    FIFO cannot stall the reader), OSError for other failures and
+    UnicodeDecodeError for non-UTF-8 content."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > limit:
+            raise SnapshotTooLarge(f"{info.st_size} bytes, over the {limit}-byte bound; not read")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise SnapshotTooLarge(f"over the {limit}-byte bound (it grew while read); not read further")
+    return data.decode("utf-8")

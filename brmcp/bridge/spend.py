@@ -3,12 +3,17 @@
 A JSON array of entries, oldest first, each with the keys (in this order)
 ``ts`` (unix seconds), ``bot`` (payee uid), ``tool``, ``rail`` (``"tip"``),
 ``atoms``, ``status`` (``pending`` | ``paid`` | ``failed``; omitted when
-empty) and ``err`` (omitted when empty). Entries without a status were
-written by older versions and count as paid.
+empty), ``err`` (omitted when empty), then this implementation's additions
+``prepay`` (``true`` on a prepayment, else omitted) and ``callKey`` (the
+logical call's ``brmcp/callKey``, omitted when unknown). The Go reference
+(karamble/brmcp ``bridge/``) reads the same file and ignores the two added
+keys; entries without a status were written by older versions and count as
+paid.
 
 The rolling day total is the sum of entries with ``ts ≥ now - 86400`` whose
 status is not ``failed``: pending payments count, so a payment whose outcome
-is unknown still uses up budget.
+is unknown, or that brclient may still complete, uses up budget until its
+late outcome arrives (:meth:`SpendLog.resolve`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from .. import _gojson
 from ._files import read_text, write_atomic
@@ -30,13 +37,15 @@ __all__ = [
     "STATUS_PAID",
     "STATUS_PENDING",
     "BotBalance",
+    "InDoubtSpend",
     "SpendEntry",
     "SpendLog",
     "SpendSummary",
 ]
 
-#: Marks a failed entry whose tip brclient still retries: a late completion
-#: of it turns the entry paid.
+#: Marks a ``failed`` entry that older versions wrote for a tip brclient
+#: still retried (they did not count it); a late completion of such an entry
+#: still turns it paid. This version keeps those tips ``pending`` instead.
 MAY_LAND = "may still land"
 #: File name inside the bridge's data directory.
 SPEND_FILE = "mcpspend.json"
@@ -57,6 +66,7 @@ _FIELDS: dict[str, _gojson.Kind] = {
     "status": "string",
     "err": "string",
     "prepay": "bool",
+    "callKey": "string",
 }
 
 
@@ -67,7 +77,10 @@ class SpendEntry:
     ``atoms`` the amount, ``status`` and ``err`` as in the module docs;
     ``prepay`` marks a prepayment (BRIDGE.md §Pay alongside and prepay): money sent ahead of
     need, written ``"prepay": true`` (omitted otherwise; the Go reference
-    ignores the key)."""
+    ignores the key); ``call_key`` is the ``brmcp/callKey`` (32 hex) of the
+    logical call the payment was for, written ``"callKey"`` (omitted when
+    None: entries of older versions and of the Go reference, and payments
+    made for no one call)."""
 
     ts: int
     bot: str
@@ -77,6 +90,7 @@ class SpendEntry:
     status: str = ""
     err: str = ""
     prepay: bool = False
+    call_key: str | None = None
 
     @property
     def counts(self) -> bool:
@@ -99,6 +113,8 @@ class SpendEntry:
             out["err"] = self.err
         if self.prepay:
             out["prepay"] = True
+        if self.call_key is not None:
+            out["callKey"] = self.call_key
         return out
 
 
@@ -126,13 +142,113 @@ class SpendSummary:
 
 
 class _Row:
-    """A log slot; ``live`` while this process is still paying it."""
+    """A log slot; ``live`` while this process is still paying it;
+    ``adopted`` while a call has claimed it (:meth:`SpendLog.in_doubt`);
+    ``settled`` is set once :meth:`SpendLog.resolve` decided it."""
 
-    __slots__ = ("entry", "live")
+    __slots__ = ("adopted", "entry", "live", "settled")
 
     def __init__(self, entry: SpendEntry, live: bool) -> None:
         self.entry = entry
         self.live = live
+        self.adopted = False
+        self.settled: anyio.Event | None = None
+
+    def settle(self, entry: SpendEntry) -> None:
+        self.entry = entry
+        if self.settled is not None:
+            self.settled.set()
+
+
+class InDoubtSpend:
+    """A ``pending`` spend entry whose payment this process is not making
+    right now: written by an earlier process (a crash or stop while the tip
+    was in flight), or whose tip wait ran out or whose tip brclient retries
+    later. Its money may or may not have moved; a late tip outcome settles
+    it (:meth:`SpendLog.resolve`).
+
+    The attributes read the entry as it is now: :attr:`bot`, :attr:`tool`,
+    :attr:`atoms`, :attr:`ts` (unix seconds), :attr:`call_key` (None for
+    entries of older versions), :attr:`prepay`, :attr:`status` and
+    :attr:`err`; :attr:`adopted` is True while a call has claimed it
+    (:meth:`brmcp.bridge.settle.Settler.adopt`). Handles compare equal when
+    they name the same entry."""
+
+    __slots__ = ("_row",)
+
+    def __init__(self, row: _Row) -> None:
+        self._row = row
+
+    @property
+    def entry(self) -> SpendEntry:
+        """The entry as it is now (a copy; it changes when settled)."""
+        return self._row.entry
+
+    @property
+    def bot(self) -> str:
+        return self._row.entry.bot
+
+    @property
+    def tool(self) -> str:
+        return self._row.entry.tool
+
+    @property
+    def atoms(self) -> int:
+        return self._row.entry.atoms
+
+    @property
+    def ts(self) -> int:
+        return self._row.entry.ts
+
+    @property
+    def call_key(self) -> str | None:
+        return self._row.entry.call_key
+
+    @property
+    def prepay(self) -> bool:
+        return self._row.entry.prepay
+
+    @property
+    def status(self) -> str:
+        """``pending`` until a late outcome settles it ``paid`` or ``failed``."""
+        return self._row.entry.status
+
+    @property
+    def err(self) -> str:
+        return self._row.entry.err
+
+    @property
+    def settled(self) -> bool:
+        """True once the entry is no longer pending."""
+        return self._row.entry.status != STATUS_PENDING
+
+    @property
+    def adopted(self) -> bool:
+        return self._row.adopted
+
+    async def wait_settled(self) -> str:
+        """Wait until a late outcome settles the entry; returns its status
+        (``paid`` or ``failed``). Cancellable; bound it with a timeout (a
+        payment brclient never reports stays pending)."""
+        row = self._row
+        while row.entry.status == STATUS_PENDING:
+            if row.settled is None:
+                row.settled = anyio.Event()
+            await row.settled.wait()
+        return row.entry.status
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, InDoubtSpend) and other._row is self._row
+
+    def __hash__(self) -> int:
+        return id(self._row)
+
+    def __repr__(self) -> str:
+        entry = self._row.entry
+        return (
+            f"<InDoubtSpend {entry.atoms} atoms to {entry.bot[:8]} for {entry.tool!r}"
+            f" ts={entry.ts} status={entry.status}{' adopted' if self._row.adopted else ''}>"
+        )
 
 
 class SpendTicket:
@@ -181,6 +297,7 @@ class SpendLog:
                 status=item.get("status", ""),
                 err=item.get("err", ""),
                 prepay=item.get("prepay", False),
+                call_key=item.get("callKey") or None,
             )
             for item in raw
         ]
@@ -202,13 +319,30 @@ class SpendLog:
     def summary(self, now: int) -> SpendSummary:
         return SpendSummary(self.entries, self.day_total(now))
 
-    def launch(self, *, ts: int, bot: str, tool: str, atoms: int, prepay: bool = False) -> SpendTicket:
+    def launch(
+        self,
+        *,
+        ts: int,
+        bot: str,
+        tool: str,
+        atoms: int,
+        prepay: bool = False,
+        call_key: str | None = None,
+    ) -> SpendTicket:
         """Append a ``pending`` tip entry for a payment this process is about
-        to make (``prepay``: a prepayment); it stays invisible to
-        :meth:`resolve` until :meth:`finish`."""
+        to make (``prepay``: a prepayment; ``call_key``: the logical call's
+        ``brmcp/callKey``, recorded as ``"callKey"``); it stays invisible to
+        :meth:`resolve` and :meth:`in_doubt` until :meth:`finish`."""
         row = _Row(
             SpendEntry(
-                ts=ts, bot=bot, tool=tool, rail="tip", atoms=atoms, status=STATUS_PENDING, prepay=prepay
+                ts=ts,
+                bot=bot,
+                tool=tool,
+                rail="tip",
+                atoms=atoms,
+                status=STATUS_PENDING,
+                prepay=prepay,
+                call_key=call_key,
             ),
             True,
         )
@@ -223,8 +357,9 @@ class SpendLog:
     def finish(self, ticket: SpendTicket, status: str, err: str = "") -> None:
         """Record the outcome of a live payment: ``paid`` (``err`` is then a
         note, e.g. that its agent went away), ``failed`` with ``err``, or
-        ``pending`` (outcome unknown: it stays counted and becomes claimable
-        by :meth:`resolve`; ``err`` says why and whether it may still land)."""
+        ``pending`` (outcome unknown, or the tip may still land: it stays
+        counted and becomes claimable by :meth:`resolve` and listed by
+        :meth:`in_doubt`; ``err`` says why)."""
         row = ticket._row
         row.live = False
         row.entry = dataclasses.replace(row.entry, status=status, err=err)
@@ -232,26 +367,49 @@ class SpendLog:
     def resolve(self, payee: str, atoms: int, err: str | None) -> bool:
         """Settle the oldest pending entry (not being paid right now) for
         exactly ``atoms`` to ``payee`` (case-insensitive): ``paid`` when
-        ``err`` is None, else ``failed`` with ``err``. Legacy entries are
-        never claimed. Returns False when nothing matches."""
+        ``err`` is None, else ``failed`` with ``err`` (the Go reference's
+        ``ResolveSpend``). Pending entries include those whose tip brclient
+        retries later. A late completion also claims a ``failed`` entry that
+        an older version wrote with "may still land" when no pending one
+        matches. Legacy entries are never claimed. Returns False when nothing
+        matches."""
         wanted = payee.lower()
-        for row in self._rows:
-            entry = row.entry
-            if (
-                not row.live
-                and (
-                    entry.status == STATUS_PENDING
-                    or (err is None and entry.status == STATUS_FAILED and MAY_LAND in entry.err)
-                )
-                and entry.atoms == atoms
-                and entry.bot.lower() == wanted
-            ):
-                if err is None:
-                    row.entry = dataclasses.replace(entry, status=STATUS_PAID, err="")
-                else:
-                    row.entry = dataclasses.replace(entry, status=STATUS_FAILED, err=err)
-                return True
-        return False
+        claimable = [
+            row
+            for row in self._rows
+            if not row.live and row.entry.atoms == atoms and row.entry.bot.lower() == wanted
+        ]
+        row = next((r for r in claimable if r.entry.status == STATUS_PENDING), None)
+        if row is None and err is None:
+            row = next(
+                (r for r in claimable if r.entry.status == STATUS_FAILED and MAY_LAND in r.entry.err), None
+            )
+        if row is None:
+            return False
+        if err is None:
+            row.settle(dataclasses.replace(row.entry, status=STATUS_PAID, err=""))
+        else:
+            row.settle(dataclasses.replace(row.entry, status=STATUS_FAILED, err=err))
+        return True
+
+    def paying(self, payee: str, atoms: int) -> bool:
+        """True while this process is making a payment of exactly ``atoms``
+        to ``payee`` (case-insensitive): a late outcome for it may come
+        before its entry is finished."""
+        wanted = payee.lower()
+        return any(r.live and r.entry.atoms == atoms and r.entry.bot.lower() == wanted for r in self._rows)
+
+    def in_doubt(self, bot: str) -> list[InDoubtSpend]:
+        """The ``pending`` entries to ``bot`` (case-insensitive) that this
+        process is not paying right now, oldest first: written by an earlier
+        process, or whose tip wait ran out, or whose tip brclient retries
+        later (see :class:`InDoubtSpend`)."""
+        wanted = bot.lower()
+        return [
+            InDoubtSpend(r)
+            for r in self._rows
+            if not r.live and r.entry.status == STATUS_PENDING and r.entry.bot.lower() == wanted
+        ]
 
     def prune(self, now: int) -> int:
         """Drop old entries while the log holds more than 1000: at most

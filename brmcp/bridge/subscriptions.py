@@ -17,6 +17,12 @@ it ends with DELETE, when a notification to it fails, or when more than
 :data:`MAX_AGENTS` are known (least recently active first); URIs left
 without a subscriber are reported to ``on_orphan`` so the link can
 unsubscribe the bot.
+
+What the bot sends is relayed within rate bounds (SECURITY.md "The bridge
+against a hostile bot"): each relayed notification is multiplied by the
+agent sessions that get it, so a flood is dropped past
+:data:`LIST_CHANGED_BURST` / :data:`LIST_CHANGED_RATE` list changes of each
+kind and :data:`UPDATES_BURST` / :data:`UPDATES_RATE` resource updates.
 """
 
 from __future__ import annotations
@@ -38,9 +44,20 @@ from mcp.types import (
     ServerNotification,
 )
 
+from ._linkbase import RateGate
 from .relay import agent_session_id
 
-__all__ = ["MAX_AGENTS", "MAX_URIS_PER_AGENT", "MAX_URI_BYTES", "NOTIFY_TIMEOUT", "Subscriptions"]
+__all__ = [
+    "LIST_CHANGED_BURST",
+    "LIST_CHANGED_RATE",
+    "MAX_AGENTS",
+    "MAX_URIS_PER_AGENT",
+    "MAX_URI_BYTES",
+    "NOTIFY_TIMEOUT",
+    "UPDATES_BURST",
+    "UPDATES_RATE",
+    "Subscriptions",
+]
 
 log = logging.getLogger("brmcp.bridge")
 
@@ -52,6 +69,17 @@ MAX_URIS_PER_AGENT = 256
 MAX_URI_BYTES = 2048
 #: Seconds one relayed notification may take before it is given up.
 NOTIFY_TIMEOUT = 10.0
+#: ``list_changed`` notifications of one kind (resources, prompts, tools)
+#: relayed from one bot: this many at once, then :data:`LIST_CHANGED_RATE`
+#: per second; the rest are dropped (a real bot's lists change on an
+#: operator's action, seconds or minutes apart).
+LIST_CHANGED_BURST = 10
+LIST_CHANGED_RATE = 1.0
+#: ``notifications/resources/updated`` relayed from one bot: this many at
+#: once, then :data:`UPDATES_RATE` per second; the rest are dropped. An
+#: update asks an agent to read the resource again, a round trip over BR.
+UPDATES_BURST = 100
+UPDATES_RATE = 20.0
 
 
 class _Agent:
@@ -76,10 +104,15 @@ class Subscriptions:
     (synchronously) for each URI whose last subscriber went away without
     unsubscribing."""
 
-    def __init__(self, on_orphan: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, on_orphan: Callable[[str], None] | None = None, clock: Callable[[], float] | None = None
+    ) -> None:
         self._agents: OrderedDict[str, _Agent] = OrderedDict()
         self._counts: dict[str, int] = {}
         self._on_orphan = on_orphan
+        #: The time source of the rate bounds (seconds; anyio's by default).
+        self.clock: Callable[[], float] = clock if clock is not None else anyio.current_time
+        self._gates: dict[str, RateGate] = {}
         #: Serializes the subscription changes sent to the bot (held across
         #: the round trip, so a subscribe and an unsubscribe of one URI
         #: cannot cross on the way).
@@ -190,18 +223,39 @@ class Subscriptions:
 
     async def deliver_update(self, uri: str) -> int:
         """Relay ``notifications/resources/updated`` for ``uri`` to the
-        subscribed agent sessions; returns how many got it."""
+        subscribed agent sessions; returns how many got it, or, when the
+        rate bound (:data:`UPDATES_BURST`, :data:`UPDATES_RATE`) dropped
+        it, how many it was meant for (so the URI counts as watched)."""
         notification = ResourceUpdatedNotification(params=ResourceUpdatedNotificationParams(uri=uri))
         targets = [
             (sid, agent)
             for sid, agent in self._agents.items()
             if any(_covers(subscribed, uri) for subscribed in agent.uris)
         ]
+        if targets and not self.gate(notification.method).take():
+            return len(targets)
         return await self._send(targets, notification)
 
     async def broadcast(self, notification: ServerNotification) -> int:
-        """Relay a list_changed notification to every known agent session."""
+        """Relay a list_changed notification to every known agent session;
+        returns how many got it (0 when the rate bound of its kind,
+        :data:`LIST_CHANGED_BURST` and :data:`LIST_CHANGED_RATE`, dropped it)."""
+        if self._agents and not self.gate(notification.method).take():
+            return 0
         return await self._send(list(self._agents.items()), notification)
+
+    def gate(self, method: str) -> RateGate:
+        """The rate bound on relaying notifications ``method`` from the bot
+        (one per method; on :attr:`clock`)."""
+        gate = self._gates.get(method)
+        if gate is None:
+            if method == "notifications/resources/updated":
+                burst, rate = UPDATES_BURST, UPDATES_RATE
+            else:
+                burst, rate = LIST_CHANGED_BURST, LIST_CHANGED_RATE
+            gate = RateGate(method, burst=burst, rate=rate, clock=lambda: self.clock())
+            self._gates[method] = gate
+        return gate
 
     async def _send(self, targets: list[tuple[str, _Agent]], notification: ServerNotification) -> int:
         sent = 0

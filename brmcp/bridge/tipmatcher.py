@@ -7,6 +7,15 @@ amount in milliatoms) and feeds every terminal event ("completed", or "will
 not retry") to :meth:`TipMatcher.resolve`. Waiters for the same payee and
 amount are served oldest first; two identical concurrent payments may swap
 outcomes, which is harmless since they are interchangeable.
+
+A wait that ended because the attempt will be retried later
+(:meth:`TipMatcher.stall`) leaves its tip in brclient's hands: its spend
+stays pending. brclient pays one payee one tip at a time, and a tip that
+cannot finish holds every later one to that payee (docs/clientrpc.md,
+"Observed on a real network"), so the next events for that payee and amount
+belong to the stalled tip: until its terminal event, the matcher routes
+them past newer waiters (``resolve`` and ``stall`` return False, and the
+host settles the spend log with the late outcome).
 """
 
 from __future__ import annotations
@@ -15,7 +24,12 @@ from collections import deque
 
 import anyio
 
-__all__ = ["TipMatcher", "TipWaiter"]
+__all__ = ["MAX_STALLED", "TipMatcher", "TipWaiter"]
+
+#: Most (payee, amount) pairs with stalled tips remembered; past it a stall is
+#: not remembered and the next event for that pair may serve a newer waiter
+#: (an interchangeable payment, so the books still balance).
+MAX_STALLED = 1024
 
 
 class TipWaiter:
@@ -71,6 +85,8 @@ class TipMatcher:
 
     def __init__(self) -> None:
         self._waiters: dict[tuple[str, int], deque[TipWaiter]] = {}
+        #: Tips whose wait ended stalled and whose terminal event has not come.
+        self._stalled: dict[tuple[str, int], int] = {}
 
     def expect(self, payee: str, matoms: int) -> TipWaiter:
         """Register a waiter for a tip of ``matoms`` milliatoms to ``payee``.
@@ -82,8 +98,12 @@ class TipMatcher:
     def resolve(self, payee: str, matoms: int, error: str | None = None) -> bool:
         """Complete the oldest waiter for ``(payee, matoms)`` with ``error``
         (None: success). Returns False when nothing waits for it, e.g. a tip
-        sent from chat or a different amount. Feed terminal events only."""
+        sent from chat or a different amount, and when the event is the
+        terminal one of a stalled tip (see the module docs): the host then
+        records it as a late outcome. Feed terminal events only."""
         key = (payee.lower(), matoms)
+        if self._unstall(key):
+            return False
         queue = self._waiters.get(key)
         if not queue:
             return False
@@ -97,17 +117,37 @@ class TipMatcher:
         """An attempt of the oldest waiting tip for ``(payee, matoms)``
         failed and brclient will retry it later (a non-terminal event with
         ``willRetry``): end that wait at once with ``error``, marked
-        :attr:`TipWaiter.stalled`. Its terminal event, if it ever comes,
-        then matches nothing and settles the spend as a late outcome.
-        Returns False when nothing waits for it."""
+        :attr:`TipWaiter.stalled`. Its terminal event, when it comes, then
+        matches no waiter (:meth:`resolve` returns False) and settles the
+        spend as a late outcome. Returns False when nothing waits for it, and
+        for a further retried attempt of a tip already stalled (newer
+        waiters keep waiting)."""
         key = (payee.lower(), matoms)
+        if self._stalled.get(key):
+            return False
         queue = self._waiters.get(key)
         if not queue:
             return False
         waiter = queue.popleft()
         if not queue:
             del self._waiters[key]
+        if len(self._stalled) < MAX_STALLED or key in self._stalled:
+            self._stalled[key] = self._stalled.get(key, 0) + 1
         waiter._complete(error or "tip attempt failed", stalled=True)
+        return True
+
+    def stalled(self) -> int:
+        """Stalled tips whose terminal event has not come yet."""
+        return sum(self._stalled.values())
+
+    def _unstall(self, key: tuple[str, int]) -> bool:
+        count = self._stalled.get(key, 0)
+        if not count:
+            return False
+        if count == 1:
+            del self._stalled[key]
+        else:
+            self._stalled[key] = count - 1
         return True
 
     def waiting(self) -> int:

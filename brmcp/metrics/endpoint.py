@@ -1,7 +1,11 @@
-"""Serving a metrics registry at ``/metrics`` on a loopback address."""
+"""Serving a metrics registry at ``/metrics`` on a loopback address, and the
+one-line message every brmcp command gives when it cannot listen on an
+address (:func:`cannot_listen`)."""
 
 from __future__ import annotations
 
+import errno
+import socket
 from typing import Any
 
 import anyio.abc
@@ -10,7 +14,72 @@ from starlette.types import Receive, Scope, Send
 
 from ..bridge.listener import OwnedListener, parse_listen_address
 
-__all__ = ["MetricsEndpoint"]
+__all__ = ["MetricsEndpoint", "MetricsListenError", "cannot_listen", "check_listen_address", "probe_listen"]
+
+#: Why a bind failed, and what usually causes it, by errno.
+_REASONS: dict[int, tuple[str, str]] = {
+    errno.EADDRINUSE: ("address already in use", "another process holds it"),
+    errno.EADDRNOTAVAIL: ("address not available", "no interface of this machine has it"),
+    errno.EACCES: ("permission denied", "ports below 1024 need privileges"),
+}
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def cannot_listen(host: str, port: int, exc: OSError, *, option: str) -> str:
+    """The one line for a failed bind of ``host:port``, naming the option
+    that picks another address, e.g. ``cannot listen on 127.0.0.1:9465:
+    address already in use (another process holds it; choose another with
+    --metrics)``; with ``port`` 0 (any port) only the host is named. The
+    command's name is for the caller to put in front."""
+    reason, cause = _REASONS.get(exc.errno or 0, ("", ""))
+    if not reason:
+        text = exc.strerror or str(exc) or type(exc).__name__
+        reason = text[:1].lower() + text[1:]
+    hint = f"{cause}; choose another with {option}" if cause else f"choose another with {option}"
+    where = _host_port(host, port) if port else host
+    return f"cannot listen on {where}: {reason} ({hint})"
+
+
+class MetricsListenError(OSError):
+    """The metrics endpoint cannot listen on its address. ``str()`` is the
+    one line of :func:`cannot_listen` (address, reason, the option to
+    change); ``errno`` is the bind's, ``address`` the (host, port) asked
+    for. A daemon that gets it at start-up prints ``<command>: <message>``
+    and exits 1 instead of running without metrics."""
+
+    def __init__(self, host: str, port: int, cause: OSError, *, option: str = "--metrics") -> None:
+        super().__init__(cannot_listen(host, port, cause, option=option))
+        self.errno = cause.errno
+        self.address = (host, port)
+
+
+def probe_listen(host: str, port: int) -> None:
+    """Bind ``host:port`` (``SO_REUSEADDR``, as the listeners do) and close
+    it again. Port 0 binds nothing. Raises OSError when the address cannot
+    be bound now; an address that passes can still be taken by another
+    process before the real bind."""
+    if port == 0:
+        return
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, sockaddr = infos[0]  # the address the listeners bind
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+
+
+def check_listen_address(address: str, *, option: str = "--metrics") -> None:
+    """Check a ``--metrics`` address before a daemon creates anything: raises
+    ValueError for a bad or non-loopback ``host:port`` (as
+    :class:`MetricsEndpoint` does) and :class:`MetricsListenError` when it
+    cannot be bound now (:func:`probe_listen`; port 0 always passes)."""
+    host, port = parse_listen_address(address)
+    try:
+        probe_listen(host, port)
+    except OSError as exc:
+        raise MetricsListenError(host, port, exc, option=option) from None
 
 
 class _MetricsApp:
@@ -40,18 +109,36 @@ class _MetricsApp:
 class MetricsEndpoint:
     """``GET /metrics`` (the Prometheus text format) of ``registry`` on
     ``address`` (``host:port``, loopback only: ``127.0.0.1``, ``[::1]`` or
-    ``localhost``; port 0 picks one). Other paths answer 404. Raises
-    ValueError for a bad or non-loopback address."""
+    ``localhost``; port 0 picks one). Other paths answer 404. ``option`` is
+    the command-line option that sets the address, named in bind errors.
+    uvicorn's own log records go to the ``brmcp.metrics`` logger. Raises
+    ValueError for a bad or non-loopback address.
 
-    def __init__(self, registry: CollectorRegistry, address: str) -> None:
-        parse_listen_address(address)
-        self._listener = OwnedListener(_MetricsApp(make_asgi_app(registry=registry)), address)
+    A daemon calls :func:`check_listen_address` (or :meth:`check`) before
+    it creates anything, so a taken port stops it at once with
+    :class:`MetricsListenError`; :meth:`start` raises it too."""
+
+    def __init__(self, registry: CollectorRegistry, address: str, *, option: str = "--metrics") -> None:
+        self._host, self._port = parse_listen_address(address)
+        self._option = option
+        self._listener = OwnedListener(
+            _MetricsApp(make_asgi_app(registry=registry)), address, log_name="brmcp.metrics"
+        )
         self.address: tuple[str, int] | None = None
+
+    def check(self) -> None:
+        """Raise :class:`MetricsListenError` when the address cannot be bound
+        now (a bind and close; see :func:`probe_listen`). Port 0 always passes."""
+        check_listen_address(_host_port(self._host, self._port), option=self._option)
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> tuple[str, int]:
         """Bind and serve in ``task_group``; returns the bound (host, port).
-        Raises OSError when the address cannot be bound."""
-        self.address = await self._listener.start(task_group)
+        Raises :class:`MetricsListenError` (an OSError) when the address
+        cannot be bound."""
+        try:
+            self.address = await self._listener.start(task_group)
+        except OSError as exc:
+            raise MetricsListenError(self._host, self._port, exc, option=self._option) from None
         return self.address
 
     async def stop(self) -> None:
@@ -64,4 +151,4 @@ class MetricsEndpoint:
         if self.address is None:
             return ""
         host, port = self.address
-        return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
+        return f"http://{_host_port(host, port)}/metrics"

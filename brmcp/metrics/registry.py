@@ -2,15 +2,66 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import platform
+from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, RestrictedRegistry
 
 from ..router import Router
 
-__all__ = ["BridgeMetrics", "ServeMetrics"]
+__all__ = ["BUILD_INFO", "BridgeMetrics", "MetricsRegistry", "ServeMetrics"]
+
+#: The build-info metric of both daemons: ``brmcp_build_info{version, python} 1``.
+BUILD_INFO = "brmcp_build_info"
+#: Metric types whose prometheus-client samples include a ``<name>_created``
+#: series (the creation time of each labelled child).
+_WITH_CREATED = frozenset({"counter", "histogram", "summary"})
+
+
+def _without_created(metrics: Iterable[Metric]) -> Iterator[Metric]:
+    for metric in metrics:
+        if metric.type in _WITH_CREATED:
+            created = metric.name + "_created"
+            kept = [sample for sample in metric.samples if sample.name != created]
+            if len(kept) != len(metric.samples):
+                trimmed = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                trimmed.samples = kept
+                metric = trimmed
+        yield metric
+
+
+class _Restricted(RestrictedRegistry):
+    """:meth:`MetricsRegistry.restricted_registry`'s view (used for
+    ``/metrics?name[]=...``), without ``_created`` series too."""
+
+    def collect(self) -> Iterator[Metric]:
+        return _without_created(super().collect())
+
+
+class MetricsRegistry(CollectorRegistry):
+    """A :class:`prometheus_client.CollectorRegistry` that exports no
+    ``_created`` series: prometheus-client adds one per counter, histogram
+    and summary child (the time it was created), which doubles the series
+    and means nothing for these daemons. Only this registry is affected,
+    unlike ``prometheus_client.disable_created_metrics()``, which changes
+    every registry in the process (a host's own metrics too)."""
+
+    def collect(self) -> Iterator[Metric]:
+        return _without_created(super().collect())
+
+    def restricted_registry(self, names: Iterable[str]) -> RestrictedRegistry:
+        return _Restricted(names, self)
+
+
+def _build_info(registry: CollectorRegistry) -> None:
+    """``brmcp_build_info{version="<brmcp version>",python="<x.y.z>"} 1``."""
+    from .. import __version__
+
+    info = Info("brmcp_build", "brmcp version and Python version of this daemon", registry=registry)
+    info.info({"version": __version__, "python": platform.python_version()})
+
 
 #: Latency buckets (seconds): BR round trips take from milliseconds (local)
 #: to tens of seconds (relay latency, approvals).
@@ -60,15 +111,17 @@ class _RouterCollector(Collector):
 
 
 class ServeMetrics:
-    """The bot's metrics (prefix ``brmcp_serve_``). Tool-call outcomes:
-    ``ok``, ``error`` (the handler failed; a paid call is refunded),
-    ``payment_required``, ``rate_limited``, ``refused`` (other refusals).
-    Tip outcomes: ``credited``, ``not_credited`` (sender not allowed or
-    under 1 atom), ``duplicate``."""
+    """The bot's metrics (prefix ``brmcp_serve_``, plus ``brmcp_build_info``).
+    Tool-call outcomes: ``ok``, ``error`` (the handler failed; a paid call
+    is refunded), ``payment_required``, ``rate_limited``, ``refused`` (other
+    refusals). Tip outcomes: ``credited``, ``not_credited`` (sender not
+    allowed or under 1 atom), ``duplicate``. Counters end in ``_total`` and
+    export no ``_created`` series (:class:`MetricsRegistry`)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = MetricsRegistry(auto_describe=True)
         r = self.registry
+        _build_info(r)
         self.calls = Counter(
             "brmcp_serve_tool_calls", "Tool calls, by tool and outcome", ["tool", "outcome"], registry=r
         )
@@ -92,18 +145,26 @@ class ServeMetrics:
 
 
 class BridgeMetrics:
-    """The bridge's metrics (prefix ``brmcp_bridge_``). Tool-call outcomes:
+    """The bridge's metrics (prefix ``brmcp_bridge_``, plus
+    ``brmcp_build_info``). ``calls`` (``brmcp_bridge_tool_calls_total``) is
+    labelled by ``tool`` (the tool name the agent called) and ``outcome``:
     ``ok``, ``tool_error`` (the bot's result is an error, including a
-    payment not made), ``failed`` (transport or bot unreachable). Payment
-    outcomes: ``paid``, ``failed`` (the payer failed), ``unknown`` (not
-    confirmed within the tip wait; stays pending), ``refused`` (caps,
-    denial, approval timeout, policy)."""
+    payment not made), ``failed`` (transport or bot unreachable); count one
+    call with ``calls.labels(tool, outcome).inc()``. Payment outcomes:
+    ``paid``, ``failed`` (the payer failed), ``unknown`` (not confirmed
+    within the tip wait; stays pending), ``refused`` (caps, denial, approval
+    timeout, policy). Counters end in ``_total`` and export no ``_created``
+    series (:class:`MetricsRegistry`)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = MetricsRegistry(auto_describe=True)
         r = self.registry
+        _build_info(r)
         self.calls = Counter(
-            "brmcp_bridge_tool_calls", "Agent tool calls, by outcome", ["outcome"], registry=r
+            "brmcp_bridge_tool_calls",
+            "Agent tool calls, by tool and outcome",
+            ["tool", "outcome"],
+            registry=r,
         )
         self.call_seconds = Histogram(
             "brmcp_bridge_tool_call_seconds",

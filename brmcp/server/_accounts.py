@@ -17,7 +17,7 @@ from pathlib import Path
 from . import store
 from ._executor import GroupCommitExecutor
 from .billing import Billing, InsufficientBalance
-from .store import JournalEntry, StatementEntry
+from .store import HeldTip, JournalEntry, StatementEntry
 
 log = logging.getLogger("brmcp.server")
 
@@ -46,6 +46,8 @@ class Accounts:
         self.path: Path | None = None
         self._db: GroupCommitExecutor | None = None
         self._seen_tips: OrderedDict[tuple[int, str, int], None] = OrderedDict()
+        #: Without a journal: tips held for senders not allowed, (seq, peer, matoms) -> atoms.
+        self._held_memory: OrderedDict[tuple[int, str, int], int] = OrderedDict()
         self._next_gc = 0.0
         if data_dir is not None:
             conn = store.open_database(data_dir)
@@ -228,19 +230,32 @@ class Accounts:
         atoms: int,
         keyed: bool,
         expires: float,
-        outcome_json: str | None,
+        outcome_json: str | Callable[[int | None], str | None] | None,
         refund: bool,
-    ) -> None:
+    ) -> int | None:
         """Finish a charged call; ``refund`` credits the price back (the
-        handler failed). Built-in ledger: one transaction."""
+        handler failed). Built-in ledger: one transaction. Returns, after a
+        refund, the caller's balance in atoms once it is refunded (the
+        built-in ledger's, read in that transaction, or what the Billing
+        store says right after its credit; None when it cannot say), else
+        None. ``outcome_json`` (what is kept for replay) may be a function
+        of that balance, called inside the completing transaction
+        (:func:`store.complete`)."""
         now = self._clock()
+        external: int | None = None
         if self._billing is not None and refund:
             await self._billing.credit(peer, atoms, ref=f"refund:{call_id}")
+            try:
+                external = await self._billing.balance(peer)
+            except Exception as exc:
+                log.warning("balance of %s after a refund unknown: %s", peer, exc)
+            if external is not None and external < 0:
+                external = None
         db = self._db
         if db is None:
-            return
+            return external
         refund_spec = (peer, atoms, self.local) if refund else None
-        await db.run(
+        return await db.run(
             lambda c: store.complete(
                 c,
                 call_id=call_id,
@@ -249,6 +264,7 @@ class Accounts:
                 expires=expires,
                 outcome_json=outcome_json,
                 refund=refund_spec,
+                balance_after=external,
             )
         )
 
@@ -272,6 +288,8 @@ class Accounts:
                 assert self._billing is not None
                 await self._billing.credit(peer, atoms, ref=store._tip_ref(sequence_id, peer, amount_matoms))
                 return True, atoms
+            if atoms > 0:
+                self._hold_in_memory(key, atoms)
             return True, 0
         new, credited = await db.run(
             lambda c: store.record_tip(
@@ -302,6 +320,69 @@ class Accounts:
                 )
             )
         return new, credited
+
+    def _hold_in_memory(self, key: tuple[int, str, int], atoms: int) -> None:
+        """No journal: keep a held tip in memory (the newest
+        :data:`store.TIP_MEMORY`; an older one is dropped and logged)."""
+        self._held_memory[key] = atoms
+        while len(self._held_memory) > store.TIP_MEMORY:
+            (seq, peer, matoms), lost = self._held_memory.popitem(last=False)
+            log.error(
+                "tip %d from %s (%d matoms, %d atoms) held for a sender not allowed is forgotten: "
+                "without a data directory only the newest %d held tips are kept",
+                seq,
+                peer,
+                matoms,
+                lost,
+                store.TIP_MEMORY,
+            )
+
+    async def held_peers(self) -> list[str]:
+        """The senders with tips held because they were not allowed."""
+        if self._db is None:
+            return sorted({peer for _, peer, _ in self._held_memory})
+        return await self._db.run(store.held_peers)
+
+    async def held_tips(self, peer: str | None = None) -> list[HeldTip]:
+        """The tips held now (of ``peer``, or of everyone), oldest first."""
+        if self._db is None:
+            return [
+                HeldTip(seq, who, matoms, atoms, 0.0)
+                for (seq, who, matoms), atoms in self._held_memory.items()
+                if peer is None or who == peer
+            ]
+        return await self._db.run(lambda c: store.held_tips(c, peer))
+
+    async def release_held(self, peer: str) -> int:
+        """Credit every tip held for ``peer``, each exactly once (its own
+        transaction, under the tip's ref; with a Billing store the credit
+        comes first, then the audit row, so a crash in between is settled
+        by the next release under the same ref). Returns the atoms credited
+        now. A tip that would pass the maximum balance stays held (logged)."""
+        db = self._db
+        billing = self._billing
+        total = 0
+        if db is None:
+            assert billing is not None
+            for key in [k for k in self._held_memory if k[1] == peer]:
+                atoms = self._held_memory[key]
+                await billing.credit(peer, atoms, ref=store._tip_ref(*key))
+                self._held_memory.pop(key, None)
+                total += atoms
+            return total
+        now = self._clock()
+        for tip in await db.run(lambda c: store.held_tips(c, peer)):
+            if billing is not None:
+                await billing.credit(
+                    peer, tip.atoms, ref=store._tip_ref(tip.sequence_id, tip.peer, tip.amount_matoms)
+                )
+            try:
+                total += await db.run(
+                    functools.partial(store.release_held_tip, tip=tip, ts=now, local=self.local)
+                )
+            except store.BalanceLimitError as exc:
+                log.error("tip %d held for %s stays held: %s", tip.sequence_id, peer, exc)
+        return total
 
     async def has_tip_history(self) -> bool:
         """True once any received tip was recorded (credited or not)."""

@@ -5,11 +5,20 @@ the deliverability check, and settlement (journal, refund of a failed paid
 call, the outcome kept for duplicates). :class:`CallPipeline` is owned by
 :class:`~.harness.Harness`, which delegates :meth:`~.harness.Harness.call`
 to it and wakes its held calls on every credit.
+
+Money answers are the harness's alone (WIRE.md §Payments, "Genuine
+refusals"): its own ``payment_required`` refusals carry ``brmcp/refusal``,
+and everything a handler (or an upstream) produces, including the text of
+an exception, goes through :func:`._guard.tool_output` or
+:func:`._guard.tool_error` before a receipt or refund key is added, so it
+can never decode as a refusal nor carry a ``brmcp/`` key the harness did
+not write.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -17,18 +26,33 @@ import anyio
 from mcp.types import CallToolResult, JSONRPCResponse
 
 from .. import wire
-from ..payment import HELD_KEY, Receipt, parse_payment_required, payment_required_result
+from ..payment import (
+    BALANCE_ATOMS_KEY,
+    HELD_KEY,
+    REFUNDED_ATOMS_KEY,
+    Receipt,
+    marked_payment_required_result,
+    parse_payment_required,
+)
 
 if TYPE_CHECKING:
     from ..metrics import ServeMetrics
 from ._accounts import Accounts
+from ._guard import tool_error, tool_output
 from .callkeys import REPLAY_WINDOW, CallKeyRegistry, Claim, error_result
 from .config import HarnessConfig
 from .context import CallContext
 from .ratelimit import RATE_LIMITED_TEXT, RateLimiter
 from .tools import ToolSpec, to_result
 
-__all__ = ["OUTCOME_CAP", "CallPipeline", "outcome_json_for_error", "response_overhead"]
+__all__ = [
+    "DROPPED_TEXT",
+    "OUTCOME_CAP",
+    "CallPipeline",
+    "CallerEpochs",
+    "outcome_json_for_error",
+    "response_overhead",
+]
 
 log = logging.getLogger("brmcp.server")
 
@@ -41,6 +65,14 @@ _WORST_ID = -(2**63)
 #: While holding, the balance is re-read at least this often (seconds), so a
 #: credit made outside the harness (an external ``Billing``) is seen too.
 _HOLD_RECHECK = 1.0
+#: The answer of a held call dropped because its caller's process changed
+#: (WIRE.md §Pay alongside): a tool error, never a refusal, so nobody pays for it.
+DROPPED_TEXT = (
+    "call dropped while held for its payment: the caller restarted (its brmcp/callerEpoch changed); "
+    "nothing was charged; retry with the same callKey"
+)
+#: Bytes a refund's ``_meta`` keys may add to a result's JSON (both values int64).
+_REFUND_META_ROOM = 96
 
 
 class _Refused(Exception):
@@ -50,6 +82,60 @@ class _Refused(Exception):
         super().__init__(reason)
         self.result = result
         self.reason = reason
+
+
+class CallerEpochs:
+    """The latest ``brmcp/callerEpoch`` seen per caller uid
+    (WIRE.md §Pay alongside), with the few epochs it replaced (``retired`` per caller),
+    for at most ``capacity`` callers (least recently seen forgotten first).
+
+    :meth:`observe` says whether an epoch is news: a caller's first, or one
+    neither current nor retired. A retired epoch (a late message of a
+    process already replaced) is not news, so it cannot drop the calls of
+    the process that replaced it."""
+
+    def __init__(self, capacity: int = 4096, retired: int = 8) -> None:
+        self.capacity = capacity
+        self._retired = retired
+        self._seen: OrderedDict[str, tuple[str, deque[str]]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def latest(self, peer: str) -> str | None:
+        """The latest epoch seen from ``peer`` (None: none remembered)."""
+        entry = self._seen.get(peer)
+        return entry[0] if entry is not None else None
+
+    def observe(self, peer: str, epoch: str) -> bool:
+        """Record ``epoch`` from ``peer``; True when it is news (see the class)."""
+        entry = self._seen.get(peer)
+        if entry is None:
+            self._seen[peer] = (epoch, deque(maxlen=self._retired))
+            while len(self._seen) > self.capacity:
+                self._seen.popitem(last=False)
+            return True
+        self._seen.move_to_end(peer)
+        latest, retired = entry
+        if epoch == latest or epoch in retired:
+            return False
+        retired.append(latest)
+        self._seen[peer] = (epoch, retired)
+        return True
+
+
+class _Hold:
+    """One call held for a pay-alongside credit: its claim (None when
+    unkeyed), the caller epoch it came under, whether a debit is in flight
+    for it (then it cannot be dropped) and whether it was dropped."""
+
+    __slots__ = ("charging", "claim", "dropped", "epoch")
+
+    def __init__(self, claim: Claim | None, epoch: str | None) -> None:
+        self.claim = claim
+        self.epoch = epoch
+        self.charging = False
+        self.dropped = False
 
 
 class CallPipeline:
@@ -78,7 +164,11 @@ class CallPipeline:
         #: Per caller: an event set (and replaced) on every credit, for held calls.
         self._credit_events: dict[str, anyio.Event] = {}
         #: Per caller: calls held right now waiting for a pay-alongside credit.
-        self._held: dict[str, int] = {}
+        self._held: dict[str, list[_Hold]] = {}
+        #: The latest caller epoch per caller (bounded).
+        self.epochs = CallerEpochs()
+        #: Held calls dropped because their caller's epoch changed.
+        self.dropped = 0
         #: Calls that were held at least once (observability and tests).
         self.holds = 0
         self.executions = 0  #: handler invocations (for tests and metrics)
@@ -93,13 +183,20 @@ class CallPipeline:
         *,
         request: Any = None,
         alongside: int = 0,
+        epoch: str | None = None,
     ) -> CallToolResult:
         """The per-call pipeline (WIRE.md §Payments, server order): callKey claim → rate
         limit → price → debit or payment_required → handler. ``alongside``
         is the ``brmcp/payAlongside`` mark (atoms being tipped, 0 = none): an
         underfunded call is then held for the credit
-        (WIRE.md §Pay alongside). A charged result carries the receipt ``_meta`` keys
-        ``brmcp/chargedAtoms`` and ``brmcp/balanceAtoms`` (WIRE.md §Receipts)."""
+        (WIRE.md §Pay alongside). ``epoch`` is the caller's
+        ``brmcp/callerEpoch`` (already validated; None = none): a new one
+        first drops the caller's calls held under another
+        (:meth:`observe_epoch`). A charged result carries the receipt ``_meta`` keys
+        ``brmcp/chargedAtoms`` and ``brmcp/balanceAtoms`` (WIRE.md §Receipts);
+        a refunded failure ``brmcp/refundedAtoms`` and ``brmcp/balanceAtoms``.
+        A refusal of the harness's own carries ``brmcp/refusal``."""
+        self.observe_epoch(peer, epoch)
         claim: Claim | None = None
         if call_key is not None:
             claim, duplicate = self._calls.claim(peer, call_key)
@@ -108,7 +205,9 @@ class CallPipeline:
         started = anyio.current_time()
         outcome = "ok"
         try:
-            result = await self._execute(peer, spec, arguments, prepared, call_key, claim, request, alongside)
+            result = await self._execute(
+                peer, spec, arguments, prepared, call_key, claim, request, alongside, epoch
+            )
             if result.is_error:
                 outcome = "error"
         except _Refused as refusal:
@@ -138,6 +237,7 @@ class CallPipeline:
         claim: Claim | None,
         request: Any,
         alongside: int = 0,
+        epoch: str | None = None,
     ) -> CallToolResult:
         if not self._limiter.take(peer):
             raise _Refused(error_result(RATE_LIMITED_TEXT), "rate limited")
@@ -146,13 +246,15 @@ class CallPipeline:
             price = await spec.price_for(base, arguments)
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
-            raise _Refused(error_result(reason), "price function failed") from None
+            raise _Refused(tool_error(reason), "price function failed") from None
         call_id = wire.new_id() + wire.new_id()
         charged = 0
         receipt: Receipt | None = None
         held = False
         if price > 0:
-            balance, held = await self._charge_or_hold(call_id, peer, call_key, spec.name, price, alongside)
+            balance, held = await self._charge_or_hold(
+                call_id, peer, call_key, spec.name, price, alongside, claim=claim, epoch=epoch
+            )
             charged = price
             receipt = Receipt(charged_atoms=price, balance_atoms=balance)
         ctx = CallContext(
@@ -162,11 +264,11 @@ class CallPipeline:
         failed = False
         try:
             value = await spec.handler(ctx, prepared)
-            result = to_result(value)
+            result = tool_output(to_result(value))
             problem = spec.check_output(result)
             if problem is not None:
                 failed = True
-                result = error_result(problem)
+                result = tool_error(problem)
             elif result.is_error:
                 failed = True
             elif receipt is not None:
@@ -183,7 +285,7 @@ class CallPipeline:
             log.info(
                 "tool %s failed for %s: %s", spec.name, peer, exc, exc_info=log.isEnabledFor(logging.DEBUG)
             )
-            result = error_result(str(exc) or type(exc).__name__)
+            result = tool_error(str(exc) or type(exc).__name__)
             text = None
         except BaseException:
             # Cancelled (the caller gave up): refund and record like a failure.
@@ -193,7 +295,7 @@ class CallPipeline:
                 )
             raise
         with anyio.CancelScope(shield=True):
-            await self._settle(call_id, peer, claim, charged, result, failed, text, tool=spec.name)
+            result = await self._settle(call_id, peer, claim, charged, result, failed, text, tool=spec.name)
         return result
 
     async def _charge_once(self, call_id: str, peer: str, call_key: str | None, tool: str, price: int) -> int:
@@ -220,7 +322,7 @@ class CallPipeline:
             log.info(
                 "payment required: %s called %s for %d atoms with a balance of %d", peer, tool, price, balance
             )
-            raise _Refused(payment_required_result(tool, price, balance), "payment required")
+            raise _Refused(marked_payment_required_result(tool, price, balance), "payment required")
         if self.metrics is not None:
             self.metrics.charged_atoms.labels(tool).inc(price)
         log.info(
@@ -234,7 +336,16 @@ class CallPipeline:
         return balance
 
     async def _charge_or_hold(
-        self, call_id: str, peer: str, call_key: str | None, tool: str, price: int, alongside: int
+        self,
+        call_id: str,
+        peer: str,
+        call_key: str | None,
+        tool: str,
+        price: int,
+        alongside: int,
+        *,
+        claim: Claim | None = None,
+        epoch: str | None = None,
     ) -> tuple[int, bool]:
         """Charge ``price``; with a pay-alongside mark, hold an underfunded
         call until a credit covers it (WIRE.md §Pay alongside): at most
@@ -243,7 +354,9 @@ class CallPipeline:
         Returns the balance after the charge and whether the call was
         held (WIRE.md §Pay alongside rule 7); raises :class:`_Refused` with
         the ordinary ``payment_required`` refusal when it is not held or
-        the hold ends unfunded."""
+        the hold ends unfunded, and with :data:`DROPPED_TEXT` when
+        :meth:`observe_epoch` dropped it (``claim`` and ``epoch`` are the
+        call's callKey claim and caller epoch, for that)."""
         config = self.config
         holdable = alongside > 0 and config.hold_seconds > 0 and config.max_held_calls > 0
         event = self._credit_event(peer) if holdable else None
@@ -253,14 +366,18 @@ class CallPipeline:
             if event is None or refusal.reason != "payment required":
                 raise
             balance = _refusal_balance(refusal)
-            if balance + alongside < price or self._held.get(peer, 0) >= config.max_held_calls:
+            waiting = sum(1 for other in self._held.get(peer, ()) if not other.dropped)
+            if balance + alongside < price or waiting >= config.max_held_calls:
                 raise
             first = refusal
-        self._held[peer] = self._held.get(peer, 0) + 1
+        hold = _Hold(claim, epoch)
+        self._held.setdefault(peer, []).append(hold)
         self.holds += 1
         deadline = anyio.current_time() + config.hold_seconds
         try:
             while True:
+                if hold.dropped:
+                    raise _Refused(error_result(DROPPED_TEXT), _DROPPED_REASON)
                 remaining = deadline - anyio.current_time()
                 if remaining <= 0:
                     raise first
@@ -269,18 +386,49 @@ class CallPipeline:
                 with anyio.move_on_after(min(remaining, _HOLD_RECHECK)):
                     await event.wait()
                 event = self._credit_event(peer)
+                if hold.dropped:
+                    raise _Refused(error_result(DROPPED_TEXT), _DROPPED_REASON)
+                # A debit in flight cannot be dropped: its outcome decides.
+                hold.charging = True
                 try:
                     return await self._charge_once(call_id, peer, call_key, tool, price), True
                 except _Refused as refusal:
                     if refusal.reason != "payment required":
                         raise
                     first = refusal
+                finally:
+                    hold.charging = False
         finally:
-            left = self._held[peer] - 1
-            if left:
-                self._held[peer] = left
-            else:
+            holds = self._held[peer]
+            holds.remove(hold)
+            if not holds:
                 del self._held[peer]
+
+    def observe_epoch(self, peer: str, epoch: str | None) -> int:
+        """Note a ``tools/call`` of ``peer`` under caller epoch ``epoch``
+        (a validated ``brmcp/callerEpoch``; None, a caller without epochs,
+        changes nothing). When the epoch is news (:class:`CallerEpochs`),
+        every call of ``peer`` held right now under another epoch, and not
+        in the middle of a debit, is dropped at once: its callKey claim is
+        released here, synchronously, so the call that brought the news
+        claims the key afresh and runs (and is charged) once; the held call
+        ends uncharged with the tool error :data:`DROPPED_TEXT` (WIRE.md
+        §Pay alongside, rule 6). Returns how many calls were dropped."""
+        if epoch is None or not self.epochs.observe(peer, epoch):
+            return 0
+        dropped = 0
+        for hold in self._held.get(peer, ()):
+            if hold.epoch is None or hold.epoch == epoch or hold.charging or hold.dropped:
+                continue
+            hold.dropped = True
+            dropped += 1
+            if hold.claim is not None:
+                self._calls.release(hold.claim, _DROPPED_REASON, error_result(DROPPED_TEXT))
+        if dropped:
+            self.dropped += dropped
+            log.info("dropped %d held call(s) of %s: its caller process changed", dropped, peer)
+            self.credited(peer)  # wake them
+        return dropped
 
     def _check_deliverable(self, text: str, request_id: Any = None) -> None:
         """Raise ValueError when a result's JSON cannot fit in one transport
@@ -310,24 +458,41 @@ class CallPipeline:
         text: str | None = None,
         *,
         tool: str = "",
-    ) -> None:
+    ) -> CallToolResult:
         """Journal completion (refunding a failed paid call in the same
         transaction) and record the outcome for duplicates. ``text`` is the
-        result's JSON when the caller already has it."""
+        result's JSON when the caller already has it. Returns what the
+        caller gets: ``result``, with ``brmcp/refundedAtoms`` and
+        ``brmcp/balanceAtoms`` (the balance after the refund) in its
+        ``_meta`` once a refund committed (WIRE.md §Receipts); the outcome
+        kept for replay is that same result."""
         if charged <= 0 and claim is None:
-            return  # a free unkeyed call: nothing to journal or replay
+            return result  # a free unkeyed call: nothing to journal or replay
         if text is None:
-            text = result.model_dump_json(by_alias=True, exclude_none=True)
-        size = len(text.encode())
+            text = _dump(result)
         if charged > 0:
+            outcome: str | Callable[[int | None], str | None] | None
+            rendered: list[str] = []
+            if failed:
+                fits = len(text.encode()) + _REFUND_META_ROOM <= OUTCOME_CAP
+
+                def refunded_outcome(balance: int | None) -> str | None:
+                    # Runs in the completing transaction: the kept outcome
+                    # names the balance that transaction left.
+                    rendered.append(_dump(_with_refund(result, charged, balance)))
+                    return rendered[-1] if fits else None
+
+                outcome = refunded_outcome if claim is not None and fits else None
+            else:
+                outcome = text if len(text.encode()) <= OUTCOME_CAP else None
             try:
-                await self._accounts.complete(
+                balance = await self._accounts.complete(
                     call_id=call_id,
                     peer=peer,
                     atoms=charged,
                     keyed=claim is not None,
                     expires=self._clock() + REPLAY_WINDOW,
-                    outcome_json=text if size <= OUTCOME_CAP else None,
+                    outcome_json=outcome,
                     refund=failed,
                 )
             except Exception as exc:
@@ -337,10 +502,12 @@ class CallPipeline:
                 if self.metrics is not None:
                     self.metrics.errors.labels("ledger").inc()
             else:
-                if failed and self.metrics is not None:
-                    self.metrics.refunds.labels(tool).inc()
-                    self.metrics.refunded_atoms.labels(tool).inc(charged)
                 if failed:
+                    result = _with_refund(result, charged, balance)
+                    text = rendered[-1] if rendered else _dump(result)
+                    if self.metrics is not None:
+                        self.metrics.refunds.labels(tool).inc()
+                        self.metrics.refunded_atoms.labels(tool).inc(charged)
                     log.info(
                         "refunded %d atoms to %s (call %s): the call failed: %s",
                         charged,
@@ -349,7 +516,8 @@ class CallPipeline:
                         _first_text(result),
                     )
         if claim is not None:
-            self._calls.finish(claim, result, size, text)
+            self._calls.finish(claim, result, len(text.encode()), text)
+        return result
 
     def credited(self, peer: str) -> None:
         """Wake the calls of ``peer`` held for a pay-alongside credit (the
@@ -381,6 +549,26 @@ def _with_receipt(result: CallToolResult, receipt: Receipt, *, held: bool = Fals
     if held:
         meta[HELD_KEY] = True
     return result.model_copy(update={"meta": meta})
+
+
+#: The :class:`_Refused` reason of a held call dropped by :meth:`CallPipeline.observe_epoch`.
+_DROPPED_REASON = "caller restarted"
+
+
+def _with_refund(result: CallToolResult, refunded: int, balance: int | None) -> CallToolResult:
+    """``result`` with the refund keys in its ``_meta`` (WIRE.md §Receipts):
+    ``brmcp/refundedAtoms`` = ``refunded`` and, when known, ``brmcp/balanceAtoms``
+    = ``balance`` (atoms, after the refund)."""
+    meta = dict(result.meta or {})
+    meta[REFUNDED_ATOMS_KEY] = refunded
+    if balance is not None and balance >= 0:
+        meta[BALANCE_ATOMS_KEY] = balance
+    return result.model_copy(update={"meta": meta})
+
+
+def _dump(result: CallToolResult) -> str:
+    """The compact JSON of a result (what the journal keeps)."""
+    return result.model_dump_json(by_alias=True, exclude_none=True)
 
 
 #: Metric outcomes of the refusal reasons of :class:`_Refused`.

@@ -12,8 +12,9 @@ was processed (at-least-once; docs/clientrpc.md §Acks and replay):
 * Received tips: a tip whose sequence id or amount is outside 0..2**63-1 is
   logged, acked and not credited. :meth:`Harness.record_tip` credits the sender once per tip
   (durably, deduplicated by sequence id, sender and amount; only allowed
-  senders are credited), then ``AckTipReceived``, then ``on_tip_received``
-  for new tips only.
+  senders are credited, a tip from another sender is held in the same
+  transaction and credited once that sender is allowed), then
+  ``AckTipReceived``, then ``on_tip_received`` for new tips only.
 * Tip progress: the ``on_tip_progress`` hook, then ``AckTipProgress``.
 
 Unlike bisonbotkit (which acks PMs before handing them over), nothing is
@@ -297,7 +298,10 @@ async def _tip_loop(
 def _uncredited_reason(harness: Harness, tip: ReceivedTip) -> str:
     """Why a new tip credited nothing (for the log)."""
     if not harness.allowed(tip.uid):
-        return "the sender is not an allowed caller (add its uid to the allowlist to credit its tips)"
+        return (
+            "the sender is not an allowed caller: held, and credited once its uid is allowed "
+            "(brmcp-serve balances lists held tips)"
+        )
     if tip.amount_matoms < 1000:
         return "under 1 atom (1,000 matoms)"
     return "nothing to credit"

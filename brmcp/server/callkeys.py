@@ -4,7 +4,9 @@ A claim is keyed by ``(peer, callKey)``: the first call runs, duplicates
 wait for it and get its outcome. Completed outcomes are replayed for
 ``window`` seconds (30 minutes). A refusal before execution releases the
 claim; waiting duplicates then get a clear tool error and a later retry
-with the same key runs for real.
+with the same key runs for real. A replayed outcome is never a refusal: it
+goes through :func:`._guard.recorded_outcome` (WIRE.md §Payments, "Genuine
+refusals"), whoever recorded it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from mcp.types import CallToolResult, TextContent
 
 from ..payment import CALL_KEY
 from ..payment import valid_call_key as _is_valid_key
+from ._guard import recorded_outcome
 
 __all__ = ["REPLAY_WINDOW", "CallKeyRegistry", "Claim", "valid_call_key"]
 
@@ -148,13 +151,15 @@ class CallKeyRegistry:
 
     def load(self, peer: str, key: str, outcome: CallToolResult | None, expires: float, size: int) -> None:
         """Restore a completed call from the journal at start-up (``outcome``
-        None: not retained)."""
+        None: not retained). The outcome is replayed as
+        :func:`._guard.recorded_outcome` makes it: never a refusal, even
+        when an older version recorded refusal-shaped tool output."""
         k = (peer, key)
         self._claims.pop(k, None)
         if outcome is None:
             self._remember(k, expires, None, 0)
             return
-        data = outcome.model_dump_json(by_alias=True, exclude_none=True).encode()
+        data = recorded_outcome(outcome).model_dump_json(by_alias=True, exclude_none=True).encode()
         self._remember(k, expires, data, len(data))
 
     async def wait(self, claim: Claim) -> CallToolResult:
@@ -206,4 +211,8 @@ def _outcome(data: bytes | None) -> CallToolResult:
         return error_result(NOT_RETAINED_TEXT)
     if data == _EVICTED:
         return error_result(_EVICTED_TEXT)
-    return CallToolResult.model_validate_json(data)
+    try:
+        outcome = CallToolResult.model_validate_json(data)
+    except ValueError:
+        return error_result(NOT_RETAINED_TEXT)
+    return recorded_outcome(outcome)

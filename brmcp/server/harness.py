@@ -39,7 +39,7 @@ from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 from .. import wire
 from ..conn import Conn
 from ..eras import CAPABILITIES_META_KEY
-from ..payment import pay_alongside_atoms
+from ..payment import MARKS_REFUSALS_KEY, caller_epoch, pay_alongside_atoms
 from ..router import Router
 
 if TYPE_CHECKING:
@@ -48,14 +48,15 @@ from ..sender import PMSender
 from . import store
 from ._accounts import Accounts
 from ._catalog_api import CatalogMethods
+from ._guard import tool_error
 from ._pipeline import OUTCOME_CAP, CallPipeline, outcome_json_for_error, response_overhead
-from .callkeys import REPLAY_WINDOW, CallKeyRegistry, error_result, valid_call_key
+from .callkeys import REPLAY_WINDOW, CallKeyRegistry, valid_call_key
 from .catalog import Catalog
 from .config import HOLD_SECONDS, MAX_HELD_CALLS, HarnessConfig, HarnessError
 from .context import peer_of
 from .firstcontact import MODERN_VERSIONS_KEY, OFFER_LINGER, TOOLS_KEY, FirstContactTap
 from .ratelimit import RATE_LIMITED_TEXT, RateLimiter
-from .store import JournalEntry, StatementEntry, StoreError
+from .store import HeldTip, JournalEntry, StatementEntry, StoreError
 from .tools import Handler, PriceFunc, ToolArgumentError, ToolSpec, spec_from_function
 
 __all__ = [
@@ -134,6 +135,9 @@ class Harness(CatalogMethods):
             self._accounts.close()
             raise HarnessError(f"cannot reconcile the ledger database: {exc}") from exc
         self._load_journal(loaded)
+        #: Senders with tips held because they were not allowed (WIRE.md
+        #: §Payments, "Tips from senders not allowed"); loaded on entry.
+        self._held_peers: set[str] = set()
 
     def _load_journal(self, entries: Iterable[JournalEntry]) -> None:
         for entry in entries:
@@ -193,7 +197,10 @@ class Harness(CatalogMethods):
         return False
 
     def set_allowed_peers(self, peers: Iterable[str]) -> None:
-        """Replace the allowlist at run time (ignored while ``allow`` is set)."""
+        """Replace the allowlist at run time (ignored while ``allow`` is set).
+        Tips held for a sender allowed now are credited at that sender's
+        next ``tools/call`` or tip, at the next start, or at once by
+        ``await`` :meth:`release_held_tips` (brmcp-serve's reload does)."""
         self._allowed = frozenset(peers)
 
     def set_calls_per_minute(self, per_minute: int) -> None:
@@ -326,6 +333,10 @@ class Harness(CatalogMethods):
             await stack.aclose()
             raise
         self._load_journal(recovered)
+        try:
+            await self.release_held_tips()
+        except Exception as exc:  # they stay held: credited at the sender's next contact or start
+            log.error("tips held for senders not allowed not credited at start: %s", exc)
         return self
 
     async def __aexit__(
@@ -389,9 +400,13 @@ class Harness(CatalogMethods):
             tg.cancel_scope.cancel()
 
     def _first_contact(self, peer: str) -> dict[str, Any]:
-        """The ``_meta`` entries of a marked ``initialize`` answer for ``peer``."""
+        """The ``_meta`` entries of a marked ``initialize`` answer for ``peer``;
+        its ``brmcp/tools`` says ``brmcp/marksRefusals`` as ``tools/list``
+        does (WIRE.md §Payments, "Genuine refusals")."""
         tools = [spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
-        listed = ListToolsResult(tools=tools).model_dump(by_alias=True, mode="json", exclude_none=True)
+        listed = ListToolsResult(tools=tools, _meta={MARKS_REFUSALS_KEY: True}).model_dump(
+            by_alias=True, mode="json", exclude_none=True
+        )
         return {MODERN_VERSIONS_KEY: list(MODERN_PROTOCOL_VERSIONS), TOOLS_KEY: listed}
 
     # -- money ---------------------------------------------------------------------------
@@ -426,7 +441,11 @@ class Harness(CatalogMethods):
         allowed peers, once per tip (sequence id, sender and amount recorded
         in the same transaction as the credit, so a redelivered tip never
         credits twice, even across a crash). Returns the atoms credited (0
-        for replays, non-allowed senders and amounts under 1000 matoms)."""
+        for replays, non-allowed senders and amounts under 1000 matoms). A
+        tip of at least one atom from a sender not allowed is held, in that
+        same transaction, and credited once when the sender is allowed
+        (:meth:`release_held_tips`; WIRE.md §Payments, "Tips from senders
+        not allowed")."""
         _, atoms = await self.record_tip(peer, amount_matoms, sequence_id)
         return atoms
 
@@ -449,9 +468,58 @@ class Harness(CatalogMethods):
             outcome = await self._accounts.credit_tip(
                 peer=peer, amount_matoms=int(amount_matoms), sequence_id=int(sequence_id), allowed=allowed
             )
-        if outcome[1] > 0:
+        new, credited = outcome
+        if new and not allowed and amount_matoms >= 1000:
+            self._held_peers.add(peer)
+            log.info(
+                "holding %d atoms of tip %d from %s, a sender not allowed, until it is allowed",
+                amount_matoms // 1000,
+                sequence_id,
+                peer,
+            )
+        if credited > 0:
             self._pipeline.credited(peer)
+        if allowed and peer in self._held_peers:
+            await self.release_held_tips(peer)
         return outcome
+
+    async def release_held_tips(self, peer: str | None = None) -> int:
+        """Credit the tips held for senders not allowed when they arrived
+        (WIRE.md §Payments, "Tips from senders not allowed") to those of
+        them allowed now: ``peer`` only, or (None) every sender with held
+        tips, read from the ledger. Each tip is credited exactly once, as a
+        ``tip`` movement under its own ref in one transaction that also
+        drops it from the held tips, however often and concurrently this
+        runs. Returns the atoms credited by this call. The harness runs it
+        on entry, before a ``tools/call`` of a sender with held tips and
+        after a tip from such a sender. Raises what the ledger raises
+        (nothing is lost: the tips stay held)."""
+        if peer is None:
+            self._held_peers = set(await self._accounts.held_peers())
+            peers = sorted(self._held_peers)
+        else:
+            peers = [peer] if peer in self._held_peers else []
+        total = 0
+        for who in peers:
+            if not self.allowed(who):
+                continue
+            with anyio.CancelScope(shield=True):
+                atoms = await self._accounts.release_held(who)
+                if not await self._accounts.held_tips(who):
+                    self._held_peers.discard(who)
+            if atoms > 0:
+                log.info("credited %d atoms of tips held for %s, which is allowed now", atoms, who)
+                metrics = self.metrics
+                if metrics is not None:
+                    metrics.tip_atoms.inc(atoms)
+                self._pipeline.credited(who)
+            total += atoms
+        return total
+
+    async def held_tips(self, peer: str | None = None) -> list[HeldTip]:
+        """The tips held now for senders not allowed (of ``peer``, or of
+        everyone), oldest first (:class:`~.store.HeldTip`: atoms > 0)."""
+        return await self._accounts.held_tips(peer)
 
     async def has_tip_history(self) -> bool:
         """True once this harness's ledger has recorded any received tip
@@ -476,8 +544,10 @@ class Harness(CatalogMethods):
         if self.config.tools_list_changed:
             self._catalog.remember(ctx)
         tools = [spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
+        # Every answer says that this harness marks its genuine refusals
+        # (WIRE.md §Payments, "Genuine refusals").
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            return ListToolsResult(tools=tools)
+            return ListToolsResult(tools=tools, _meta={MARKS_REFUSALS_KEY: True})
         # A modern caller skipped server/discover: state the capabilities
         # here so it needs no second round trip (WIRE.md §Eras). What
         # initialize would declare: the modern era's own flags drop subscribe
@@ -486,12 +556,16 @@ class Harness(CatalogMethods):
             self._notifications(), protocol_version=LATEST_HANDSHAKE_VERSION
         )
         stated = declared.model_dump(by_alias=True, mode="json", exclude_none=True)
-        return ListToolsResult(tools=tools, _meta={CAPABILITIES_META_KEY: stated})
+        return ListToolsResult(tools=tools, _meta={CAPABILITIES_META_KEY: stated, MARKS_REFUSALS_KEY: True})
 
     async def _on_call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult:
         peer = peer_of(ctx)
+        # A new caller process drops the calls its predecessor left held
+        # (WIRE.md §Pay alongside), whatever this call turns out to be.
+        epoch = caller_epoch(params.meta)
+        self._pipeline.observe_epoch(peer, epoch)
         spec = self._tools.get(params.name)
         if spec is None or not self._visible(peer, params.name):
             raise MCPError(code=INVALID_PARAMS, message=f'unknown tool "{params.name}"')
@@ -499,10 +573,17 @@ class Harness(CatalogMethods):
         try:
             prepared = spec.validate(arguments)
         except ToolArgumentError as exc:
-            return error_result(str(exc))
+            return tool_error(str(exc))
+        if peer in self._held_peers:
+            try:
+                await self.release_held_tips(peer)
+            except Exception as exc:  # the call goes on; the tips stay held
+                log.error("tips held for %s not credited now: %s", peer, exc)
         key = valid_call_key(params.meta)
         alongside = pay_alongside_atoms(params.meta)
-        return await self.call(peer, spec, arguments, prepared, key, request=ctx, alongside=alongside)
+        return await self.call(
+            peer, spec, arguments, prepared, key, request=ctx, alongside=alongside, epoch=epoch
+        )
 
     async def call(
         self,
@@ -514,16 +595,21 @@ class Harness(CatalogMethods):
         *,
         request: Any = None,
         alongside: int = 0,
+        epoch: str | None = None,
     ) -> CallToolResult:
         """The per-call pipeline (WIRE.md §Payments, server order): callKey claim → rate
         limit → price → debit or payment_required → handler. ``alongside``
         is the ``brmcp/payAlongside`` mark (atoms being tipped, 0 = none): an
         underfunded call is then held for the credit
-        (WIRE.md §Pay alongside). A charged result carries the receipt ``_meta`` keys
-        ``brmcp/chargedAtoms`` and ``brmcp/balanceAtoms`` (WIRE.md §Receipts).
+        (WIRE.md §Pay alongside). ``epoch`` is the caller's
+        ``brmcp/callerEpoch`` (None = none): a new one drops that caller's
+        calls held under another, uncharged, before this call claims its key.
+        A charged result carries the receipt ``_meta`` keys
+        ``brmcp/chargedAtoms`` and ``brmcp/balanceAtoms`` (WIRE.md §Receipts);
+        a refunded one ``brmcp/refundedAtoms`` and ``brmcp/balanceAtoms``.
         See :class:`._pipeline.CallPipeline`."""
         return await self._pipeline.call(
-            peer, spec, arguments, prepared, call_key, request=request, alongside=alongside
+            peer, spec, arguments, prepared, call_key, request=request, alongside=alongside, epoch=epoch
         )
 
 

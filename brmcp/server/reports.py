@@ -10,6 +10,13 @@ positive). With the built-in ledger the sum of all balances equals the sum
 of all movements (:attr:`LedgerStats.reconciles`); with an external
 Billing store the balances live elsewhere and only the movements are here.
 Free calls are not journaled, so the counts here are of paid calls.
+
+Tips from senders not allowed when they arrived are held, not credited
+(``held_tips``, WIRE.md §Payments "Tips from senders not allowed"): they
+are in no balance and no movement until their sender is allowed, and are
+reported beside them (:func:`held_totals`, :func:`held_of`,
+:attr:`LedgerStats.held_atoms`), so that what the wallet received
+(:attr:`LedgerStats.received_atoms`) is accounted for to the atom.
 """
 
 from __future__ import annotations
@@ -20,13 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .store import DB_FILENAME, StatementEntry, StoreError
+from .store import DB_FILENAME, HeldTip, StatementEntry, StoreError
 
 __all__ = [
+    "HeldTotal",
     "LedgerStats",
     "StatementLine",
     "ToolStats",
     "balances",
+    "held_of",
+    "held_totals",
     "ledger_stats",
     "open_readonly",
     "statement",
@@ -58,6 +68,49 @@ def open_readonly(data_dir: str | os.PathLike[str]) -> sqlite3.Connection:
 
 def _has_tool_column(conn: sqlite3.Connection) -> bool:
     return any(row[1] == "tool" for row in conn.execute("PRAGMA table_info(movements)"))
+
+
+def _has_held_tips(conn: sqlite3.Connection) -> bool:
+    """False for a ledger written before schema version 3 (no held tips)."""
+    return (
+        conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'held_tips'").fetchone()
+        is not None
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HeldTotal:
+    """The tips held for one sender not allowed: ``uid``, how many
+    (``tips``) and their ``atoms`` (floored from milliatoms, each > 0)."""
+
+    uid: str
+    tips: int
+    atoms: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uid": self.uid, "tips": self.tips, "atoms": self.atoms}
+
+
+def held_totals(conn: sqlite3.Connection) -> list[HeldTotal]:
+    """Per sender, the tips held because it was not allowed, most atoms first."""
+    if not _has_held_tips(conn):
+        return []
+    rows = conn.execute(
+        "SELECT peer, COUNT(*), SUM(atoms) FROM held_tips GROUP BY peer ORDER BY SUM(atoms) DESC, peer"
+    ).fetchall()
+    return [HeldTotal(str(r[0]), int(r[1]), int(r[2])) for r in rows]
+
+
+def held_of(conn: sqlite3.Connection, peer: str) -> list[HeldTip]:
+    """The tips held for ``peer`` (uid, compared without case), oldest first."""
+    if not _has_held_tips(conn):
+        return []
+    rows = conn.execute(
+        "SELECT sequence_id, peer, amount_matoms, atoms, ts FROM held_tips "
+        "WHERE lower(peer) = lower(?) ORDER BY ts, sequence_id",
+        (peer,),
+    ).fetchall()
+    return [HeldTip(int(r[0]), str(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
 
 
 def balances(conn: sqlite3.Connection) -> list[tuple[str, int]]:
@@ -144,7 +197,10 @@ class LedgerStats:
     rows written before tools were recorded); ``callers``: uids with a
     balance row; ``balance_atoms``: the sum of balances; ``movement_atoms``:
     the signed sum of all movements; ``reconciles``: they are equal (always
-    so with the built-in ledger)."""
+    so with the built-in ledger). ``held_tips``/``held_atoms``: tips held
+    for senders not allowed (in no balance and no movement yet);
+    ``received_atoms`` = ``tip_atoms + held_atoms``, every atom of tips the
+    ledger knows the wallet received (sub-atom remainders excepted)."""
 
     tips: int
     tip_atoms: int
@@ -158,10 +214,16 @@ class LedgerStats:
     callers: int
     balance_atoms: int
     movement_atoms: int
+    held_tips: int = 0
+    held_atoms: int = 0
 
     @property
     def reconciles(self) -> bool:
         return self.balance_atoms == self.movement_atoms
+
+    @property
+    def received_atoms(self) -> int:
+        return self.tip_atoms + self.held_atoms
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -178,6 +240,9 @@ class LedgerStats:
             "balance_atoms": self.balance_atoms,
             "movement_atoms": self.movement_atoms,
             "reconciles": self.reconciles,
+            "held_tips": self.held_tips,
+            "held_atoms": self.held_atoms,
+            "received_atoms": self.received_atoms,
         }
 
 
@@ -209,6 +274,11 @@ def ledger_stats(conn: sqlite3.Connection) -> LedgerStats:
             "SELECT COUNT(*), COALESCE(SUM(atoms), 0) FROM balances"
         ).fetchone()
         movement_atoms = conn.execute("SELECT COALESCE(SUM(atoms), 0) FROM movements").fetchone()[0]
+        held = (
+            conn.execute("SELECT COUNT(*), COALESCE(SUM(atoms), 0) FROM held_tips").fetchone()
+            if _has_held_tips(conn)
+            else (0, 0)
+        )
     finally:
         conn.execute("COMMIT")
 
@@ -229,4 +299,6 @@ def ledger_stats(conn: sqlite3.Connection) -> LedgerStats:
         callers=int(callers),
         balance_atoms=int(balance_atoms),
         movement_atoms=int(movement_atoms),
+        held_tips=int(held[0]),
+        held_atoms=int(held[1]),
     )

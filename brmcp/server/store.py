@@ -1,7 +1,7 @@
 """The harness's durable state: one SQLite database in the data directory.
 
-Tables (schema version 2; a version 1 file gains ``movements.tool`` when
-opened):
+Tables (schema version 3; a version 1 file gains ``movements.tool`` and a
+version 1 or 2 file gains ``held_tips`` when opened):
 
 * ``balances(peer, atoms)`` -- the built-in prepaid ledger, in atoms;
 * ``calls`` -- the paid-call journal: a row per charged execution, written in
@@ -10,7 +10,12 @@ opened):
   written in the same transaction as the credit;
 * ``movements`` -- an append-only audit row per money movement (charges and
   refunds name their ``tool``; NULL for tips, credits and rows written by
-  schema version 1).
+  schema version 1);
+* ``held_tips`` -- tips received from senders not allowed when they
+  arrived, with their atoms, written in the same transaction as the tip's
+  ``tips`` row; each is credited once (and its row deleted in that
+  transaction) when its sender is allowed (WIRE.md §Payments, "Tips from
+  senders not allowed").
 
 WAL journal, ``synchronous=FULL``. Every operation is a plain function of a
 connection executed by :class:`~._executor.GroupCommitExecutor`, so money
@@ -24,6 +29,7 @@ import json
 import os
 import sqlite3
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +37,7 @@ from typing import Any
 __all__ = [
     "DB_FILENAME",
     "TIP_MEMORY",
+    "HeldTip",
     "JournalEntry",
     "StatementEntry",
     "StoreError",
@@ -38,7 +45,7 @@ __all__ = [
 ]
 
 DB_FILENAME = "brmcp.sqlite3"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: How many processed tips are remembered for de-duplication.
 TIP_MEMORY = 10_000
 #: The largest balance the built-in ledger holds, in atoms: all the DCR there
@@ -92,7 +99,23 @@ CREATE TABLE movements (
     tool          TEXT
 );
 CREATE INDEX movements_by_peer ON movements (peer, id);
+CREATE TABLE held_tips (
+    sequence_id   INTEGER NOT NULL,
+    peer          TEXT NOT NULL,
+    amount_matoms INTEGER NOT NULL,
+    atoms         INTEGER NOT NULL CHECK (atoms > 0),
+    ts            REAL NOT NULL,
+    PRIMARY KEY (sequence_id, peer, amount_matoms)
+);
+CREATE INDEX held_tips_by_peer ON held_tips (peer);
 """
+
+#: Schema version 3's table (and index) added to a version 1 or 2 file.
+_HELD_TIPS_SCHEMA = (
+    _SCHEMA[_SCHEMA.index("CREATE TABLE held_tips") :]
+    .replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
+    .replace("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS ")
+)
 
 _EXPECTED_TABLES = {"balances", "calls", "tips", "movements"}
 
@@ -237,16 +260,22 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> None:
             f"ledger database {path} is empty (truncated?); refusing to start a new ledger over it. "
             "Restore it from a backup, or remove it to start with no balances"
         )
-    if version not in (1, SCHEMA_VERSION) or not tables >= _EXPECTED_TABLES:
+    expected = _EXPECTED_TABLES | ({"held_tips"} if version == SCHEMA_VERSION else set())
+    if version not in (1, 2, SCHEMA_VERSION) or not tables >= expected:
         raise StoreError(
             f"ledger database {path} is not a brmcp database "
             f"(schema version {version}, tables {sorted(tables)})"
         )
-    if version == 1:
-        # Version 2 adds movements.tool (per-tool statements and stats).
+    if version < SCHEMA_VERSION:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("ALTER TABLE movements ADD COLUMN tool TEXT")
+            if version == 1:
+                # Version 2 adds movements.tool (per-tool statements and stats).
+                conn.execute("ALTER TABLE movements ADD COLUMN tool TEXT")
+            # Version 3 adds held_tips (tips from senders not allowed).
+            for statement in _HELD_TIPS_SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -426,9 +455,10 @@ def _refund(
     atoms: int,
     ts: float,
     local: bool,
-) -> None:
+) -> int | None:
     """Credit a call's price back and audit it (``local``: the built-in
-    ledger holds the balance; otherwise only the audit row is written)."""
+    ledger holds the balance; otherwise only the audit row is written).
+    Returns the balance after the refund in atoms (None unless ``local``)."""
     after = _add_balance(conn, peer, atoms) if local else None
     row = conn.execute("SELECT tool FROM calls WHERE call_id = ?", (call_id,)).fetchone()
     record_movement(
@@ -442,6 +472,7 @@ def _refund(
         balance_after=after,
         tool=row[0] if row else None,
     )
+    return after
 
 
 def _keep(
@@ -463,19 +494,28 @@ def complete(
     keyed: bool,
     ts: float,
     expires: float,
-    outcome_json: str | None,
+    outcome_json: str | Callable[[int | None], str | None] | None,
     refund: tuple[str, int, bool] | None = None,
-) -> None:
+    balance_after: int | None = None,
+) -> int | None:
     """Mark a charged call done (keyed: keep it for replay until
     ``expires``; unkeyed: forget it). ``refund=(peer, atoms, local)`` also
     credits the price back in the same transaction (``local``: the built-in
     ledger holds the balance; otherwise the caller already refunded through
-    its Billing store and only the audit row is written)."""
+    its Billing store and only the audit row is written).
+
+    Returns the caller's balance in atoms after the refund: the built-in
+    ledger's, else ``balance_after`` (what the Billing store said; None when
+    unknown or when nothing was refunded). ``outcome_json`` may be a
+    function of that balance returning the JSON to keep (WIRE.md §Receipts:
+    a refunded outcome names the balance after its refund), called inside
+    this transaction."""
+    known: int | None = None
     if refund is not None:
         peer, atoms, local = refund
         row = conn.execute("SELECT call_key FROM calls WHERE call_id = ?", (call_id,)).fetchone()
         call_key = row[0] if row else None
-        _refund(
+        after = _refund(
             conn,
             kind="refund",
             call_id=call_id,
@@ -485,10 +525,13 @@ def complete(
             ts=ts,
             local=local,
         )
+        known = after if after is not None else balance_after
     if keyed:
-        _keep(conn, call_id, ts, expires, outcome_json)
+        kept = outcome_json(known) if callable(outcome_json) else outcome_json
+        _keep(conn, call_id, ts, expires, kept)
     else:
         drop_call(conn, call_id)
+    return known
 
 
 def interrupted(conn: sqlite3.Connection) -> list[tuple[str, str, str | None, str, int, str]]:
@@ -591,10 +634,14 @@ def record_tip(
 
     ``new`` False means the tip was already processed (a redelivery): nothing
     changes. The seen-set keeps the newest :data:`TIP_MEMORY` tips; a
-    credited tip older than that is still recognised by its audit row.
+    credited tip older than that is still recognised by its audit row, a
+    held one by its ``held_tips`` row.
     Otherwise the tip is remembered and, when ``credit_it``, its atoms are
     credited in the same transaction (``local``: built-in ledger; otherwise
-    the row stays ``pending`` until the external credit is done).
+    the row stays ``pending`` until the external credit is done). A tip of
+    at least one atom that is not credited because of ``credit_it`` False
+    (its sender is not allowed) is held: a ``held_tips`` row with its atoms,
+    in the same transaction (:func:`release_held_tip` credits it later).
     """
     if tip_seen(conn, sequence_id, peer, amount_matoms) is not None:
         return False, 0
@@ -603,6 +650,8 @@ def record_tip(
         # Credited long ago and since dropped from the bounded seen-set: the
         # append-only audit row still proves it (never credit a tip twice).
         return False, 0
+    if _held_row(conn, sequence_id, peer, amount_matoms):
+        return False, 0  # held, and dropped from the seen-set since
     credited = atoms if credit_it and atoms > 0 else 0
     if credited and local and balance(conn, peer) + credited > MAX_BALANCE_ATOMS:
         credited = 0  # refused: recorded as seen, nothing credited (the caller logs it)
@@ -624,10 +673,94 @@ def record_tip(
             tip_seq=sequence_id,
             balance_after=after,
         )
+    if not credit_it and atoms > 0:
+        conn.execute(
+            "INSERT INTO held_tips (sequence_id, peer, amount_matoms, atoms, ts) VALUES (?, ?, ?, ?, ?)",
+            (sequence_id, peer, amount_matoms, atoms, ts),
+        )
     conn.execute(
         "DELETE FROM tips WHERE n <= (SELECT MAX(n) FROM tips) - ? AND state = 'done'", (TIP_MEMORY,)
     )
     return True, credited
+
+
+@dataclass(frozen=True, slots=True)
+class HeldTip:
+    """A tip held because its sender was not allowed when it arrived:
+    ``atoms`` (``amount_matoms`` floored, > 0) wait to be credited to
+    ``peer``; ``ts`` is when it was received (unix seconds)."""
+
+    sequence_id: int
+    peer: str
+    amount_matoms: int
+    atoms: int
+    ts: float
+
+
+def _held_row(conn: sqlite3.Connection, sequence_id: int, peer: str, amount_matoms: int) -> bool:
+    return (
+        conn.execute(
+            "SELECT 1 FROM held_tips WHERE sequence_id = ? AND peer = ? AND amount_matoms = ?",
+            (sequence_id, peer, amount_matoms),
+        ).fetchone()
+        is not None
+    )
+
+
+def held_tips(conn: sqlite3.Connection, peer: str | None = None) -> list[HeldTip]:
+    """The tips held now (of ``peer``, or of everyone), oldest first."""
+    sql = "SELECT sequence_id, peer, amount_matoms, atoms, ts FROM held_tips"
+    args: tuple[str, ...] = ()
+    if peer is not None:
+        sql += " WHERE peer = ?"
+        args = (peer,)
+    rows = conn.execute(sql + " ORDER BY ts, sequence_id", args).fetchall()
+    return [HeldTip(int(r[0]), str(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
+
+
+def held_peers(conn: sqlite3.Connection) -> list[str]:
+    """The senders with at least one held tip."""
+    return [str(r[0]) for r in conn.execute("SELECT DISTINCT peer FROM held_tips ORDER BY peer")]
+
+
+def release_held_tip(conn: sqlite3.Connection, tip: HeldTip, *, ts: float, local: bool) -> int:
+    """Credit one held tip to its sender, exactly once, and delete its
+    ``held_tips`` row in the same transaction; returns the atoms credited.
+
+    The credit is a ``tip`` movement under the tip's own ref
+    (``tip:<seq>:<peer>:<matoms>``, unique in ``movements``), so a tip is
+    never credited twice however often this runs. ``local``: the built-in
+    ledger holds the balance; otherwise the caller already credited the
+    Billing store under that ref and only the audit row is written. Returns
+    0, changing nothing, when the tip is no longer held, and raises
+    :class:`BalanceLimitError` (nothing written, the tip stays held) when
+    the built-in balance would pass :data:`MAX_BALANCE_ATOMS`."""
+    key = (tip.sequence_id, tip.peer, tip.amount_matoms)
+    if not _held_row(conn, *key):
+        return 0
+    ref = _tip_ref(*key)
+    delete = "DELETE FROM held_tips WHERE sequence_id = ? AND peer = ? AND amount_matoms = ?"
+    if conn.execute("SELECT 1 FROM movements WHERE ref = ?", (ref,)).fetchone() is not None:
+        conn.execute(delete, key)  # credited already (a crash came before the delete)
+        return 0
+    after: int | None = None
+    if local:
+        current = balance(conn, tip.peer)
+        if current + tip.atoms > MAX_BALANCE_ATOMS:
+            raise BalanceLimitError(tip.peer, current, tip.atoms)
+        after = _add_balance(conn, tip.peer, tip.atoms)
+    record_movement(
+        conn,
+        ts=ts,
+        peer=tip.peer,
+        kind="tip",
+        atoms=tip.atoms,
+        ref=ref,
+        tip_seq=tip.sequence_id,
+        balance_after=after,
+    )
+    conn.execute(delete, key)
+    return tip.atoms
 
 
 def has_tips(conn: sqlite3.Connection) -> bool:

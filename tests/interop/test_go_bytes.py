@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from mcp import ClientSession
 
+from brmcp.payment import REFUSAL_KEY
 from brmcp.testing import Fabric
 from brmcp.testing.goref import GoRefError, build_reference_command
 
@@ -87,8 +88,11 @@ async def test_payment_required_and_meta_are_byte_identical(tmp_path: Path, gore
         '"shortfallAtoms":10000,"acceptedRails":["tip"]}'
     )
     # The whole result: the same members and values (our SDK orders a content
-    # block's keys "text","type" where Go writes "type","text"; docs/interop.md).
-    assert py["refusal"] == go["refusal"]
+    # block's keys "text","type" where Go writes "type","text"; docs/interop.md),
+    # plus our genuine-refusal mark in _meta (WIRE.md §Payments), which Go ignores.
+    ours = dict(py["refusal"])
+    assert ours.pop("_meta") == {REFUSAL_KEY: True}
+    assert ours == go["refusal"]
     assert set(go["refusal"]) == {"content", "isError"}
 
     # go-sdk lists tools sorted by name; ours keep registration order (docs/interop.md).
@@ -201,7 +205,12 @@ async def test_bridge_files_match_after_the_same_operations(tmp_path: Path, gore
     go = await _bridge_run("go", tmp_path, goref_binary)
     py = await _bridge_run("py", tmp_path, goref_binary)
     assert py["mcpclient.json"] == go["mcpclient.json"]
-    assert py["mcpspend.json"] == go["mcpspend.json"]
+    # Our entries may also name their logical call's callKey (the last key,
+    # which the Go reference ignores when it reads the file); the rest is
+    # byte-identical.
+    keys = [e["callKey"] for e in json.loads(py["mcpspend.json"]) if "callKey" in e]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", k) for k in keys)
+    assert re.sub(rb',\n    "callKey": "[0-9a-f]{32}"', b"", py["mcpspend.json"]) == go["mcpspend.json"]
     spend = json.loads(go["mcpspend.json"])
     assert [(e["tool"], e["atoms"], e["status"]) for e in spend] == [
         ("fortune", FORTUNE_PRICE, "paid"),

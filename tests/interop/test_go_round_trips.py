@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mcp.types import TextContent
 
-from brmcp.payment import BALANCE_ATOMS_KEY, CHARGED_ATOMS_KEY
+from brmcp.payment import BALANCE_ATOMS_KEY, CHARGED_ATOMS_KEY, REFUSAL_KEY, payment_required_text
 from brmcp.testing import Fabric
 
 from .live import BOT, CLIENT, FORTUNE_PRICE, Tap, agent, go_bridge, go_harness, py_bridge, py_harness
@@ -34,10 +34,14 @@ async def test_go_bridge_passes_our_receipts_through_and_pays_once(
             # The receipt reached the agent through the Go bridge unchanged.
             assert result.meta is not None
             assert (result.meta[CHARGED_ATOMS_KEY], result.meta[BALANCE_ATOMS_KEY]) == (FORTUNE_PRICE, 0)
-            # The bot's answers on the wire carry it; the refusal does not.
+            # The bot's answers on the wire carry it; the refusal does not: its
+            # text is the Go harness's, byte for byte, and its only _meta is the
+            # genuine-refusal mark, which the Go bridge ignores.
             answers = [m for m in tap.json(BOT, CLIENT) if "result" in m and "content" in m["result"]]
-            assert "_meta" not in answers[0]["result"]
-            assert json.loads(answers[0]["result"]["content"][0]["text"])["error"] == "payment_required"
+            assert answers[0]["result"]["_meta"] == {REFUSAL_KEY: True}
+            refusal = answers[0]["result"]["content"][0]["text"]
+            assert refusal == payment_required_text("fortune", FORTUNE_PRICE, 0)
+            assert json.loads(refusal)["error"] == "payment_required"
             assert answers[-1]["result"]["_meta"] == {CHARGED_ATOMS_KEY: FORTUNE_PRICE, BALANCE_ATOMS_KEY: 0}
 
 

@@ -45,10 +45,15 @@
     if (!form.classList || !form.classList.contains("decide")) { return; }
     ev.preventDefault();
     form.querySelectorAll("button").forEach(function (b) { b.disabled = true; });
+    var notice = document.getElementById("notice");
     fetch(form.action, {
       method: "POST",
       credentials: "same-origin",
       headers: { "Accept": "application/json", "X-CSRF-Token": csrf }
+    }).then(function (r) {
+      // 409: the payment was withdrawn (its agent went away); say so.
+      if (r.ok || !notice) { return; }
+      return r.json().then(function (d) { notice.textContent = d.error || ("HTTP " + r.status); });
     }).then(function () { return fetchState(false); }, function () { return fetchState(false); });
   });
 

@@ -7,7 +7,10 @@
   to the current version it waits up to :data:`LONG_POLL_SECS` s for a change;
 * ``POST /ui/approvals/<id>/approve`` or ``…/deny``: decide; the CSRF token
   in ``X-CSRF-Token`` or the ``csrf`` form field; a JSON answer when asked
-  (``Accept: application/json``), else 303 to the page;
+  (``Accept: application/json``: 404 for an unknown id, 409 with
+  ``payment <id> was withdrawn: the agent went away; nothing was paid`` for
+  a payment withdrawn because its agent went away), else 303 to the page
+  (a 409 page saying so for a withdrawn payment);
 * ``POST /ui/logout``: end the session;
 * ``GET /ui/app.js``: the page's script.
 
@@ -24,7 +27,7 @@ import hmac
 import importlib.resources
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from http.cookies import CookieError, SimpleCookie
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import parse_qs
 
 import anyio
@@ -34,8 +37,11 @@ from .._asgi import header_values, read_body, send_json
 from ..approvals import PendingPayment
 from ..settings import Settings
 from ..spend import BotBalance, SpendSummary
-from .pages import PageState, render_fragments, render_login_needed, render_page
+from .pages import PageState, render_fragments, render_login_needed, render_notice, render_page
 from .sessions import SESSION_TTL, UISession, UISessions
+
+if TYPE_CHECKING:
+    from ..settle import Settler
 
 __all__ = ["COOKIE", "LONG_POLL_SECS", "UI_PREFIX", "UIHandler", "UIHost", "ui_handler"]
 
@@ -81,6 +87,11 @@ class UIHost(Protocol):
     def pending_payments(self) -> list[PendingPayment]: ...
 
     def resolve_payment(self, payment_id: str, approve: bool) -> bool: ...
+
+    @property
+    def _settler(self) -> Settler:
+        """Its payments (the approval queue remembers withdrawn ids)."""
+        ...
 
     def spend_log(self) -> SpendSummary: ...
 
@@ -212,11 +223,17 @@ def ui_handler(host: UIHost) -> UIHandler:
                 return
             approve = verb == "approve"
             known = host.resolve_payment(parts[1], approve)
+            withdrawn = None if known else host._settler.approvals.withdrawn(parts[1])
             if _wants_json(scope):
-                if not known:
+                if withdrawn is not None:
+                    await send_json(send, 409, {"error": withdrawn})
+                elif not known:
                     await send_json(send, 404, {"error": "unknown payment (already decided or timed out)"})
                 else:
                     await send_json(send, 200, {"id": parts[1], "approved": approve})
+                return
+            if withdrawn is not None:
+                await _html(send, 409, render_notice(withdrawn, UI_PREFIX + "/"))
                 return
             await _redirect(send, UI_PREFIX + "/")
             return

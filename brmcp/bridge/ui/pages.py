@@ -13,7 +13,7 @@ from ..approvals import PendingPayment
 from ..settings import Settings
 from ..spend import DAY_SECONDS, STATUS_FAILED, BotBalance, SpendEntry, SpendSummary
 
-__all__ = ["PageState", "render_fragments", "render_login_needed", "render_page"]
+__all__ = ["PageState", "render_fragments", "render_login_needed", "render_notice", "render_page"]
 
 #: Spend entries shown (newest first).
 SPEND_ROWS = 50
@@ -181,7 +181,7 @@ border-bottom:1px solid #eee;vertical-align:top}td.num{text-align:right;font-var
 form.decide{display:inline;margin-right:.3rem}button{padding:.3rem .9rem;cursor:pointer}
 button.approve{background:#1b7f3b;color:#fff;border:0}button.deny{background:#b3261e;color:#fff;border:0}
 tr.failed td{color:#b3261e}.empty{color:#666}#status{float:right;color:#666;font-size:.85rem}
-meter{width:10rem}
+meter{width:10rem}.notice{color:#b3261e}.notice:empty{display:none}
 """
 
 
@@ -196,6 +196,7 @@ def render_page(state: PageState, csrf: str) -> str:
         f'<body data-version="{state.version}">'
         '<span id="status">static page: reload to update</span>'
         "<h1>brmcp bridge</h1>"
+        '<p id="notice" class="notice" role="alert"></p>'
         f'<h2>Waiting for approval (<span id="pending-count">{len(state.pending)}</span>)</h2>'
         f'<section id="approvals">{parts["approvals"]}</section>'
         f'<h2>Spending</h2><section id="spend">{parts["spend"]}</section>'
@@ -204,6 +205,17 @@ def render_page(state: PageState, csrf: str) -> str:
         '<form method="post" action="/ui/logout"><input type="hidden" name="csrf" '
         f'value="{_e(csrf)}"><button type="submit">Log out</button></form>'
         '<script src="/ui/app.js"></script></body></html>'
+    )
+
+
+def render_notice(message: str, back: str) -> str:
+    """A page with one message (e.g. a decision refused because the payment
+    was withdrawn) and a link back to ``back``."""
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>brmcp bridge</title>"
+        f"<style>{_STYLE}</style></head><body><h1>brmcp bridge</h1>"
+        f'<p id="notice" class="notice" role="alert">{_e(message)}</p>'
+        f'<p><a href="{_e(back)}">Back to the approvals</a></p></body></html>'
     )
 
 

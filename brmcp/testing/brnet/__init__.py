@@ -1,6 +1,6 @@
 """brnet: a real Bison Relay network on loopback for tests, the demo and
-benchmarks. :func:`brnet_binary` builds the Go command (``interop/brnet``) into
-a cache; :class:`BrNet` runs it (a real relay, real clients with real
+benchmarks. :func:`brnet_binary` builds the Go command (``interop/brnet``, shipped in
+the package as ``gosrc``) into a cache; :class:`BrNet` runs it (a real relay, real clients with real
 clientrpc servers, all KX'd, tips through a simulated wallet or brclient's
 no-wallet client). Pytest fixtures live in :mod:`brmcp.testing.brnet.fixtures`.
 """
@@ -8,6 +8,8 @@ no-wallet client). Pytest fixtures live in :mod:`brmcp.testing.brnet.fixtures`.
 from .build import (
     BrNetBuildError,
     BrNetUnavailable,
+    GoNotFound,
+    Progress,
     brnet_binary,
     brnet_cache_dir,
     brnet_source_dir,
@@ -21,6 +23,8 @@ __all__ = [
     "BrNetError",
     "BrNetUnavailable",
     "BrNetUser",
+    "GoNotFound",
+    "Progress",
     "brnet_binary",
     "brnet_cache_dir",
     "brnet_source_dir",

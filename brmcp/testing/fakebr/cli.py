@@ -13,18 +13,25 @@ The next run on the same DIR reuses each user's uid and, unless ``--port`` is
 given, its port from ``fakebr.json``, so configs written for the previous run
 (allowlists, ``brmcp-serve.conf``) stay valid; a port that is taken now is
 replaced by a free one, with a notice on stderr. ``--port N`` gives the users
-the ports N, N+1, … in ``--users`` order.
+the ports N, N+1, … in ``--users`` order; when one of them (or ``--host``)
+cannot be bound, it prints one line naming the address
+(``brmcp-fakebr: cannot listen on 127.0.0.1:N: address already in use
+(another process holds it; choose another with --port)``) and exits 1
+before it creates anything in DIR.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import logging
 import os
 import re
+import shutil
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +43,7 @@ import anyio
 
 from ..._console import add_version
 from ...lockfile import LockHeldError, acquire
+from ...metrics.endpoint import cannot_listen
 from .relay import FakeRelay
 from .server import FakeBRClient
 
@@ -151,23 +159,59 @@ def _write_summary(path: Path, summary: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+class _CannotListen(Exception):
+    """A fake brclient cannot listen on its address; the message is the one line to print."""
+
+
+def _probe(host: str, port: int) -> None:
+    """Bind ``host:port`` the way :class:`FakeBRClient` does and close it
+    again (port 0 checks the host only). Raises OSError."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> _CannotListen:
+    host_problem = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+    return _CannotListen(cannot_listen(host, port, exc, option="--host" if host_problem else "--port"))
+
+
+def _check_ports(host: str, first: int, count: int) -> None:
+    """Raise :class:`_CannotListen` for the first of ``first`` … ``first +
+    count - 1`` (or, with ``first`` 0, for ``host``) that cannot be bound."""
+    for port in range(first, first + count) if first else (0,):
+        try:
+            _probe(host, port)
+        except OSError as exc:
+            raise _cannot_listen(host, port, exc) from None
+
+
 async def _start(stack: contextlib.AsyncExitStack, fake: FakeBRClient, explicit: bool) -> FakeBRClient:
     """Start ``fake`` on its port; a port remembered from the previous run
-    that is taken now falls back to a free one (explicit ports do not)."""
+    that is taken now falls back to a free one (explicit ports do not).
+    Raises :class:`_CannotListen` when the address cannot be bound."""
+    previous: tuple[int, OSError] | None = None
     try:
-        return await stack.enter_async_context(fake)
+        _probe(fake.host, fake.port)
     except OSError as exc:
         if explicit or fake.port == 0:
-            raise
-        previous, fake.port = fake.port, 0
+            raise _cannot_listen(fake.host, fake.port, exc) from None
+        previous, fake.port = (fake.port, exc), 0
+    try:
         started = await stack.enter_async_context(fake)
+    except OSError as exc:
+        if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise _cannot_listen(fake.host, fake.port, exc) from None
+        raise
+    if previous is not None:
+        port, why = previous
         print(
-            f"brmcp-fakebr: {fake.nick}'s previous port {previous} is not free ({exc.strerror or exc}); "
+            f"brmcp-fakebr: {fake.nick}'s previous port {port} is not free ({why.strerror or why}); "
             f"using {started.port}: update configs that name {fake.nick}'s old URL, or pin ports with --port",
             file=sys.stderr,
             flush=True,
         )
-        return started
+    return started
 
 
 def _plural(count: int, word: str) -> str:
@@ -303,8 +347,31 @@ def _print_summary(summary: dict[str, Any], summary_path: Path, *, as_json: bool
     )
 
 
+class _Made:
+    """What a run is about to create in the data directory (the directory
+    itself, the users' roots, the lock file), to remove when it cannot start."""
+
+    def __init__(self, datadir: Path, nicks: Sequence[str]) -> None:
+        self.datadir = datadir
+        self.new_dir = not datadir.exists()
+        self.new_roots = [datadir / nick for nick in nicks if not (datadir / nick).exists()]
+        self.new_lock = not (datadir / LOCK_FILE).exists()
+
+    def remove(self) -> None:
+        if self.new_dir:
+            shutil.rmtree(self.datadir, ignore_errors=True)
+            return
+        for root in self.new_roots:
+            shutil.rmtree(root, ignore_errors=True)
+        if self.new_lock:
+            with contextlib.suppress(OSError):
+                (self.datadir / LOCK_FILE).unlink()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point; returns the exit status."""
+    """Console entry point; returns the exit status (0 after a clean stop,
+    1 when it cannot start: an address that cannot be bound, a data
+    directory in use, an OS error)."""
     args = _parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
@@ -320,9 +387,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{args.port + len(nicks) - 1}, which must lie within 1-65535 (0 or no --port: any free port)"
         )
     try:
+        # Before anything is created in the data directory.
+        _check_ports(args.host, args.port, len(nicks))
+    except _CannotListen as exc:
+        print(f"brmcp-fakebr: {exc}", file=sys.stderr)
+        return 1
+    made = _Made(datadir, nicks)
+    try:
         datadir.mkdir(mode=0o700, parents=True, exist_ok=True)
         with acquire(datadir / LOCK_FILE, what="brmcp-fakebr", detail=str(datadir)):
             anyio.run(_serve, args, datadir, nicks, _previous_users(datadir / SUMMARY_FILE))
+    except _CannotListen as exc:
+        # Taken between the check and the start: remove what this run made.
+        made.remove()
+        print(f"brmcp-fakebr: {exc}", file=sys.stderr)
+        return 1
     except LockHeldError as exc:
         print(
             f"brmcp-fakebr: another brmcp-fakebr (pid {exc.pid}) is already using {datadir}; "

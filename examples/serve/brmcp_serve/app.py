@@ -181,7 +181,8 @@ class ServeApp:
         message is checked against the new allowlist). Raises
         :class:`ServeConfigError` and keeps the settings in force when a
         file is invalid. The ``upstream`` block is read only at start.
-        This is what SIGHUP does."""
+        This is what SIGHUP does (followed there by
+        :meth:`release_held_tips`, for the uids the new allowlist allows)."""
         config = load_serve_config(self.config_path)
         prices: PriceTable | None = None
         if self.gateway is not None:
@@ -202,6 +203,18 @@ class ServeApp:
         )
         self._warn_if_closed()
         return config
+
+    async def release_held_tips(self) -> int:
+        """Credit, exactly once, the tips held for senders that the
+        allowlist in force now allows (WIRE.md §Payments, "Tips from
+        senders not allowed"; SIGHUP runs it after :meth:`reload`). Returns
+        the atoms credited; a ledger failure is logged and leaves them held
+        (the sender's next call or tip, or the next start, credits them)."""
+        try:
+            return await self.harness.release_held_tips()
+        except Exception as exc:
+            log.error("tips held for senders not allowed not credited after the reload: %s", exc)
+            return 0
 
     def _warn_if_closed(self) -> None:
         if not self.config.allowed_uids:
@@ -300,6 +313,8 @@ class ServeApp:
                         self.reload()
                     except ServeConfigError as exc:
                         log.error("reload refused, keeping the previous settings: %s", exc)
+                        continue
+                    await self.release_held_tips()
                     continue
                 log.info("%s: stopping", signal.Signals(signum).name)
                 scope.cancel()

@@ -1,7 +1,10 @@
 """``brmcp-serve balances``, ``statement <uid>`` and ``stats``: read-only
 reports on the bot's ledger (``<datadir>/brmcp.sqlite3``), safe while the
 bot runs (:mod:`brmcp.server.reports`). Atoms throughout; tips arrive in
-milliatoms and are credited as whole atoms."""
+milliatoms and are credited as whole atoms. Tips held for senders not
+allowed (WIRE.md §Payments, "Tips from senders not allowed") are shown in
+every report beside the balances and movements they are not yet part of,
+so the ledger accounts for every atom the wallet received."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
-from brmcp.server.reports import balances, ledger_stats, open_readonly, statement
+from brmcp.server.reports import balances, held_of, held_totals, ledger_stats, open_readonly, statement
 from brmcp.server.store import StoreError
 
 __all__ = ["ReportError", "run_report"]
@@ -59,31 +62,58 @@ def run_report(command: str, datadir: Path, uid: str = "", *, as_json: bool = Fa
 
 def _balances(conn: sqlite3.Connection, as_json: bool) -> None:
     rows = balances(conn)
+    held = held_totals(conn)
     if as_json:
-        print(json.dumps({"balances": [{"uid": u, "atoms": a} for u, a in rows]}))
+        print(
+            json.dumps(
+                {
+                    "balances": [{"uid": u, "atoms": a} for u, a in rows],
+                    "held_tips": [h.to_dict() for h in held],
+                }
+            )
+        )
         return
     if not rows:
         print("no callers have a balance yet")
-        return
-    print(f"{'UID':<64}  {'BALANCE (atoms)':>16}")
-    for uid, atoms in rows:
-        print(f"{uid:<64}  {atoms:>16,}")
-    print(f"{len(rows)} caller(s), {sum(a for _, a in rows):,} atoms held in total")
+    else:
+        print(f"{'UID':<64}  {'BALANCE (atoms)':>16}")
+        for uid, atoms in rows:
+            print(f"{uid:<64}  {atoms:>16,}")
+        print(f"{len(rows)} caller(s), {sum(a for _, a in rows):,} atoms held in total")
+    if held:
+        print()
+        print("tips from senders not allowed, credited once the sender is allowed:")
+        print(f"{'UID':<64}  {'TIPS':>6}  {'WAITING (atoms)':>16}")
+        for h in held:
+            print(f"{h.uid:<64}  {h.tips:>6}  {h.atoms:>16,}")
+        print(f"{len(held)} sender(s), {sum(h.atoms for h in held):,} atoms waiting for the allowlist")
 
 
 def _statement(conn: sqlite3.Connection, uid: str, as_json: bool) -> None:
     lines = statement(conn, uid)
+    held = held_of(conn, uid)
     if as_json:
-        print(json.dumps({"uid": uid, "movements": [line.to_dict() for line in lines]}))
+        waiting = [
+            {"ts": h.ts, "tip_seq": h.sequence_id, "amount_matoms": h.amount_matoms, "atoms": h.atoms}
+            for h in held
+        ]
+        print(json.dumps({"uid": uid, "movements": [line.to_dict() for line in lines], "held_tips": waiting}))
         return
     if not lines:
         print(f"no money movements for {uid}")
-        return
-    print(f"{'WHEN (UTC)':<20} {'KIND':<16} {'TOOL':<20} {'ATOMS':>12} {'BALANCE':>12}")
-    for line in lines:
-        e = line.entry
-        balance = "" if e.balance_after is None else f"{e.balance_after:,}"
-        print(f"{_when(e.ts):<20} {e.kind:<16} {line.tool or '':<20} {e.atoms:>+12,} {balance:>12}")
+    else:
+        print(f"{'WHEN (UTC)':<20} {'KIND':<16} {'TOOL':<20} {'ATOMS':>12} {'BALANCE':>12}")
+        for line in lines:
+            e = line.entry
+            balance = "" if e.balance_after is None else f"{e.balance_after:,}"
+            print(f"{_when(e.ts):<20} {e.kind:<16} {line.tool or '':<20} {e.atoms:>+12,} {balance:>12}")
+    if held:
+        print()
+        total = sum(h.atoms for h in held)
+        print(f"tips held (the sender was not allowed; credited once it is): {total:,} atoms")
+        for h in held:
+            tip = f"tip {h.sequence_id}"
+            print(f"{_when(h.ts):<20} {'tip (held)':<16} {tip:<20} {h.atoms:>+12,} {'':>12}")
 
 
 def _stats(conn: sqlite3.Connection, as_json: bool) -> None:
@@ -92,6 +122,8 @@ def _stats(conn: sqlite3.Connection, as_json: bool) -> None:
         print(json.dumps(stats.to_dict()))
         return
     print(f"tips credited:  {stats.tips:>8}  {stats.tip_atoms:>14,} atoms")
+    if stats.held_tips:
+        print(f"tips held:      {stats.held_tips:>8}  {stats.held_atoms:>14,} atoms (senders not allowed)")
     if stats.credits:
         print(f"other credits:  {stats.credits:>8}  {stats.credit_atoms:>14,} atoms")
     print(f"paid calls:     {stats.charges:>8}  {stats.charged_atoms:>14,} atoms charged")
@@ -111,3 +143,8 @@ def _stats(conn: sqlite3.Connection, as_json: bool) -> None:
         f"reconciles with the ledger: {verdict} (balances {stats.balance_atoms:,} = "
         f"tips + credits - charges + refunds {stats.movement_atoms:,})"
     )
+    if stats.held_tips:
+        print(
+            f"tips received: {stats.received_atoms:,} atoms = {stats.tip_atoms:,} credited + "
+            f"{stats.held_atoms:,} held for senders not allowed (in no balance until allowed)"
+        )
