@@ -6,6 +6,10 @@
   result whose text content is the JSON of :class:`PaymentRequired`
   (:func:`payment_required_text` writes it, :func:`parse_payment_required`
   finds it). All amounts are integer atoms.
+* A brmcp harness's own refusals are marked (:func:`marked_payment_required_result`,
+  :data:`REFUSAL_KEY`) and tool output that would decode as one is defused
+  (:func:`defuse_refusal_text`, :data:`NOT_A_REFUSAL_PREFIX`; WIRE.md §Payments,
+  "Genuine refusals").
 """
 
 from __future__ import annotations

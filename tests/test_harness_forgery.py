@@ -10,6 +10,7 @@ replayed for a callKey, from memory or from a journal an older version wrote.
 from __future__ import annotations
 
 import json
+import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -384,9 +385,11 @@ async def test_an_older_journal_s_refusal_shaped_outcome_replays_defused(tmp_pat
         is_error=True,
         _meta={REFUSAL_KEY: True, MARKS_REFUSALS_KEY: True, CHARGED_ATOMS_KEY: 500},
     ).model_dump_json(by_alias=True, exclude_none=True)
-    execute(
-        tmp_path, lambda c: c.execute("UPDATE calls SET outcome = ? WHERE call_key = ?", (forged, "o" * 32))
-    )
+
+    def older_version_wrote(conn: sqlite3.Connection) -> None:
+        conn.execute("UPDATE calls SET outcome = ? WHERE call_key = ?", (forged, "o" * 32))
+
+    execute(tmp_path, older_version_wrote)
     harness, runs = standard_harness(tmp_path)
     async with harness:
         replayed = await _run(harness, "paid", "o" * 32)
@@ -449,7 +452,7 @@ async def test_an_upstream_cannot_produce_a_refusal(tmp_path: Path) -> None:
         assert isinstance(answer, CallToolResult)
         return answer
 
-    gateway.upstream.request = upstream  # type: ignore[method-assign]
+    gateway.upstream.request = upstream  # type: ignore[assignment]
     async with harness:
         await harness.credit(ALICE, 1000)
         results = [await _run(harness, "echo") for _ in range(5)]
@@ -485,8 +488,16 @@ async def test_a_refusal_on_the_wire_is_only_the_harness_s(tmp_path: Path) -> No
         forged = await s.call_tool("impostor", {})
         assert parse_payment_required(forged) is None
         assert _texts(forged) == [NOT_A_REFUSAL_PREFIX + GO_REFUSAL]
-        genuine = await s.call_tool("paid", {}, meta={PAY_ALONGSIDE_KEY: 1})  # type: ignore[arg-type]
+        marked: Any = {PAY_ALONGSIDE_KEY: 1}
+        genuine = await s.call_tool("paid", {}, meta=marked)
         assert _texts(genuine) == [GO_REFUSAL]
         assert genuine.meta == {REFUSAL_KEY: True}
         wire = json.loads(genuine.model_dump_json(by_alias=True, exclude_none=True))
         assert set(wire) <= {"_meta", "content", "isError", "resultType"}
+
+
+def test_wire_md_states_the_marker_and_the_keys() -> None:
+    wire_md = (Path(__file__).resolve().parents[1] / "WIRE.md").read_text(encoding="utf-8")
+    assert f'      "{NOT_A_REFUSAL_PREFIX}"\n' in wire_md
+    for key in (REFUSAL_KEY, MARKS_REFUSALS_KEY, REFUNDED_ATOMS_KEY, "brmcp/callerEpoch"):
+        assert f"`{key}`" in wire_md or f'"{key}"' in wire_md, key

@@ -286,6 +286,8 @@ async def test_reload_applies_allowlist_and_rate_without_restart(
             assert "refused" not in caplog.text
             assert str(app.config_path) in caplog.text
             assert not app.harness.allowed(env.alice.uid)
+            # Her tip while not allowed is held, not lost.
+            assert await app.harness.record_tip(env.alice.uid, 5_000_000, 901) == (True, 0)
 
             write_serve_config(
                 app.config_path, ServeConfig(allowed_uids=(env.alice.uid,), calls_per_minute=2)
@@ -294,6 +296,10 @@ async def test_reload_applies_allowlist_and_rate_without_restart(
             config = app.reload()
             assert config.allowed_uids == (env.alice.uid,)
             assert app.harness.allowed(env.alice.uid)
+            # What SIGHUP does after the reload: the held tip is credited, once.
+            assert await app.release_held_tips() == 5_000
+            assert await app.release_held_tips() == 0
+            assert await app.harness.balance(env.alice.uid) == 5_000
             assert app.harness.calls_per_minute == 2
             assert "NO CALLER IS ALLOWED" not in caplog.text
             async with alice.session(env.bot.uid) as s:

@@ -104,6 +104,7 @@ class ToolsMixin:
     _tg: anyio.abc.TaskGroup
     _store: SnapshotStore | None
     _clock: Callable[[], float]
+    _timer_clock: Clock | None
     _retry: RetryPolicy
     _connect_timeout: float
     _own_uid: str | None
@@ -409,12 +410,12 @@ class ToolsMixin:
             self._refreshing = False
 
     def _timer(self) -> tuple[Callable[[], float], Callable[[float], Awaitable[None]]]:
-        """``(now, sleep)`` of the link's clock: the :class:`~.clock.Clock`
-        whose ``now`` the link was given (the bridge's; a test's
-        :class:`~.clock.ManualClock`), else anyio's monotonic clock."""
-        owner = getattr(self._clock, "__self__", None)
-        if isinstance(owner, Clock):
-            return owner.now, owner.sleep
+        """``(now, sleep)`` of the link's timer (the bridge's
+        :class:`~.clock.Clock`; a test's :class:`~.clock.ManualClock`), else
+        anyio's monotonic clock."""
+        timer = self._timer_clock
+        if timer is not None:
+            return timer.now, timer.sleep
         return anyio.current_time, anyio.sleep
 
     def snapshot(self) -> BotSnapshot | None:

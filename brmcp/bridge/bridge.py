@@ -416,6 +416,7 @@ class Bridge:
             clock=self._clock.now,
             retry=self.config.retry,
             own_uid=self.config.uid,
+            timer=self._clock,
         )
         funding = Funding(uid, self._settler, self._current, link.fixed_price, link.spawn)
         proxy = BotProxy(

@@ -78,6 +78,7 @@ from ._linkbase import (
     no_answer_hint,
 )
 from ._toolsnap import ToolsMixin
+from .clock import Clock
 from .relay import Relay
 from .retry import RetryPolicy, RttEstimator
 from .snapshots import ERA_HANDSHAKE, ERA_MODERN, BotSnapshot, Era, SnapshotStore
@@ -107,7 +108,9 @@ class BotLink(ExchangeMixin, ToolsMixin):
     session tasks; ``client_info`` is sent in initialize (and in every
     modern envelope). ``store`` persists the snapshot (None: memory only);
     ``snapshot`` is the one remembered from an earlier run; ``clock``
-    gives unix seconds for its ``updated`` stamp."""
+    gives unix seconds for its ``updated`` stamp; ``timer`` (the bridge's
+    :class:`~.clock.Clock`, None: anyio's) paces the snapshot refreshes and
+    the rate bounds on what the bot sends (SECURITY.md §6)."""
 
     def __init__(
         self,
@@ -122,8 +125,10 @@ class BotLink(ExchangeMixin, ToolsMixin):
         clock: Callable[[], float] = time.time,
         retry: RetryPolicy | None = None,
         own_uid: str | None = None,
+        timer: Clock | None = None,
     ) -> None:
         self.uid = uid
+        self._timer_clock = timer
         self._router = router
         self._tg = task_group
         self._client_info = client_info
@@ -170,9 +175,11 @@ class BotLink(ExchangeMixin, ToolsMixin):
             self._install_tools(snapshot.tools)
             self._refresh_wanted = True
         #: Routes the bot's in-call traffic to the agent calls in flight.
-        self.relay = Relay()
+        self.relay = Relay(clock=timer.now if timer is not None else None)
         #: The agent sessions that hear about the bot's resource and prompt changes.
-        self.subscriptions = Subscriptions(on_orphan=self._schedule_drop)
+        self.subscriptions = Subscriptions(
+            on_orphan=self._schedule_drop, clock=timer.now if timer is not None else None
+        )
 
     # -- sessions -------------------------------------------------------------
 

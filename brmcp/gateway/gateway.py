@@ -8,7 +8,9 @@ What the upstream declares is mirrored to BR callers:
   so the upstream is called only after the debit, at most once per keyed
   call; an upstream ``isError`` result, a JSON-RPC error, a timeout or an
   upstream that dies during the call refunds the charge once, as a failing
-  native handler does;
+  native handler does; its results and error texts pass the harness's
+  guard as a native handler's do, so an upstream can neither pass for a
+  payment request nor write a ``brmcp/`` result key (WIRE.md §Payments);
 * resources, resource templates, prompts and completions: forwarded live
   (free; ``resources/read`` and ``prompts/get`` take a rate-limit token),
   upstream errors passed on unchanged; subscriptions forwarded;

@@ -6,7 +6,8 @@
 * :class:`CallContext`: what a tool handler learns about its call;
   :class:`PeerContext`: what a resource, prompt or completion handler learns;
 * :class:`Billing`: plug in external accounting;
-* :class:`StatementEntry`: one audited money movement;
+* :class:`StatementEntry`: one audited money movement; :class:`HeldTip`: a
+  tip held for a sender not allowed (WIRE.md §Payments);
 * :func:`run_bot`: serve a harness through a running brclient (clientrpc);
   :func:`lock_brclient`: its one-harness-per-brclient lock.
 """
@@ -19,7 +20,7 @@ from .context import CallContext, PeerContext
 from .harness import OUTCOME_CAP, RATE_LIMITED_TEXT, Harness, HarnessConfig, HarnessError, valid_call_key
 from .prompts import PromptSpec
 from .resources import ResourceSpec, ResourceTemplateSpec
-from .store import StatementEntry
+from .store import HeldTip, StatementEntry
 from .tools import ToolSpec
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "Harness",
     "HarnessConfig",
     "HarnessError",
+    "HeldTip",
     "InsufficientBalance",
     "PeerContext",
     "PromptSpec",

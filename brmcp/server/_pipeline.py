@@ -474,14 +474,15 @@ class CallPipeline:
             outcome: str | Callable[[int | None], str | None] | None
             rendered: list[str] = []
             if failed:
-                fits = len(text.encode()) + _REFUND_META_ROOM <= OUTCOME_CAP
 
                 def refunded_outcome(balance: int | None) -> str | None:
                     # Runs in the completing transaction: the kept outcome
                     # names the balance that transaction left.
                     rendered.append(_dump(_with_refund(result, charged, balance)))
-                    return rendered[-1] if fits else None
+                    return rendered[-1] if len(rendered[-1].encode()) <= OUTCOME_CAP else None
 
+                # A result too large to keep is not rendered on the ledger's thread.
+                fits = len(text.encode()) + _REFUND_META_ROOM <= OUTCOME_CAP
                 outcome = refunded_outcome if claim is not None and fits else None
             else:
                 outcome = text if len(text.encode()) <= OUTCOME_CAP else None
@@ -504,7 +505,7 @@ class CallPipeline:
             else:
                 if failed:
                     result = _with_refund(result, charged, balance)
-                    text = rendered[-1] if rendered else _dump(result)
+                    text = rendered[-1] if rendered else None
                     if self.metrics is not None:
                         self.metrics.refunds.labels(tool).inc()
                         self.metrics.refunded_atoms.labels(tool).inc(charged)
@@ -516,6 +517,8 @@ class CallPipeline:
                         _first_text(result),
                     )
         if claim is not None:
+            if text is None:
+                text = _dump(result)
             self._calls.finish(claim, result, len(text.encode()), text)
         return result
 

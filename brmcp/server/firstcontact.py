@@ -9,7 +9,8 @@ opens with a handshake-era ``initialize`` whose ``params._meta`` carries
 * ``brmcp/modernVersions``: the modern-era protocol versions it also serves
   (a JSON array of strings, e.g. ``["2026-07-28"]``);
 * ``brmcp/tools``: what a handshake-era ``tools/list`` would answer this
-  caller now (a JSON object ``{"tools": [...]}``).
+  caller now (a JSON object ``{"tools": [...]}``; a brmcp harness's also
+  says ``"_meta": {"brmcp/marksRefusals": true}``, WIRE.md §Payments).
 
 The client then knows the era, the capabilities and the tools after one
 round trip (2 PMs). A server that does not understand the mark (the Go

@@ -480,7 +480,10 @@ class Harness(CatalogMethods):
         if credited > 0:
             self._pipeline.credited(peer)
         if allowed and peer in self._held_peers:
-            await self.release_held_tips(peer)
+            try:
+                await self.release_held_tips(peer)
+            except Exception as exc:  # this tip is recorded; the held ones stay held
+                log.error("tips held for %s not credited now: %s", peer, exc)
         return outcome
 
     async def release_held_tips(self, peer: str | None = None) -> int:
@@ -495,8 +498,8 @@ class Harness(CatalogMethods):
         after a tip from such a sender. Raises what the ledger raises
         (nothing is lost: the tips stay held)."""
         if peer is None:
-            self._held_peers = set(await self._accounts.held_peers())
-            peers = sorted(self._held_peers)
+            peers = await self._accounts.held_peers()
+            self._held_peers.update(peers)  # a union: a tip held meanwhile stays known
         else:
             peers = [peer] if peer in self._held_peers else []
         total = 0
