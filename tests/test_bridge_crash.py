@@ -9,9 +9,10 @@ Kill points (each logical call draws one):
 * ``before``: the spend entry is on disk and TipUser was sent, but brclient
   never acted on it (the fake holds the request; it dies with the
   connection), so no tip exists;
-* ``during``: the tip is under way (it takes 0.5 to 3 s) and the daemon dies
+* ``during``: the tip is under way (it takes 0.5 to 6 s) and the daemon dies
   at a random moment before its confirmation; the tip completes anyway,
-  while the daemon is down or after its restart;
+  while the daemon is down, or after its restart (before or after the
+  agent's retry reaches the bot);
 * ``after``: the tip is confirmed and the entry ``paid`` on disk, and the
   daemon dies before its reissue of the call reaches the bot;
 * ``none``: no kill.
@@ -19,8 +20,8 @@ Kill points (each logical call draws one):
 The bot answers a call marked as paid alongside at once (its hold is off),
 so it runs a paid call only when a bridge reissues it after the tip's
 confirmation; a bot that holds the call runs it when the tip lands even if
-the bridge died meanwhile (see the module's last note in BRIDGE.md
-§Failures).
+the bridge died meanwhile (BRIDGE.md §Failures, "A crash while a bot holds
+a call paid alongside").
 
 The rules, from the fake brclient's records and the bot's ledger, to the atom:
 
@@ -40,6 +41,7 @@ logical calls, ``BRMCP_CRASH_ATTEMPTS`` the agent's attempts per call.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -217,7 +219,7 @@ async def _kill_at(
     kill when the attempt ends without a TipUser: credit was already there)."""
     alice = env.alice
     before = _tip_requests(env)
-    delay = rng.uniform(0.5, 3.0)
+    delay = rng.uniform(0.5, 6.0)
     if phase == "during":
         alice.fail_next_tip(TipFailure(attempts=0, delay=delay))
     elif phase == "after":
@@ -299,6 +301,12 @@ async def test_sigkill_at_random_points_of_a_payment_never_pays_twice_for_one_ca
         async with serve_network(tmp_path) as env:
             # The bot answers a marked call at once (see the module docs).
             env.app.harness.config.hold_seconds = 0
+            # Every bridge process opens BR sessions of its own, and those of a
+            # killed one linger at the bot until its idle timeout (600 s); lift
+            # the bot's cap of 8 sessions per peer so the restarts are served.
+            router = env.app.harness.router
+            assert router is not None
+            router.options = dataclasses.replace(router.options, max_sessions_per_peer=None)
             completed: list[int] = []
             emit = env.alice.emit_tip_progress
 
@@ -335,10 +343,6 @@ async def test_sigkill_at_random_points_of_a_payment_never_pays_twice_for_one_ca
                 with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                     await daemon.stop()
             report = "; ".join(f"{c.phase}: {c.tips} tip(s), {c.outcomes}" for c in calls)
-            # The daemon was killed at each kill point drawn (unless credit already
-            # at the bot paid for that call), and at least once at each kind.
-            assert daemon.starts == 1 + sum(c.killed for c in calls), report
-            assert {c.phase for c in calls if c.killed} >= {"before", "during", "after"}, report
             # 1. One price at most per logical call, however often it was retried.
             assert all(c.tips <= 1 for c in calls), report
             assert completed == [PRICE * 1000] * len(completed), report
@@ -358,5 +362,10 @@ async def test_sigkill_at_random_points_of_a_payment_never_pays_twice_for_one_ca
             answered = sum(c.answered for c in calls)
             assert charged == [-PRICE] * answered, (statement, report)
             assert await env.app.harness.balance(env.alice.uid) == sum(credited) + sum(charged)
-            # Every logical call was answered in the end.
+            # Every logical call was answered in the end (a payment in doubt
+            # must not block its tool for good).
             assert answered == len(calls), report
+            # The daemon was killed at each kill point drawn (unless credit already
+            # at the bot paid for that call), and at least once at each kind.
+            assert daemon.starts == 1 + sum(c.killed for c in calls), report
+            assert {c.phase for c in calls if c.killed} >= {"before", "during", "after"}, report

@@ -71,7 +71,7 @@ class Payment:
     """One payment ahead of need: ``amount`` atoms; :meth:`wait` returns
     None once it is confirmed, else the reason nothing (certain) was paid."""
 
-    __slots__ = ("_done", "_reason", "amount", "attached", "included", "prepay")
+    __slots__ = ("_done", "_reason", "amount", "attached", "claimed", "included", "prepay")
 
     def __init__(self, amount: int, *, prepay: bool) -> None:
         self.amount = amount
@@ -80,6 +80,9 @@ class Payment:
         self._reason: str | None = "not finished"
         #: Calls sent marked with this payment (a prepayment covers one).
         self.attached = 0
+        #: False once the call it was made alongside was withdrawn: its
+        #: credit is then for later calls.
+        self.claimed = True
         #: Whether a receipt already counts this payment's credit: True (a
         #: call the bot held for it), False (a call charged without it: the
         #: credit is on top), None (no receipt seen yet).
@@ -290,11 +293,16 @@ class Funding:
             reason = str(exc) or type(exc).__name__
             log.error("payment ahead of need to %s failed: %s", self.bot[:8], reason)
         finally:
+            shared = payment.prepay or not payment.claimed
             if reason is None and (
-                payment.included is False or (payment.included is None and self._observed == observed)
+                payment.included is False
+                or (shared and payment.included is None and self._observed == observed)
             ):
-                # The receipt seen left it out, or no receipt since (one may
-                # already count this credit): the balance now includes it.
+                # The receipt seen left it out, or (a prepayment, or one whose
+                # call was withdrawn) no receipt since: the balance now
+                # includes it. A payment made alongside a call still in
+                # flight is that call's: counting it here would let another
+                # call spend it first.
                 self.balance = (self.balance or 0) + payment.amount
             if reason is not None and payment.prepay:
                 log.info("prepayment of %d atoms to %s not made: %s", payment.amount, self.bot[:8], reason)

@@ -445,7 +445,10 @@ class BotProxy:
             )
         )
         bot = self.link.uid
-        polls = 0
+        # An earlier copy of this call already paid (and polled, or its agent
+        # gave up): a refusal now is answered at once with what was paid, so
+        # even an impatient agent hears it; its credit stays at the bot.
+        polls = POLL_ATTEMPTS - 1 if budget.payments else 0
         era_switched = False
         funding = self.funding
         # A re-sent call (an earlier copy's key) may be answered from the bot's
@@ -483,6 +486,7 @@ class BotProxy:
                     # was under way: the held call was withdrawn (cancelled
                     # at the bot, nothing charged).
                     assert ahead is not None
+                    ahead.claimed = False
                     failed = await ahead.wait()
                     if failed is None:
                         amount = ahead.amount
@@ -497,7 +501,7 @@ class BotProxy:
                 result = sent
                 request = plain
             except DeadlineError as exc:
-                if tracked is not None:
+                if tracked is not None and exc.sends:
                     tracked.unknown = True  # the bot may have run it: a re-send reuses the key
                 late = budget.payments and not exc.sends  # paying and the credit polls used the deadline
                 text = f"the call's deadline passed while paying bot {bot[:8]} and waiting for it to see "
@@ -565,8 +569,14 @@ class BotProxy:
                         continue
                 # else: a prepayment this call waited for was not made (denied,
                 # failed): the call pays for itself below, as any refused call.
-            if budget.payments and polls < POLL_ATTEMPTS - 1 and (gone is None or not gone.is_set()):
-                # Paid: the credit may still be on its way to the bot.
+            if (
+                budget.payments
+                and polls < POLL_ATTEMPTS - 1
+                and (gone is None or not gone.is_set())
+                and anyio.current_time() + 2 * POLL_INTERVAL < deadline
+            ):
+                # Paid: the credit may still be on its way to the bot. (Not
+                # past the deadline: the agent is then told what was paid.)
                 await self._clock.sleep(POLL_INTERVAL)
                 polls += 1
                 continue
