@@ -293,7 +293,7 @@ class Funding:
             reason = str(exc) or type(exc).__name__
             log.error("payment ahead of need to %s failed: %s", self.bot[:8], reason)
         finally:
-            shared = payment.prepay or not payment.claimed
+            shared = payment.prepay or not payment.claimed or (gone is not None and gone.is_set())
             if reason is None and (
                 payment.included is False
                 or (shared and payment.included is None and self._observed == observed)
