@@ -17,14 +17,25 @@ resources, templates, prompts and completions, free.
 from .config import (
     CALLER_UID_KEY,
     DEFAULT_CALL_TIMEOUT,
+    PASSTHROUGH_ENV,
     UpstreamConfig,
     UpstreamConfigError,
     load_upstream_block,
+    parse_env_option,
     parse_header_env,
     read_headers_file,
 )
-from .gateway import Gateway, GatewayError
-from .prices import FREE, HIDDEN, PRICES_FILE, PRICES_TEMPLATE, PriceError, PriceTable, load_prices
+from .gateway import Gateway, GatewayError, list_upstream_tools
+from .prices import (
+    FREE,
+    HIDDEN,
+    PRICES_FILE,
+    PRICES_TEMPLATE,
+    PriceError,
+    PriceTable,
+    load_prices,
+    prices_template,
+)
 from .tools import UpstreamToolSpec
 from .upstream import Upstream, UpstreamStartError, UpstreamUnavailable
 
@@ -33,6 +44,7 @@ __all__ = [
     "DEFAULT_CALL_TIMEOUT",
     "FREE",
     "HIDDEN",
+    "PASSTHROUGH_ENV",
     "PRICES_FILE",
     "PRICES_TEMPLATE",
     "Gateway",
@@ -45,8 +57,11 @@ __all__ = [
     "UpstreamStartError",
     "UpstreamToolSpec",
     "UpstreamUnavailable",
+    "list_upstream_tools",
     "load_prices",
     "load_upstream_block",
+    "parse_env_option",
     "parse_header_env",
+    "prices_template",
     "read_headers_file",
 ]

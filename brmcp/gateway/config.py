@@ -20,11 +20,19 @@ or, for a streamable-HTTP server, ::
 and the command-line options ``brmcp-serve --upstream CMD ARG...`` /
 ``--upstream-url URL`` (with ``--upstream-header-env NAME=VAR`` and
 ``--upstream-headers-file FILE``), which replace the block's ``command`` /
-``url`` (and headers) for that run. Keys:
+``url`` (and headers) for that run; ``--upstream-env NAME`` and
+``--upstream-env NAME=VALUE`` add to its ``pass_env`` and ``env``. Keys:
 
 * ``command``: argv of a stdio server (a list of strings, or one string
-  split like a shell would). The process gets only a minimal environment
-  (``HOME``, ``PATH``, ``USER``, ...; the MCP SDK's default) plus ``env``.
+  split like a shell would). The process gets a small environment: the MCP
+  SDK's default (``get_default_environment()``: ``HOME``, ``LOGNAME``,
+  ``PATH``, ``SHELL``, ``TERM``, ``USER``; on Windows ``APPDATA``, ``PATH``,
+  ``SYSTEMROOT``, ``TEMP``, ``USERPROFILE``, ...), then the variables of
+  :data:`PASSTHROUGH_ENV` that are set (a custom CA and a proxy, so that
+  ``uvx``/``npx`` can download the server), then ``pass_env``, then ``env``.
+* ``pass_env``: names of further variables to pass from brmcp-serve's own
+  environment (``--upstream-env NAME``); one that is not set is an error.
+* ``env``: variables with their values (``--upstream-env NAME=VALUE``).
 * ``url``: an ``http(s)://`` streamable-HTTP endpoint. ``headers_env`` maps
   a header name to the environment variable holding its value;
   ``headers_file`` is a file of ``Name: value`` lines (``#`` comments;
@@ -40,6 +48,7 @@ Exactly one of ``command`` and ``url`` must be given.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -52,9 +61,11 @@ from typing import Any
 __all__ = [
     "CALLER_UID_KEY",
     "DEFAULT_CALL_TIMEOUT",
+    "PASSTHROUGH_ENV",
     "UpstreamConfig",
     "UpstreamConfigError",
     "load_upstream_block",
+    "parse_env_option",
     "parse_header_env",
     "read_headers_file",
 ]
@@ -65,12 +76,36 @@ CALLER_UID_KEY = "brmcp/callerUid"
 #: Seconds one upstream request may take by default.
 DEFAULT_CALL_TIMEOUT = 300.0
 
+#: Variables a stdio upstream gets from brmcp-serve's environment when they
+#: are set, besides the MCP SDK's minimal default: where TLS finds a custom
+#: CA (OpenSSL, Python requests, curl, Node, uv) and the proxy settings, in
+#: both spellings (curl and most tools read the lower-case ones, others the
+#: upper-case). Without them ``uvx``/``npx`` cannot download the server
+#: behind a corporate proxy or TLS-inspecting firewall.
+PASSTHROUGH_ENV: tuple[str, ...] = (
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "UV_NATIVE_TLS",
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "https_proxy",
+    "http_proxy",
+    "all_proxy",
+    "no_proxy",
+)
+
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KEYS = {
     "command",
     "url",
     "env",
+    "pass_env",
     "cwd",
     "headers_env",
     "headers_file",
@@ -87,12 +122,16 @@ class UpstreamConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class UpstreamConfig:
     """How to reach the upstream: ``command`` (stdio argv) xor ``url``
-    (streamable HTTP). ``headers_env``: header name → environment variable;
-    ``headers_file``: a ``Name: value`` file. See the module docstring."""
+    (streamable HTTP). ``env``: variables set for a stdio server;
+    ``pass_env``: names passed from our environment (besides
+    :data:`PASSTHROUGH_ENV`); ``headers_env``: header name → environment
+    variable; ``headers_file``: a ``Name: value`` file. See the module
+    docstring."""
 
     command: tuple[str, ...] = ()
     url: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    pass_env: tuple[str, ...] = ()
     cwd: str | None = None
     headers_env: Mapping[str, str] = field(default_factory=dict)
     headers_file: str | None = None
@@ -122,7 +161,32 @@ class UpstreamConfig:
         return replace(self, command=tuple(command), url=None, headers_env={}, headers_file=None)
 
     def with_url(self, url: str) -> UpstreamConfig:
-        return replace(self, command=(), url=url, env={}, cwd=None)
+        return replace(self, command=(), url=url, env={}, pass_env=(), cwd=None)
+
+    def with_env(self, env: Mapping[str, str], pass_env: Sequence[str]) -> UpstreamConfig:
+        """A copy with ``env`` added over :attr:`env` and ``pass_env`` added
+        to :attr:`pass_env` (the command line's ``--upstream-env``)."""
+        names = tuple(dict.fromkeys((*self.pass_env, *pass_env)))
+        return replace(self, env={**self.env, **env}, pass_env=names)
+
+    def process_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The variables a stdio upstream gets on top of the MCP SDK's
+        default environment (which ``stdio_client`` merges under them): the
+        :data:`PASSTHROUGH_ENV` names set in ``environ`` (default
+        ``os.environ``), then ``pass_env``, then ``env``. Raises
+        :class:`UpstreamConfigError` naming a ``pass_env`` variable that is
+        not set."""
+        source = os.environ if environ is None else environ
+        out = {name: source[name] for name in PASSTHROUGH_ENV if name in source}
+        for name in self.pass_env:
+            if name not in source:
+                raise UpstreamConfigError(
+                    f"upstream environment: {name} is to be passed to the upstream (--upstream-env {name} "
+                    f'or "pass_env" in brmcp.json) but is not set; set it, or give NAME=VALUE'
+                )
+            out[name] = source[name]
+        out.update(self.env)
+        return out
 
     def headers(self, base_dir: str | os.PathLike[str] | None = None) -> dict[str, str]:
         """The HTTP headers to send: the file's, then the environment's
@@ -149,7 +213,12 @@ class UpstreamConfig:
             raise UpstreamConfigError(f"{source}: upstream must be an object")
         unknown = sorted(set(block) - _KEYS)
         if unknown:
-            raise UpstreamConfigError(f"{source}: upstream: unknown key(s) {', '.join(unknown)}")
+            first = unknown[0]
+            close = difflib.get_close_matches(first.lower(), sorted(_KEYS), n=1)
+            hint = f' (did you mean "{close[0]}"?)' if close else ""
+            raise UpstreamConfigError(
+                f'{source}: upstream: unknown key "{first}"{hint}; the keys are {", ".join(sorted(_KEYS))}'
+            )
         command: tuple[str, ...] = ()
         raw = block.get("command")
         if isinstance(raw, str):
@@ -165,6 +234,16 @@ class UpstreamConfig:
         if url is not None and not isinstance(url, str):
             raise UpstreamConfigError(f"{source}: upstream.url must be a string")
         env = _str_map(block.get("env"), "env", source)
+        raw_pass = block.get("pass_env")
+        if raw_pass is None:
+            raw_pass = []
+        if not isinstance(raw_pass, list) or not all(isinstance(n, str) for n in raw_pass):
+            raise UpstreamConfigError(
+                f"{source}: upstream.pass_env must be a list of environment variable names, got "
+                f"{json.dumps(raw_pass)[:80]}"
+            )
+        for name in raw_pass:
+            _check_env_name(name, f"{source}: upstream.pass_env")
         headers_env = _str_map(block.get("headers_env"), "headers_env", source)
         for name, var in headers_env.items():
             _check_header_name(name, f"{source}: upstream.headers_env")
@@ -189,6 +268,7 @@ class UpstreamConfig:
                 command=command,
                 url=url,
                 env=env,
+                pass_env=tuple(dict.fromkeys(raw_pass)),
                 cwd=cwd,
                 headers_env=headers_env,
                 headers_file=headers_file,
@@ -207,6 +287,23 @@ def _str_map(value: Any, key: str, source: str) -> dict[str, str]:
     ):
         raise UpstreamConfigError(f"{source}: upstream.{key} must be an object of strings")
     return dict(value)
+
+
+def _check_env_name(name: str, where: str) -> None:
+    if not _ENV_NAME.fullmatch(name):
+        raise UpstreamConfigError(f"{where}: {name!r} is not an environment variable name")
+
+
+def parse_env_option(spec: str) -> tuple[str, str | None]:
+    """Parse a ``--upstream-env`` value: ``NAME`` (pass the variable from
+    our environment; value None) or ``NAME=VALUE`` (set it). Raises
+    :class:`UpstreamConfigError` for a bad name."""
+    name, sep, value = spec.partition("=")
+    if not _ENV_NAME.fullmatch(name):
+        raise UpstreamConfigError(
+            f"--upstream-env: {name!r} is not an environment variable name (expected NAME or NAME=VALUE)"
+        )
+    return name, value if sep else None
 
 
 def _check_header_name(name: str, where: str) -> None:

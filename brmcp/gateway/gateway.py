@@ -31,6 +31,7 @@ in ``params._meta["brmcp/callerUid"]``.
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -96,12 +97,19 @@ from ..server.catalog import MAX_SUBSCRIBED_URI_BYTES, MAX_SUBSCRIPTIONS
 from ..server.context import peer_of
 from ..server.ratelimit import RATE_LIMITED_TEXT
 from ..server.tools import Handler
-from .config import CALLER_UID_KEY, UpstreamConfig
+from .config import CALLER_UID_KEY, UpstreamConfig, UpstreamConfigError
 from .prices import PriceTable
 from .tools import strip_reserved, tool_specs
-from .upstream import Upstream, UpstreamStartError, UpstreamUnavailable
+from .upstream import (
+    CLIENT_INFO,
+    Upstream,
+    UpstreamStartError,
+    UpstreamUnavailable,
+    open_transport,
+    start_failure,
+)
 
-__all__ = ["MAX_TOOL_PAGES", "Gateway", "GatewayError"]
+__all__ = ["MAX_TOOL_PAGES", "Gateway", "GatewayError", "list_upstream_tools"]
 
 log = logging.getLogger("brmcp.gateway")
 
@@ -220,7 +228,15 @@ class Gateway:
         before = [spec.to_tool() for spec in self.harness.tools() if spec.name in self._served]
         specs, unknown = tool_specs(tools, self._prices, self._handler_for)
         if unknown:
-            log.info("prices.json names tools the upstream does not list: %s", ", ".join(unknown))
+            listed = [tool.name for tool in tools]
+            for name in unknown:
+                close = difflib.get_close_matches(name, listed, n=1)
+                hint = f' (did you mean "{close[0]}"?)' if close else ""
+                log.warning(
+                    'prices.json: tools["%s"]: the upstream lists no such tool, so this price is not used%s',
+                    name,
+                    hint,
+                )
         names = {spec.name for spec in specs}
         for name in self._served - names:
             self.harness.remove_tool(name)
@@ -457,6 +473,36 @@ class Gateway:
         if state is not None:
             state.uris.discard(params.uri)
         return EmptyResult()
+
+
+async def list_upstream_tools(
+    config: UpstreamConfig,
+    *,
+    base_dir: str | Path | None = None,
+    errlog: TextIO | None = None,
+    within: float = 120.0,
+) -> list[Tool]:
+    """Start the upstream once, ``initialize`` it, list its tools (at most
+    :data:`MAX_TOOL_PAGES` pages) and stop it again: what a first
+    ``prices.json`` names. ``within`` (seconds) bounds the whole exchange (a
+    first ``uvx`` run downloads the server). Raises :class:`GatewayError`
+    with the same one line as a failed first start of :meth:`Gateway.run`
+    (what, why, and for a stdio command the environment hint), or for a
+    ``pass_env`` or header variable that is not set."""
+    try:
+        with anyio.fail_after(within):
+            async with (
+                open_transport(config, base_dir=base_dir, errlog=errlog) as (read, write),
+                ClientSession(
+                    read, write, read_timeout_seconds=config.call_timeout, client_info=CLIENT_INFO
+                ) as session,
+            ):
+                result = await session.initialize()
+                return await _list_tools(session) if result.capabilities.tools is not None else []
+    except UpstreamConfigError as exc:
+        raise GatewayError(str(exc)) from None
+    except Exception as exc:
+        raise GatewayError(start_failure(config, exc)) from None
 
 
 async def _list_tools(session: ClientSession) -> list[Tool]:

@@ -20,13 +20,19 @@ which tools are hidden (README.md, "Sell an MCP server you already have").
 
 Prices are advertised in each tool's ``_meta`` as ``brmcp/priceAtoms``
 exactly as for a native tool (WIRE.md §Payments). Names in ``tools`` that
-the upstream does not list are ignored (with a notice in the log).
+the upstream does not list are ignored, with a warning in the log naming
+the closest tool the upstream does list. An unknown top-level key is
+refused, naming the closest known one (a misspelt ``default`` would make
+every tool free). The first run writes the file with every tool the
+upstream lists at 0 atoms (:func:`prices_template`).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +45,7 @@ __all__ = [
     "PriceError",
     "PriceTable",
     "load_prices",
+    "prices_template",
 ]
 
 #: The prices file in the data directory.
@@ -46,8 +53,10 @@ PRICES_FILE = "prices.json"
 #: A tool price: atoms (>= 0) or :data:`HIDDEN`.
 FREE = "free"
 HIDDEN = "hidden"
-#: The first-run ``prices.json``: every tool free until the operator prices it.
+#: The first-run ``prices.json`` when the upstream's tools are not known:
+#: every tool free until the operator prices it.
 PRICES_TEMPLATE = '{\n  "default": "free",\n  "tools": {}\n}\n'
+_TOP_KEYS = ("default", "tools")
 
 #: Largest price accepted (an int64 of atoms, as the ledger stores).
 _MAX_ATOMS = (1 << 63) - 1
@@ -99,9 +108,15 @@ class PriceTable:
             raise PriceError(f"{source}: not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise PriceError(f'{source}: expected a JSON object with "default" and "tools"')
-        unknown = sorted(set(data) - {"default", "tools"})
+        unknown = sorted(set(data) - set(_TOP_KEYS))
         if unknown:
-            raise PriceError(f"{source}: unknown key(s) {', '.join(unknown)} (expected default and tools)")
+            # A typo of "default" would make every tool free: refused, not
+            # warned (this file is brmcp's own; no Go program writes it).
+            close = difflib.get_close_matches(unknown[0].lower(), _TOP_KEYS, n=1)
+            hint = f' (did you mean "{close[0]}"?)' if close else ""
+            raise PriceError(
+                f"{source}: unknown key(s) {', '.join(unknown)}{hint}; the keys are default and tools"
+            )
         default = _parse_price(data.get("default", FREE), "default", source)
         raw_tools = data.get("tools", {})
         if raw_tools is None:
@@ -110,6 +125,20 @@ class PriceTable:
             raise PriceError(f"{source}: tools must be an object mapping tool names to prices")
         tools = {name: _parse_price(value, f'tools["{name}"]', source) for name, value in raw_tools.items()}
         return cls(default=default, tools=tools)
+
+
+def prices_template(tool_names: Iterable[str]) -> str:
+    """The first-run ``prices.json`` naming each of ``tool_names`` (in the
+    upstream's order, duplicates dropped) at 0 atoms (free), with
+    ``"default": "free"``, so the operator edits prices rather than hunting
+    for tool names; two-space indent and a final newline. With no names it
+    is :data:`PRICES_TEMPLATE`."""
+    names = list(dict.fromkeys(tool_names))
+    if not names:
+        return PRICES_TEMPLATE
+    return (
+        json.dumps({"default": FREE, "tools": dict.fromkeys(names, 0)}, indent=2, ensure_ascii=False) + "\n"
+    )
 
 
 def load_prices(path: str | os.PathLike[str]) -> PriceTable:

@@ -43,9 +43,15 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
-from .config import UpstreamConfig
+from .config import PASSTHROUGH_ENV, UpstreamConfig, UpstreamConfigError
 
-__all__ = ["Upstream", "UpstreamStartError", "UpstreamUnavailable"]
+__all__ = [
+    "Upstream",
+    "UpstreamStartError",
+    "UpstreamUnavailable",
+    "open_transport",
+    "start_failure",
+]
 
 log = logging.getLogger("brmcp.gateway")
 
@@ -206,9 +212,9 @@ class Upstream:
                 # Only a failure before the first successful initialize is
                 # fatal; one while tearing a live connection down is not.
                 if self.generation == 0:
-                    raise UpstreamStartError(
-                        f"cannot start the upstream MCP server ({self.config.describe()}): {_describe(exc)}"
-                    ) from exc
+                    if isinstance(exc, UpstreamConfigError):
+                        raise UpstreamStartError(str(exc)) from exc
+                    raise UpstreamStartError(start_failure(self.config, exc)) from exc
                 reason = _describe(exc)
             self.exits += 1
             if time.monotonic() - began >= self._stable_after:
@@ -300,25 +306,8 @@ class Upstream:
                 finally:
                     tg.cancel_scope.cancel()
 
-    @asynccontextmanager
-    async def _raw_transport(self) -> AsyncIterator[tuple[Any, Any]]:
-        config = self.config
-        if config.command:
-            params = StdioServerParameters(
-                command=config.command[0],
-                args=list(config.command[1:]),
-                env=dict(config.env) or None,
-                cwd=config.cwd,
-            )
-            errlog = self._errlog if self._errlog is not None else sys.stderr
-            async with stdio_client(params, errlog=errlog) as streams:
-                yield streams
-            return
-        assert config.url is not None
-        headers = config.headers(self._base_dir)
-        client = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=config.call_timeout))
-        async with client, streamable_http_client(config.url, http_client=client) as streams:
-            yield streams
+    def _raw_transport(self) -> Any:
+        return open_transport(self.config, base_dir=self._base_dir, errlog=self._errlog)
 
     # -- inbound ----------------------------------------------------------------------
 
@@ -338,6 +327,60 @@ class Upstream:
                 await self._on_log(params)
             except Exception as exc:
                 log.debug("relaying an upstream log message failed: %s", _describe(exc))
+
+
+@asynccontextmanager
+async def open_transport(
+    config: UpstreamConfig, *, base_dir: str | Path | None = None, errlog: TextIO | None = None
+) -> AsyncIterator[tuple[Any, Any]]:
+    """The MCP SDK transport streams ``(read, write)`` to the upstream: a
+    stdio process (its environment: the SDK's default plus
+    :meth:`UpstreamConfig.process_env`; its stderr to ``errlog``, default
+    ours) or a streamable-HTTP session (headers from
+    :meth:`UpstreamConfig.headers`, a relative ``headers_file`` resolved
+    against ``base_dir``). Raises :class:`~.config.UpstreamConfigError`
+    (a ``pass_env`` variable or header variable not set), OSError (the
+    command cannot be started) or what the SDK raises."""
+    if config.command:
+        params = StdioServerParameters(
+            command=config.command[0],
+            args=list(config.command[1:]),
+            env=config.process_env() or None,
+            cwd=config.cwd,
+        )
+        async with stdio_client(params, errlog=errlog if errlog is not None else sys.stderr) as streams:
+            yield streams
+        return
+    assert config.url is not None
+    headers = config.headers(base_dir)
+    client = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=config.call_timeout))
+    async with client, streamable_http_client(config.url, http_client=client) as streams:
+        yield streams
+
+
+def start_failure(config: UpstreamConfig, exc: BaseException) -> str:
+    """The one line for an upstream that could not be started: what, why,
+    and for a stdio command what to check (its environment is small, and
+    the flag that passes more of it)."""
+    text = f"cannot start the upstream MCP server ({config.describe()}): {_describe(exc)}"
+    if not config.command:
+        return text
+    cause = _innermost(exc)
+    if isinstance(cause, FileNotFoundError):
+        return f"{text} (is {config.command[0]!r} installed and on PATH?)"
+    passed = ", ".join(PASSTHROUGH_ENV[:6]) + ", the *_PROXY variables"
+    return (
+        f"{text}; if its own error output above points at TLS, a proxy or a missing setting: it runs with a "
+        f"minimal environment (the MCP SDK's HOME, PATH, ..., plus {passed} when set), so pass any other "
+        'variable it needs with --upstream-env NAME or NAME=VALUE (or "pass_env" / "env" in the '
+        "upstream block of brmcp.json)"
+    )
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _describe(exc: BaseException) -> str:

@@ -37,6 +37,7 @@ from brmcp.gateway import (
     load_upstream_block,
     parse_header_env,
 )
+from brmcp.metrics import MetricsListenError, check_listen_address
 from brmcp.server import HarnessError
 
 from .app import ServeApp
@@ -217,6 +218,15 @@ def _main(argv: Sequence[str] | None) -> int:
             print(f"{PROG}: {exc}", file=sys.stderr)
             return 1
         return 0
+    if args.metrics:
+        try:
+            check_listen_address(args.metrics)
+        except MetricsListenError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 1
+        except ValueError as exc:
+            print(f"{PROG}: --metrics: {exc}", file=sys.stderr)
+            return 1
     try:
         created = init_datadir(datadir)
         upstream = _upstream_from_args(args, datadir)
