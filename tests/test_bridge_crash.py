@@ -74,6 +74,8 @@ PHASES = ("before", "during", "after", "none")
 #: and the seconds between them.
 ATTEMPTS = int(os.environ.get("BRMCP_CRASH_ATTEMPTS", "5"))
 RETRY_PAUSE = 1.0
+#: The bridge's tip_wait_secs: shorter than the agent's retries take in all.
+TIP_WAIT = 3
 TIP_USER = "PaymentsService.TipUser"
 PM = "ChatService.PM"
 HEADERS = {
@@ -320,7 +322,11 @@ async def test_sigkill_at_random_points_of_a_payment_never_pays_twice_for_one_ca
             env.alice.emit_tip_progress = recording  # type: ignore[method-assign]
             datadir = tmp_path / "bridge"
             prepare_bridge_dir(
-                datadir, env.alice, bridge_settings(env.bot.uid, per_day_cap_atoms=10 * CALLS * PRICE)
+                datadir,
+                env.alice,
+                # A payment in doubt after a kill blocks a second payment for
+                # tip_wait_secs, and no longer (BRIDGE.md §The hard bound).
+                bridge_settings(env.bot.uid, per_day_cap_atoms=10 * CALLS * PRICE, tip_wait_secs=TIP_WAIT),
             )
             (tmp_path / "locks").mkdir()
             daemon = Daemon(datadir, resolve_listen("127.0.0.1:0"), tmp_path)

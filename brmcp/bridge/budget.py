@@ -106,6 +106,9 @@ class CallBudget:
     last_atoms: int = 0
     #: Atoms of a payment in doubt this call counts as its own (0: none).
     in_doubt: int = 0
+    #: The payment counted was confirmed just before the call: its credit
+    #: may still be landing at the bot (the call polls for it).
+    landing: bool = False
 
     def add(self, atoms: int) -> None:
         """Count a confirmed (or possibly landed) payment of ``atoms`` for this call."""

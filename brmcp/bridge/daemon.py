@@ -68,10 +68,14 @@ from .clock import Clock, SystemClock
 from .errors import BridgeError
 from .listener import parse_listen_address
 from .settings import Settings
+from .settle import payment_scheduled
 from .tipmatcher import TipMatcher
 
 if TYPE_CHECKING:
     from ..metrics import MetricsEndpoint
+
+#: Seconds a matched tip outcome waits for the spend log write before its ack.
+OUTCOME_WRITE_WAIT = 10.0
 
 __all__ = [
     "BOT_CONFIG_NAME",
@@ -202,9 +206,12 @@ class TipPayer:
             except RPCError as exc:
                 raise TipPaymentError(f"tip: {exc}") from None
             except ClientrpcConnectionLost as exc:
+                payment_scheduled()  # it may have been stored: count it as existing
                 log.warning(
                     "tip of %d atoms to %s: outcome unknown (%s); waiting for its progress", atoms, payee, exc
                 )
+            else:
+                payment_scheduled()  # stored by brclient: it survives restarts
             error = await waiter.wait()
         finally:
             waiter.cancel()
@@ -658,8 +665,19 @@ class BridgeDaemon:
             self.matcher.stall(event.uid, event.amount_matoms, event.attempt_err)
             return True
         error = None if event.completed else (event.attempt_err or "tip attempt failed")
-        if self.matcher.resolve(event.uid, event.amount_matoms, error):
-            return True
+        written = anyio.Event()
+        unwatch = self.bridge.watch(written.set)
+        try:
+            if self.matcher.resolve(event.uid, event.amount_matoms, error):
+                # The payment waiting for this outcome writes it to the spend
+                # log; the event is acked only after that write (or a bounded
+                # wait), so a crash in between leaves it to be replayed and
+                # the entry is never left pending for a tip that completed.
+                with anyio.move_on_after(OUTCOME_WRITE_WAIT):
+                    await written.wait()
+                return True
+        finally:
+            unwatch()
         self.late_outcomes += 1
         try:
             settled = await self.bridge.resolve_spend(event.uid, event.amount_matoms // 1000, error)

@@ -217,7 +217,9 @@ class Funding:
 
     # -- payments ahead of need -------------------------------------------------------
 
-    def alongside(self, tool: str, gone: anyio.Event | None = None) -> Payment | None:
+    def alongside(
+        self, tool: str, gone: anyio.Event | None = None, *, call_key: str | None = None
+    ) -> Payment | None:
         """The payment to make alongside a first send of ``tool``: the one
         already in flight, or a new one for the shortfall when the price is
         fixed, the known balance short and the policy lets it go unasked.
@@ -243,7 +245,7 @@ class Funding:
             have = max(0, have + inflight.amount - inflight.attached * price)
         if have >= price:
             return None
-        payment = self._start(tool, price, have, prepay=False, gone=gone)
+        payment = self._start(tool, price, have, prepay=False, gone=gone, call_key=call_key)
         if payment is not None:
             payment.attached = 1
         return payment
@@ -265,7 +267,14 @@ class Funding:
         self._start(tool, price, self.balance, prepay=True)
 
     def _start(
-        self, tool: str, price: int, have: int, *, prepay: bool, gone: anyio.Event | None = None
+        self,
+        tool: str,
+        price: int,
+        have: int,
+        *,
+        prepay: bool,
+        gone: anyio.Event | None = None,
+        call_key: str | None = None,
     ) -> Payment | None:
         amount = price - have
         # A prepayment may wait for the user's approval (it is not on any
@@ -279,16 +288,23 @@ class Funding:
             self._inflight = payment
         self.started += 1
         refusal = PaymentRequired(tool=tool, price_atoms=price, balance_atoms=have, shortfall_atoms=amount)
-        self._spawn(self._pay, tool, refusal, payment, gone)
+        self._spawn(self._pay, tool, refusal, payment, gone, call_key)
         return payment
 
     async def _pay(
-        self, tool: str, refusal: PaymentRequired, payment: Payment, gone: anyio.Event | None
+        self,
+        tool: str,
+        refusal: PaymentRequired,
+        payment: Payment,
+        gone: anyio.Event | None,
+        call_key: str | None = None,
     ) -> None:
         observed = self._observed
         reason: str | None = "payment abandoned"
         try:
-            reason = await self._settler.settle(self.bot, tool, refusal, gone=gone, prepay=payment.prepay)
+            reason = await self._settler.settle(
+                self.bot, tool, refusal, gone=gone, prepay=payment.prepay, call_key=call_key
+            )
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             log.error("payment ahead of need to %s failed: %s", self.bot[:8], reason)

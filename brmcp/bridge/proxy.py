@@ -95,8 +95,9 @@ from .link import BotLink, DeadlineError, LinkError
 from .mirror import Mirror, MirrorServer
 from .relay import AgentCall, strip_reserved_meta
 from .settings import Settings
-from .settle import Settler
+from .settle import InDoubtSpend, Settler
 from .snapshots import ERA_MODERN
+from .spend import DAY_SECONDS
 
 __all__ = ["MAX_PAYMENTS", "POLL_ATTEMPTS", "POLL_INTERVAL", "BotProxy", "strip_reserved_meta"]
 
@@ -132,11 +133,6 @@ MAX_DUPLICATE_RETRIES = 8
 RETAIN_SECONDS = 1800.0
 #: Most such keys kept per bot.
 MAX_RETAINED = 1024
-#: Seconds during which a payment whose outcome is unknown is counted by the
-#: next call of its tool on its bot as that call's payment (BRIDGE.md §The
-#: hard bound, "A payment in doubt is counted once"); it counts against the
-#: day cap for 24 hours whatever its age.
-IN_DOUBT_WINDOW = 3600.0
 
 
 class BotProxy:
@@ -166,6 +162,9 @@ class BotProxy:
         self.epoch = epoch if epoch is not None else secrets.token_hex(8)
         #: callKey → what earlier copies of that logical call paid (for a re-send).
         self._budgets: OrderedDict[str, CallBudget] = OrderedDict()
+        #: tool → a payment in doubt a call counted and ended without a result
+        #: for; once confirmed, the next call of that tool waits for its credit.
+        self._landing: dict[str, InDoubtSpend] = {}
         #: The known balance, pay alongside and prepay (:mod:`.funding`);
         #: None: the bridge only pays when the bot asks.
         self.funding = funding
@@ -247,7 +246,10 @@ class BotProxy:
                     None
                     if reused
                     else self._settler.adopt(
-                        self.link.uid, tool, newer_than=self._clock.now() - IN_DOUBT_WINDOW
+                        self.link.uid,
+                        tool,
+                        newer_than=self._clock.now() - self._settings().tip_wait_secs,
+                        scheduled_newer_than=self._clock.now() - DAY_SECONDS,
                     )
                 )
                 if adopted is not None:
@@ -265,6 +267,14 @@ class BotProxy:
                         adopted.atoms,
                         adopted.ts,
                     )
+                landed = self._landing.pop(tool, None) if adopted is None and not reused else None
+                if landed is not None and landed.status == "paid":
+                    # The payment an earlier call counted while in doubt was
+                    # confirmed since: its credit may still be on its way to
+                    # the bot, so this call counts it and polls, paying nothing.
+                    budget = CallBudget(listing_of(self.link.tool(tool)), landing=True)
+                    budget.add(landed.atoms)
+                    reused = True
                 if budget is None:
                     budget = CallBudget(listing_of(self.link.tool(tool)))
                 abandoned = False
@@ -282,6 +292,9 @@ class BotProxy:
                 finally:
                     if adopted is not None and not succeeded:
                         self._settler.release_adopted(adopted)
+                        self._landing[tool] = adopted
+                        while len(self._landing) > MAX_RETAINED:
+                            self._landing.pop(next(iter(self._landing)))
                     if budget.payments:
                         self._budgets[key] = budget
                         self._budgets.move_to_end(key)
@@ -448,7 +461,7 @@ class BotProxy:
         # An earlier copy of this call already paid (and polled, or its agent
         # gave up): a refusal now is answered at once with what was paid, so
         # even an impatient agent hears it; its credit stays at the bot.
-        polls = POLL_ATTEMPTS - 1 if budget.payments else 0
+        polls = POLL_ATTEMPTS - 1 if budget.payments and not budget.landing else 0
         era_switched = False
         funding = self.funding
         # A re-sent call (an earlier copy's key) may be answered from the bot's
@@ -456,7 +469,7 @@ class BotProxy:
         # already paid for, nor one the bot will refuse anyway (arguments
         # that do not satisfy the tool's input schema).
         ahead = (
-            funding.alongside(tool, gone)
+            funding.alongside(tool, gone, call_key=key)
             if funding is not None
             and not reused
             and budget.payments == 0

@@ -13,12 +13,21 @@ implementation reads what the other wrote::
       "approval_timeout_secs": 120,
       "tip_wait_secs": 180
     }
+
+Loading follows Go's rules (keys case-insensitive, unknown keys ignored), so
+a file either implementation wrote keeps loading; :func:`load_settings` logs
+a WARNING (logger ``brmcp.bridge``) for each unknown key, naming the file,
+the key and the closest known key ("did you mean"), and for a ``mode`` that
+is neither ``approval`` nor ``autopay`` (it loads as approval, as in Go:
+BRIDGE.md §Settings), naming the allowed values (:func:`settings_file_warnings`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import logging
 import re
 import secrets
 from collections.abc import Iterable
@@ -44,8 +53,11 @@ __all__ = [
     "mint_token",
     "save_settings",
     "setting_names",
+    "settings_file_warnings",
     "settings_from_json",
 ]
+
+log = logging.getLogger("brmcp.bridge")
 
 #: File name inside the bridge's data directory.
 SETTINGS_FILE = "mcpclient.json"
@@ -271,11 +283,47 @@ def settings_from_json(text: str | bytes, *, base: Settings | None = None) -> Se
     return result.replace(**fields)
 
 
+def settings_file_warnings(text: str | bytes, source: str) -> list[str]:
+    """One line per surprise in a settings file that still loads: an
+    unknown key (``<source>: unknown key "per_call_cap" ignored (did you
+    mean "per_call_cap_atoms"?)``; Go ignores it too) and a ``mode`` other
+    than ``approval``/``autopay`` (it loads as approval). Empty for text
+    that is not a JSON object (the loader reports that as an error)."""
+    try:
+        parsed = _gojson.loads(text)
+    except _gojson.GoJSONError:
+        return []
+    if not isinstance(parsed, list):
+        return []
+    names = list(_FIELDS)
+    folded = {name.casefold(): name for name in names}
+    out: list[str] = []
+    mode: Any = None
+    for key, value in parsed:
+        name = key if key in _FIELDS else folded.get(key.casefold())
+        if name is None:
+            close = difflib.get_close_matches(key.casefold(), names, n=1)
+            hint = f'did you mean "{close[0]}"?' if close else f"the keys are {', '.join(names)}"
+            out.append(f"{source}: unknown key {_go_quote(key)} ignored ({hint})")
+        elif name == "mode" and value is not None:
+            mode = value
+    if isinstance(mode, str) and mode not in (MODE_APPROVAL, MODE_AUTOPAY):
+        close = difflib.get_close_matches(mode.casefold(), [MODE_APPROVAL, MODE_AUTOPAY], n=1)
+        hint = f'; did you mean "{close[0]}"?' if close else ""
+        out.append(
+            f'{source}: "mode": {_go_quote(mode)} is not allowed (use "{MODE_APPROVAL}" or '
+            f'"{MODE_AUTOPAY}", in lower case{hint}): it loads as {MODE_APPROVAL}, so every payment '
+            "waits for your approval"
+        )
+    return out
+
+
 def load_settings(path: Path) -> Settings:
     """Read ``mcpclient.json``: a missing file gives the defaults; the result
-    is normalized and validated. No token is minted on load. Raises
-    :class:`BridgeError` naming ``path`` (``parse <path>: …``) for unreadable
-    or malformed content."""
+    is normalized and validated. No token is minted on load. Logs each line
+    of :func:`settings_file_warnings` at WARNING. Raises :class:`BridgeError`
+    naming ``path`` (``parse <path>: …``) for unreadable or malformed
+    content; a value of the wrong kind is named with what the file holds."""
     try:
         text = read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
@@ -286,8 +334,29 @@ def load_settings(path: Path) -> Settings:
         settings = settings_from_json(text).normalized()
         settings.validate()
     except SettingsError as exc:
-        raise BridgeError(f"parse {path}: {exc}") from None
+        raise BridgeError(f"parse {path}: {exc}{_held_value(text, str(exc))}") from None
+    for warning in settings_file_warnings(text, str(path)):
+        log.warning("%s", warning)
     return settings
+
+
+def _held_value(text: str, message: str) -> str:
+    """`` (the file has <value>)`` for a message about one key's value."""
+    match = re.match(r'"(\w+)" must be', message)
+    if match is None:
+        return ""
+    try:
+        parsed = _gojson.loads(text)
+    except _gojson.GoJSONError:
+        return ""
+    found: Any = None
+    for key, value in parsed if isinstance(parsed, list) else ():
+        if key.casefold() == match.group(1).casefold():
+            found = value
+    if found is None:
+        return ""
+    shown = json.dumps(found)
+    return f" (the file has {shown if len(shown) <= 80 else shown[:77] + '...'})"
 
 
 def save_settings(path: Path, settings: Settings) -> None:

@@ -32,6 +32,7 @@ instead of paying again (BRIDGE.md §Spend log and approvals).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import secrets
@@ -70,9 +71,29 @@ __all__ = [
     "Payer",
     "Settler",
     "cap_refusal",
+    "payment_scheduled",
 ]
 
 log = logging.getLogger("brmcp.bridge")
+
+#: The callback :func:`payment_scheduled` runs in the payer's task.
+_SCHEDULED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "brmcp_payment_scheduled", default=None
+)
+
+
+def payment_scheduled() -> None:
+    """Called by a :class:`Payer` from inside ``pay`` once the wallet has
+    taken the payment (brclient's ``TipUser`` returned: the tip is stored,
+    survives a restart and its outcome will be reported). The spend entry
+    is then marked ``"scheduled": true`` on disk, so that after a crash the
+    next start knows the payment exists and pays nothing more for its tool
+    until its outcome is known (BRIDGE.md §The hard bound). A no-op outside
+    a payment."""
+    callback = _SCHEDULED.get()
+    if callback is not None:
+        callback()
+
 
 #: Why no payment was made for a call whose agent went away.
 AGENT_GONE = "the agent went away before paying; nothing was paid"
@@ -259,16 +280,25 @@ class Settler:
         (see :class:`~brmcp.bridge.spend.InDoubtSpend`)."""
         return self._spend.in_doubt(bot)
 
-    def adopt(self, bot: str, tool: str, *, newer_than: float | None = None) -> InDoubtSpend | None:
+    def adopt(
+        self,
+        bot: str,
+        tool: str,
+        *,
+        newer_than: float | None = None,
+        scheduled_newer_than: float | None = None,
+    ) -> InDoubtSpend | None:
         """Claim the oldest in-doubt entry (:meth:`in_doubt`) to ``bot`` for
         ``tool`` that no other call has claimed, for one call: it is marked
         adopted in memory until :meth:`release_adopted`, so two calls never
         take over the same entry (and its callKey). None when there is
         none, or when every one was written at or before ``newer_than``
-        (unix seconds). The entry stays ``pending`` and counted; claiming
+        (unix seconds; ``scheduled_newer_than`` for entries the wallet took,
+        :func:`payment_scheduled`). The entry stays ``pending`` and counted; claiming
         it moves no money and writes nothing."""
         for candidate in self._spend.in_doubt(bot):
-            if newer_than is not None and candidate.ts <= newer_than:
+            limit = scheduled_newer_than if candidate.scheduled else newer_than
+            if limit is not None and candidate.ts <= limit:
                 continue
             if candidate.tool == tool and not candidate.adopted:
                 candidate._row.adopted = True
@@ -463,6 +493,32 @@ class Settler:
             log.info("payment of %d atoms to %s for %s withdrawn: the agent went away", amount, bot, tool)
         return decision, parked_id
 
+    async def _pay_recording(self, ticket: SpendTicket, bot: str, amount: int) -> None:
+        """``payer.pay``, recording in the spend log (on disk) the moment the
+        payer says the wallet took the payment (:func:`payment_scheduled`)."""
+        taken = anyio.Event()
+        token = _SCHEDULED.set(taken.set)
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def record() -> None:
+                    await taken.wait()
+                    async with self._lock:
+                        self._spend.mark_scheduled(ticket)
+                        try:
+                            await self._persist()
+                        except BridgeError as exc:
+                            log.error("spend log not written after the wallet took a payment: %s", exc)
+
+                tg.start_soon(record)
+                try:
+                    await self._payer.pay(bot, amount)
+                finally:
+                    if not taken.is_set():
+                        tg.cancel_scope.cancel()
+        finally:
+            _SCHEDULED.reset(token)
+
     async def _pay(
         self,
         ticket: SpendTicket,
@@ -476,7 +532,7 @@ class Settler:
         try:
             with anyio.move_on_after(wait_secs) as scope:
                 try:
-                    await self._payer.pay(bot, amount)
+                    await self._pay_recording(ticket, bot, amount)
                 except Exception as exc:
                     reason = _error_text(exc)
                     if getattr(exc, "may_land", False):

@@ -67,6 +67,7 @@ _FIELDS: dict[str, _gojson.Kind] = {
     "err": "string",
     "prepay": "bool",
     "callKey": "string",
+    "scheduled": "bool",
 }
 
 
@@ -91,6 +92,10 @@ class SpendEntry:
     err: str = ""
     prepay: bool = False
     call_key: str | None = None
+    #: The wallet took the payment (brclient's ``TipUser`` returned: the tip
+    #: is stored and its outcome will be reported), written
+    #: ``"scheduled": true``; False also for entries of older versions.
+    scheduled: bool = False
 
     @property
     def counts(self) -> bool:
@@ -115,6 +120,8 @@ class SpendEntry:
             out["prepay"] = True
         if self.call_key is not None:
             out["callKey"] = self.call_key
+        if self.scheduled:
+            out["scheduled"] = True
         return out
 
 
@@ -203,6 +210,11 @@ class InDoubtSpend:
     @property
     def call_key(self) -> str | None:
         return self._row.entry.call_key
+
+    @property
+    def scheduled(self) -> bool:
+        """The wallet took the payment before the process that made it stopped."""
+        return self._row.entry.scheduled
 
     @property
     def prepay(self) -> bool:
@@ -298,6 +310,7 @@ class SpendLog:
                 err=item.get("err", ""),
                 prepay=item.get("prepay", False),
                 call_key=item.get("callKey") or None,
+                scheduled=item.get("scheduled", False),
             )
             for item in raw
         ]
@@ -349,6 +362,12 @@ class SpendLog:
         self._rows.append(row)
         return SpendTicket(row)
 
+    def mark_scheduled(self, ticket: SpendTicket) -> None:
+        """Record that the wallet took the payment of a live entry
+        (:attr:`SpendEntry.scheduled`)."""
+        row = ticket._row
+        row.entry = dataclasses.replace(row.entry, scheduled=True)
+
     def withdraw(self, ticket: SpendTicket) -> None:
         """Remove an entry whose payment was never started."""
         row = ticket._row
@@ -366,7 +385,8 @@ class SpendLog:
 
     def resolve(self, payee: str, atoms: int, err: str | None) -> bool:
         """Settle the oldest pending entry (not being paid right now) for
-        exactly ``atoms`` to ``payee`` (case-insensitive): ``paid`` when
+        exactly ``atoms`` to ``payee`` (case-insensitive), preferring one the
+        wallet took (:attr:`SpendEntry.scheduled`): ``paid`` when
         ``err`` is None, else ``failed`` with ``err`` (the Go reference's
         ``ResolveSpend``). Pending entries include those whose tip brclient
         retries later. A late completion also claims a ``failed`` entry that
@@ -379,7 +399,10 @@ class SpendLog:
             for row in self._rows
             if not row.live and row.entry.atoms == atoms and row.entry.bot.lower() == wanted
         ]
-        row = next((r for r in claimable if r.entry.status == STATUS_PENDING), None)
+        pending = [r for r in claimable if r.entry.status == STATUS_PENDING]
+        # An entry the wallet took (scheduled) is the one a tip outcome can
+        # belong to; one whose process stopped before that may have no tip.
+        row = next((r for r in pending if r.entry.scheduled), None) or next(iter(pending), None)
         if row is None and err is None:
             row = next(
                 (r for r in claimable if r.entry.status == STATUS_FAILED and MAY_LAND in r.entry.err), None

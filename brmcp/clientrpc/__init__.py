@@ -34,7 +34,7 @@ from .errors import (
     RPCError,
 )
 from .protojson import ProtojsonError
-from .tls import client_ssl_context
+from .tls import check_server_certificate, client_ssl_context
 from .types import (
     ATOMS_PER_DCR,
     MATOMS_PER_ATOM,
@@ -81,6 +81,7 @@ __all__ = [
     "VersionResponse",
     "atoms_to_dcr",
     "brclient_appdata_dir",
+    "check_server_certificate",
     "client_ssl_context",
     "dcr_to_matoms",
     "load_bot_config",

@@ -8,13 +8,19 @@ certificate's SANs (``127.0.0.1``, ``localhost``, ...).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import ssl
 from pathlib import Path
 
 from .errors import ClientrpcConfigError
 
-__all__ = ["client_ssl_context"]
+__all__ = ["HOSTNAME_MISMATCH", "check_server_certificate", "client_ssl_context"]
+
+#: OpenSSL's ``X509_V_ERR_HOSTNAME_MISMATCH``: the certificate verifies but
+#: does not name the host of the URL.
+HOSTNAME_MISMATCH = 62
 
 
 def _read_pem(path: Path, role: str, marker: str, kind: str) -> str:
@@ -86,5 +92,77 @@ def _cert_loads(cert_path: Path) -> bool:
         pem = cert_path.read_text(encoding="ascii", errors="replace")
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem)
     except (ssl.SSLError, OSError, ValueError):
+        return False
+    return True
+
+
+def check_server_certificate(
+    url: str,
+    server_cert: str | os.PathLike[str],
+    *,
+    client_cert: str | os.PathLike[str] | None = None,
+    client_key: str | os.PathLike[str] | None = None,
+    timeout: float = 5.0,
+) -> bool:
+    """Ask the server at ``url`` (``wss://host:port/ws``) for its certificate
+    with one TLS handshake, trusting only ``server_cert``, and say whether it
+    is that brclient: True when the certificate verifies, False when it
+    cannot be told (nothing listens, a timeout after ``timeout`` seconds, a
+    server that does not speak TLS). The client pair, when given and
+    loadable, is presented so that brclient completes the handshake quietly;
+    the server's certificate is checked before brclient checks ours, so the
+    answer does not depend on it. Blocking: run it in a thread from async
+    code.
+
+    Raises :class:`ClientrpcConfigError` with one line when the server
+    presents another certificate: ``servercertpath`` names another
+    brclient's ``rpc.cert`` (or an old copy), or the URL's host is not one
+    the certificate names; or when ``url`` or ``server_cert`` is unusable.
+    """
+    from ._dial import _parse_url
+
+    host, port = _parse_url(url)
+    server_path = Path(server_cert)
+    pem = _read_pem(server_path, "servercertpath", "-----BEGIN CERTIFICATE-----", "certificate")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = True
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    try:
+        ctx.load_verify_locations(cadata=pem)
+    except ssl.SSLError as exc:
+        raise ClientrpcConfigError(
+            f"servercertpath {server_path}: not a usable certificate ({exc.reason})"
+        ) from None
+    if client_cert is not None and client_key is not None:
+        with contextlib.suppress(ssl.SSLError, OSError):
+            ctx.load_cert_chain(client_cert, client_key)
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout) as raw,
+            ctx.wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            tls.getpeercert()
+    except ssl.SSLCertVerificationError as exc:
+        if exc.verify_code == HOSTNAME_MISMATCH:
+            raise ClientrpcConfigError(
+                f"the brclient at {url} presents the certificate of servercertpath {server_path}, but it "
+                f"does not name the host {host!r} ({exc.verify_message}): use a host it names in brrpcurl "
+                "(127.0.0.1 or localhost for a local brclient)"
+            ) from None
+        raise ClientrpcConfigError(
+            f"servercertpath {server_path} is not the certificate of the brclient at {url} (TLS: "
+            f"{exc.verify_message}): it is another brclient's rpc.cert or an old copy; point servercertpath "
+            f"at the rpc.cert of the brclient listening on {host}:{port} (in its app data directory, "
+            "e.g. ~/.brclient/rpc.cert)"
+        ) from None
+    except ssl.SSLError as exc:
+        # Not a certificate mismatch: the server speaks no TLS (cannot tell),
+        # or its certificate passed (it is checked first) and it then refused
+        # our client certificate, which the connection itself will report.
+        from ._dial import _NOT_TLS_REASONS
+
+        return (exc.reason or "").upper() not in _NOT_TLS_REASONS
+    except OSError:
         return False
     return True

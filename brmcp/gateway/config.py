@@ -346,7 +346,8 @@ def read_headers_file(path: Path) -> dict[str, str]:
 
 
 def load_upstream_block(path: str | os.PathLike[str]) -> UpstreamConfig | None:
-    """The ``upstream`` block of ``brmcp.json`` at ``path``, or None when
+    """The ``upstream`` block of ``brmcp.json`` at ``path`` (the key in any
+    case, as Go's decoder matches it), or None when
     the file has none, or cannot be read or parsed (brmcp-serve's own
     loader reports that, naming the file). Raises
     :class:`UpstreamConfigError` for an invalid block."""
@@ -355,6 +356,14 @@ def load_upstream_block(path: str | os.PathLike[str]) -> UpstreamConfig | None:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("upstream") is None:
+    if not isinstance(data, dict):
         return None
-    return UpstreamConfig.from_block(data["upstream"], source=str(p))
+    # Go's key rule, as brmcp-serve's loader applies to the same file: the
+    # key in any case; the last such key wins.
+    block = None
+    for key, value in data.items():
+        if key.casefold() == "upstream":
+            block = value
+    if block is None:
+        return None
+    return UpstreamConfig.from_block(block, source=str(p))

@@ -348,7 +348,7 @@ async def open_transport(
             env=config.process_env() or None,
             cwd=config.cwd,
         )
-        async with stdio_client(params, errlog=errlog if errlog is not None else sys.stderr) as streams:
+        async with stdio_client(params, errlog=_stderr_file(errlog)) as streams:
             yield streams
         return
     assert config.url is not None
@@ -356,6 +356,21 @@ async def open_transport(
     client = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=config.call_timeout))
     async with client, streamable_http_client(config.url, http_client=client) as streams:
         yield streams
+
+
+def _stderr_file(errlog: TextIO | None) -> TextIO:
+    """Where the child's stderr goes: ``errlog``, else our stderr; a stream
+    without a file descriptor (a test's captured stderr) is replaced by the
+    process's original stderr, which a child process can inherit."""
+    chosen = errlog if errlog is not None else sys.stderr
+    try:
+        chosen.fileno()
+    except (AttributeError, OSError, ValueError):
+        fallback = sys.__stderr__
+        if fallback is None:
+            raise
+        return fallback
+    return chosen
 
 
 def start_failure(config: UpstreamConfig, exc: BaseException) -> str:

@@ -87,7 +87,7 @@ class Accounts:
                         recover, call_id=call_id, peer=peer, call_key=call_key, atoms=atoms, charged=True
                     )
                 )
-                log.warning("refunded %d atoms to %s for a call interrupted by a restart", atoms, peer)
+                log.warning("refunded %s atoms to %s for a call interrupted by a restart", f"{atoms:,}", peer)
         return db.run_now(lambda c: store.completed_keyed(c, now))
 
     async def reconcile_external(

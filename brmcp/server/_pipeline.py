@@ -311,7 +311,7 @@ class CallPipeline:
                 if ok and balance < 0:
                     balance = max(0, await self._accounts.balance(peer))
         except Exception as exc:
-            log.error("charge of %d atoms to %s failed: %s", price, peer, exc)
+            log.error("charge of %s atoms to %s failed: %s", f"{price:,}", peer, exc)
             if self.metrics is not None:
                 self.metrics.errors.labels("ledger").inc()
             raise _Refused(
@@ -320,18 +320,22 @@ class CallPipeline:
             ) from None
         if not ok:
             log.info(
-                "payment required: %s called %s for %d atoms with a balance of %d", peer, tool, price, balance
+                "payment required: %s called %s for %s atoms with a balance of %s",
+                peer,
+                tool,
+                f"{price:,}",
+                f"{balance:,}",
             )
             raise _Refused(marked_payment_required_result(tool, price, balance), "payment required")
         if self.metrics is not None:
             self.metrics.charged_atoms.labels(tool).inc(price)
         log.info(
-            "charged %d atoms to %s for %s (call %s, balance now %s)",
-            price,
+            "charged %s atoms to %s for %s (call %s, balance now %s)",
+            f"{price:,}",
             peer,
             tool,
             call_id,
-            balance if balance >= 0 else "kept by the billing store",
+            f"{balance:,}" if balance >= 0 else "kept by the billing store",
         )
         return balance
 
@@ -510,8 +514,8 @@ class CallPipeline:
                         self.metrics.refunds.labels(tool).inc()
                         self.metrics.refunded_atoms.labels(tool).inc(charged)
                     log.info(
-                        "refunded %d atoms to %s (call %s): the call failed: %s",
-                        charged,
+                        "refunded %s atoms to %s (call %s): the call failed: %s",
+                        f"{charged:,}",
                         peer,
                         call_id,
                         _first_text(result),

@@ -125,10 +125,21 @@ def lock_brclient(client: Client) -> FileLock:
     """Take the one-consumer-per-brclient lock for ``client``'s brclient (see
     :func:`run_bot` and :func:`brmcp.lockfile.acquire_brclient`, which a
     ``brmcp-bridge`` on the same brclient takes too; blocking file I/O, run
-    it in a thread from async code). Raises :class:`HarnessError` naming the
+    it in a thread from async code). First asks brclient for its TLS
+    certificate: raises :class:`HarnessError` saying that ``servercertpath``
+    is not the certificate of the brclient at ``client.url`` when it presents
+    another one (the lock is named after that file, so a wrong one would
+    find another brclient's lock). Raises :class:`HarnessError` naming the
     holder and its pid, or when the lock or brclient's certificate cannot be
     opened."""
-    return acquire_brclient(client.server_cert, client.url, what=HARNESS, error=HarnessError)
+    return acquire_brclient(
+        client.server_cert,
+        client.url,
+        what=HARNESS,
+        error=HarnessError,
+        client_cert=client.client_cert,
+        client_key=client.client_key,
+    )
 
 
 async def _run_bot(

@@ -472,8 +472,8 @@ class Harness(CatalogMethods):
         if new and not allowed and amount_matoms >= 1000:
             self._held_peers.add(peer)
             log.info(
-                "holding %d atoms of tip %d from %s, a sender not allowed, until it is allowed",
-                amount_matoms // 1000,
+                "holding %s atoms of tip %d from %s, a sender not allowed, until it is allowed",
+                f"{amount_matoms // 1000:,}",
                 sequence_id,
                 peer,
             )
@@ -511,7 +511,7 @@ class Harness(CatalogMethods):
                 if not await self._accounts.held_tips(who):
                     self._held_peers.discard(who)
             if atoms > 0:
-                log.info("credited %d atoms of tips held for %s, which is allowed now", atoms, who)
+                log.info("credited %s atoms of tips held for %s, which is allowed now", f"{atoms:,}", who)
                 metrics = self.metrics
                 if metrics is not None:
                     metrics.tip_atoms.inc(atoms)

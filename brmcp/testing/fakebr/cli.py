@@ -18,6 +18,11 @@ cannot be bound, it prints one line naming the address
 (``brmcp-fakebr: cannot listen on 127.0.0.1:N: address already in use
 (another process holds it; choose another with --port)``) and exits 1
 before it creates anything in DIR.
+
+``--write-confs CONFS`` also writes ready ``brmcp-serve`` and
+``brmcp-bridge`` configs for these users (:func:`write_confs`); with
+``--gateway CMD`` it adds ``CONFS/brmcp-gateway/``, the same bot selling the
+stdio MCP server CMD (brmcp/gateway) instead of the example tools.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -86,6 +93,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(brmcp-bridge.conf, and mcpclient.json enabled for the bot with caps of 20,000 atoms per call "
         "and 100,000 per day, approval mode); the .conf files are rewritten on every run, the JSON "
         "files only when missing",
+    )
+    parser.add_argument(
+        "--gateway",
+        metavar="CMD",
+        help="with --write-confs: also write brmcp-gateway/ (brmcp-serve.conf for the bot and brmcp.json "
+        'allowing the others, with an "upstream" block), a bot that sells the stdio MCP server CMD '
+        "(one string, split like a shell would, e.g. 'uvx mcp-server-time') instead of the example "
+        "tools; run it or brmcp-serve/, not both (one harness per brclient)",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--log-level", default="warning", help="logging level (default warning)")
@@ -248,7 +263,9 @@ async def _serve(
         described = [_describe(f, await anyio.to_thread.run_sync(f.write_brclient_conf)) for f in fakes]
         summary: dict[str, Any] = {"relay": "fake", "users": described}
         if args.write_confs:
-            summary["confs"] = await anyio.to_thread.run_sync(write_confs, Path(args.write_confs), fakes)
+            summary["confs"] = await anyio.to_thread.run_sync(
+                partial(write_confs, Path(args.write_confs), fakes, gateway=args.gateway_command)
+            )
         await anyio.to_thread.run_sync(_write_summary, summary_path, summary)
         # Signals are caught before the summary says the network is up, so a
         # stop right after it is still a clean one.
@@ -264,33 +281,36 @@ CONF_PER_CALL_CAP = 20_000
 CONF_PER_DAY_CAP = 100_000
 
 
-def write_confs(target: Path, fakes: Sequence[FakeBRClient]) -> dict[str, Any]:
+def write_confs(
+    target: Path, fakes: Sequence[FakeBRClient], *, gateway: Sequence[str] | None = None
+) -> dict[str, Any]:
     """Write ready configs for ``fakes`` (the first is the bot) under
     ``target``: ``brmcp-serve/brmcp-serve.conf`` and ``brmcp.json`` (allowing
     every other user), and for each other user ``brmcp-bridge-<nick>/``
     with ``brmcp-bridge.conf`` and ``mcpclient.json`` (enabled, the bot
     allowed, caps of :data:`CONF_PER_CALL_CAP`/:data:`CONF_PER_DAY_CAP`
-    atoms, approval mode, a fresh token). The ``.conf`` files follow the
-    fakes' current URLs on every run; the JSON files are written only when
-    missing, so the user's own settings survive. Returns
-    ``{"serve": dir, "bridges": {nick: dir}, "written": [paths], "next_steps": [lines]}``.
+    atoms, approval mode, a fresh token). With ``gateway`` (the argv of a
+    stdio MCP server) also ``brmcp-gateway/``: the bot's
+    ``brmcp-serve.conf`` and a ``brmcp.json`` allowing the others with an
+    ``upstream`` block running that command (brmcp/gateway; its first
+    ``brmcp-serve`` run writes ``prices.json`` listing the upstream's tools).
+    The ``.conf`` files follow the fakes' current URLs on every run; the
+    JSON files are written only when missing, so the user's own settings
+    survive. Returns ``{"serve": dir, "gateway": dir (with ``gateway``),
+    "bridges": {nick: dir}, "written": [paths], "next_steps": [lines]}``.
     Raises OSError or ClientrpcConfigError when a file cannot be written."""
     from ...bridge.settings import MODE_APPROVAL, SETTINGS_FILE, Settings, mint_token, save_settings
     from ...clientrpc import write_bot_config
 
     bot, others = fakes[0], list(fakes[1:])
     written: list[str] = []
+    allowed = [f.uid for f in others]
     serve_dir = target / "brmcp-serve"
-    serve_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_bot_config(serve_dir / "brmcp-serve.conf", bot.bot_config(serve_dir, "brmcp-serve"))
-    written.append(str(serve_dir / "brmcp-serve.conf"))
-    allow = serve_dir / "brmcp.json"
-    if not allow.exists():
-        content = json.dumps({"allowed_uids": [f.uid for f in others], "calls_per_minute": 30}, indent=2)
-        fd = os.open(allow, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(content + "\n")
-        written.append(str(allow))
+    written += _write_bot_dir(serve_dir, bot, {"allowed_uids": allowed, "calls_per_minute": 30})
+    gateway_dir = target / "brmcp-gateway"
+    if gateway:
+        block = {"allowed_uids": allowed, "calls_per_minute": 30, "upstream": {"command": list(gateway)}}
+        written += _write_bot_dir(gateway_dir, bot, block)
     bridges: dict[str, str] = {}
     for fake in others:
         bridge_dir = target / f"brmcp-bridge-{fake.nick}"
@@ -312,11 +332,37 @@ def write_confs(target: Path, fakes: Sequence[FakeBRClient]) -> dict[str, Any]:
         bridges[fake.nick] = str(bridge_dir)
     steps = [f"configs in {target} (the bot is {bot.nick}, uid {bot.uid}):"]
     steps.append(f"  brmcp-serve --datadir {serve_dir}")
+    if gateway:
+        steps.append(
+            f"  brmcp-serve --datadir {gateway_dir}    (instead: the bot selling {shlex.join(gateway)}; "
+            "its first run lists the tools into prices.json, the next one serves)"
+        )
     for nick, path in bridges.items():
         steps.append(f"  brmcp-bridge --datadir {path}    ({nick}'s bridge; then, in another terminal:)")
         steps.append(f"  brmcp-bridge --datadir {path} config-snippet {bot.uid}")
         steps.append(f"  brmcp-bridge --datadir {path} ui    (a login link to approve payments)")
-    return {"serve": str(serve_dir), "bridges": bridges, "written": written, "next_steps": steps}
+    result: dict[str, Any] = {"serve": str(serve_dir)}
+    if gateway:
+        result["gateway"] = str(gateway_dir)
+    return result | {"bridges": bridges, "written": written, "next_steps": steps}
+
+
+def _write_bot_dir(directory: Path, bot: FakeBRClient, harness: dict[str, Any]) -> list[str]:
+    """``brmcp-serve.conf`` for ``bot`` (always) and ``brmcp.json`` with
+    ``harness`` (only when missing) in ``directory``; the paths written."""
+    from ...clientrpc import write_bot_config
+
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    conf = directory / "brmcp-serve.conf"
+    write_bot_config(conf, bot.bot_config(directory, "brmcp-serve"))
+    written = [str(conf)]
+    allow = directory / "brmcp.json"
+    if not allow.exists():
+        fd = os.open(allow, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(harness, indent=2) + "\n")
+        written.append(str(allow))
+    return written
 
 
 def _print_summary(summary: dict[str, Any], summary_path: Path, *, as_json: bool) -> None:
@@ -381,6 +427,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_confs:
         args.write_confs = str(Path(args.write_confs).expanduser().resolve())
     nicks = _users(args.users)
+    args.gateway_command = None
+    if args.gateway is not None:
+        if not args.write_confs:
+            raise SystemExit(
+                "brmcp-fakebr: --gateway CMD needs --write-confs DIR (it writes the bot's configs)"
+            )
+        try:
+            args.gateway_command = shlex.split(args.gateway)
+        except ValueError as exc:
+            raise SystemExit(f"brmcp-fakebr: --gateway {args.gateway!r}: {exc}") from None
+        if not args.gateway_command:
+            raise SystemExit("brmcp-fakebr: --gateway needs a command, e.g. --gateway 'uvx mcp-server-time'")
     if args.port and not 1 <= args.port <= 65536 - len(nicks):
         raise SystemExit(
             f"brmcp-fakebr: --port {args.port}: the {len(nicks)} user(s) take ports {args.port} to "

@@ -40,6 +40,7 @@ from brmcp.lockfile import FileLock, acquire_datadir
 from brmcp.metrics import MetricsEndpoint, ServeMetrics
 from brmcp.router import Router
 from brmcp.server import Harness, HarnessConfig, lock_brclient, run_bot
+from brmcp.server.chathelp import DEFAULT_TEXT, ChatHelp, render
 
 from .config import (
     SERVE_CONFIG_FILE,
@@ -77,9 +78,15 @@ class ServeApp:
     (bad URL or certificate paths, naming the file) or
     :class:`~brmcp.server.HarnessError` (unusable database).
 
+    A plain-chat PM (not a brmcp envelope) gets one reply per sender per
+    hour saying how to reach the bot from an agent, unless ``chat_help`` in
+    ``brmcp.json`` is false (a string replaces the text;
+    :mod:`brmcp.server.chathelp`). Envelopes are never answered with chat.
+
     Attributes: :attr:`harness`, :attr:`client`, :attr:`config` (in force),
     :attr:`router` (once running), :attr:`identity` (brclient's own, once
-    connected).
+    connected), :attr:`chat_help` and :attr:`chat_replies` (the plain-chat
+    reply's throttle and count).
     """
 
     def __init__(
@@ -117,6 +124,11 @@ class ServeApp:
         self.identity: PublicIdentity | None = None
         #: The Prometheus endpoint (:meth:`enable_metrics`), or None.
         self.metrics_endpoint: MetricsEndpoint | None = None
+        #: The throttle of the plain-chat reply (``chat_help`` in brmcp.json).
+        self.chat_help = ChatHelp()
+        #: Plain-chat replies decided on so far (each is then sent in the background).
+        self.chat_replies = 0
+        self._tg: anyio.abc.TaskGroup | None = None
         self._ran = False
 
     def enable_metrics(self, address: str) -> MetricsEndpoint:
@@ -161,7 +173,9 @@ class ServeApp:
             if upstream is None:
                 upstream = load_upstream_block(root / SERVE_CONFIG_FILE)
             if upstream is not None:
-                upstream.headers(root)  # fail now on a missing variable or headers file
+                # Fail now on a missing variable or headers file.
+                upstream.headers(root)
+                upstream.process_env()
                 prices = load_prices(root / PRICES_FILE)
         except (UpstreamConfigError, PriceError) as exc:
             raise ServeConfigError(str(exc)) from None
@@ -176,7 +190,7 @@ class ServeApp:
 
     def reload(self) -> ServeConfig:
         """Re-read ``brmcp.json`` (and, when selling an upstream,
-        ``prices.json``) and apply the allowlist, rate and prices at once
+        ``prices.json``) and apply the allowlist, rate, ``chat_help`` and prices at once
         (no restart; sessions already open keep running, but every new
         message is checked against the new allowlist). Raises
         :class:`ServeConfigError` and keeps the settings in force when a
@@ -260,6 +274,7 @@ class ServeApp:
     async def _serve(self, handle_signals: bool, task_status: anyio.abc.TaskStatus[ServeApp]) -> None:
         self._warn_if_closed()
         async with self.client, anyio.create_task_group() as tg:
+            self._tg = tg
             if handle_signals:
                 await tg.start(self._signals, tg.cancel_scope)
             if self.gateway is not None:
@@ -272,7 +287,14 @@ class ServeApp:
                 else:
                     log.info("brmcp-serve: metrics at %s", self.metrics_endpoint.url)
             self.router = await tg.start(
-                partial(run_bot, self.harness, self.client, on_connected=self._on_connected, exclusive=False)
+                partial(
+                    run_bot,
+                    self.harness,
+                    self.client,
+                    on_connected=self._on_connected,
+                    on_pm=self._on_chat,
+                    exclusive=False,
+                )
             )
             if self.gateway is not None:
                 log.info(
@@ -283,8 +305,8 @@ class ServeApp:
                 )
             else:
                 log.info(
-                    "brmcp-serve: echo (free) and fortune (%d atoms); brclient at %s",
-                    FORTUNE_PRICE_ATOMS,
+                    "brmcp-serve: echo (free) and fortune (%s atoms); brclient at %s",
+                    f"{FORTUNE_PRICE_ATOMS:,}",
                     self.client.url,
                 )
             task_status.started(self)
@@ -300,6 +322,47 @@ class ServeApp:
             self.identity.nick,
             self.identity.uid,
             self.client.url,
+        )
+
+    async def _on_chat(self, uid: str, text: str) -> None:
+        """A plain-chat PM (never an envelope: run_bot routes those to the
+        harness): answer it with how to reach the bot from an agent, at most
+        once per sender per hour, unless ``chat_help`` is false. The reply
+        is sent in the background so the PM stream does not wait for it."""
+        setting = self.config.chat_help
+        if setting is False or self._tg is None:
+            return
+        identity = self.identity
+        if identity is None:
+            try:
+                identity = self.identity = await self.client.user_public_identity()
+            except (ClientrpcError, TimeoutError) as exc:
+                log.debug("plain chat from %s not answered: own identity unknown: %s", uid, exc)
+                return
+        if uid.lower() == identity.uid or not self.chat_help.should_reply(uid):
+            return
+        reply = render(
+            DEFAULT_TEXT if setting is True else setting,
+            bot_uid=identity.uid,
+            bot_nick=identity.nick,
+            sender_uid=uid,
+            allowed=self.harness.allowed(uid),
+        )
+        self.chat_replies += 1
+        self._tg.start_soon(self._send_chat_help, uid, reply)
+
+    async def _send_chat_help(self, uid: str, reply: str) -> None:
+        try:
+            await self.client.send_pm(uid, reply)
+        except (ClientrpcError, TimeoutError) as exc:
+            self.chat_help.forget(uid)
+            log.warning("plain chat from %s: the how-to-connect reply was not sent: %s", uid, exc)
+            return
+        log.info(
+            "plain chat from %s: replied with how to connect an agent (once an hour per sender; "
+            'turn off with "chat_help": false in %s)',
+            uid,
+            self.config_path,
         )
 
     async def _signals(

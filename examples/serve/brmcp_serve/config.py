@@ -12,18 +12,32 @@ docs/interop.md §What is verified).
 * ``allowed_uids``: Bison Relay uids (64 hex characters; stored lowercased)
   of the callers admitted; empty (or ``null``) refuses everyone.
 * ``calls_per_minute``: per-caller rate limit; 0 selects 30.
+* ``chat_help`` (optional, brmcp's own; the Go brmcp-serve ignores plain
+  chat): what a human who sends the bot a plain-chat PM gets back, at most
+  once per sender per hour (:mod:`brmcp.server.chathelp`): ``true`` (the
+  default) the built-in text on how to reach the bot from an agent,
+  ``false`` or ``""`` nothing, a string your own text (``{bot_uid}``,
+  ``{bot_nick}`` and ``{sender_uid}`` are filled in).
+* ``upstream``: brmcp/gateway's (:func:`brmcp.gateway.load_upstream_block`).
 
-Other keys (the Go reference's optional ``directory`` block) are ignored.
+Keys are matched case-insensitively, as Go's ``encoding/json`` does (the Go
+reference reads this file). The Go reference's optional ``directory`` block
+is ignored with an INFO line; any other key is ignored with a WARNING that
+names the file, the key and the closest known key ("did you mean"), so a
+typo such as ``allowed_uid`` does not silently refuse every caller. A value
+of the wrong kind is an error naming the file, key, value and what is
+allowed.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +73,10 @@ TEMPLATE = '{\n  "allowed_uids": [],\n  "calls_per_minute": 30\n}'
 
 _UID = re.compile(r"[0-9a-fA-F]{64}")
 _INT64_MAX = (1 << 63) - 1
+#: The keys this loader reads (``upstream``: brmcp/gateway's).
+_KEYS = ("allowed_uids", "calls_per_minute", "chat_help", "upstream")
+#: Keys the Go reference reads that this example does not use.
+_GO_ONLY_KEYS = ("directory",)
 
 
 class ServeConfigError(ValueError):
@@ -69,11 +87,13 @@ class ServeConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
     """The content of ``brmcp.json``: ``allowed_uids`` (lowercase 64-hex
-    uids, in file order, without duplicates) and ``calls_per_minute``
-    (0 means the default of 30)."""
+    uids, in file order, without duplicates), ``calls_per_minute`` (0 means
+    the default of 30) and ``chat_help`` (True: the built-in plain-chat
+    reply, False: none, a string: that text)."""
 
     allowed_uids: tuple[str, ...] = ()
     calls_per_minute: int = DEFAULT_CALLS_PER_MINUTE
+    chat_help: bool | str = True
 
     @property
     def rate(self) -> int:
@@ -83,42 +103,100 @@ class ServeConfig:
     def to_json(self) -> str:
         """The file text (two-space indent, no trailing newline, as Go's
         ``MarshalIndent``)."""
-        return json.dumps(
-            {"allowed_uids": list(self.allowed_uids), "calls_per_minute": self.calls_per_minute}, indent=2
-        )
+        data: dict[str, Any] = {
+            "allowed_uids": list(self.allowed_uids),
+            "calls_per_minute": self.calls_per_minute,
+        }
+        if self.chat_help is not True:
+            data["chat_help"] = self.chat_help
+        return json.dumps(data, indent=2)
 
     @classmethod
     def parse(cls, text: str, *, source: str = SERVE_CONFIG_FILE) -> ServeConfig:
-        """Parse and validate file text. Raises :class:`ServeConfigError`
-        naming ``source`` for invalid JSON, a non-object, an ``allowed_uids``
-        that is not a list of 64-hex strings, or a ``calls_per_minute`` that
-        is not an integer in 0..2**63-1."""
+        """Parse and validate file text. Keys match case-insensitively (an
+        exact match first, as Go's decoder does). Raises
+        :class:`ServeConfigError` naming ``source`` for invalid JSON, a
+        non-object, an ``allowed_uids`` that is not a list of 64-hex
+        strings, a ``calls_per_minute`` that is not an integer in
+        0..2**63-1, or a ``chat_help`` that is not true, false or a string.
+        Logs a WARNING per unknown key (with the closest known key) and an
+        INFO line for the Go reference's ``directory`` block."""
         try:
             data = json.loads(text)
         except ValueError as exc:
             raise ServeConfigError(f"{source}: not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ServeConfigError(f"{source}: expected a JSON object, got {_json_type(data)}")
+        data, unknown = canonical_keys(data, (*_KEYS, *_GO_ONLY_KEYS))
         uids = _parse_uids(data.get("allowed_uids"), source)
         rate = data.get("calls_per_minute", DEFAULT_CALLS_PER_MINUTE)
         if rate is None:
             rate = DEFAULT_CALLS_PER_MINUTE
+        allowed_rate = "use a whole number >= 0 (0 selects 30)"
         if isinstance(rate, bool) or not isinstance(rate, int):
-            raise ServeConfigError(f"{source}: calls_per_minute must be an integer, got {_json_type(rate)}")
+            raise ServeConfigError(
+                f"{source}: calls_per_minute must be an integer, got {_json_type(rate)} "
+                f"({_shown(rate)}); {allowed_rate}"
+            )
         if not 0 <= rate <= _INT64_MAX:
             raise ServeConfigError(f"{source}: calls_per_minute must be >= 0 (0 selects 30), got {rate}")
-        # "upstream" is brmcp/gateway's (read by brmcp.gateway.load_upstream_block).
-        ignored = sorted(set(data) - {"allowed_uids", "calls_per_minute", "upstream"})
+        chat_help = data.get("chat_help", True)
+        if chat_help is None:
+            chat_help = True
+        if isinstance(chat_help, str) and not chat_help.strip():
+            chat_help = False
+        if not isinstance(chat_help, bool | str):
+            raise ServeConfigError(
+                f"{source}: chat_help: {_shown(chat_help)} is not allowed: use true (the built-in reply to "
+                "plain chat), false (no reply) or a string (your own reply text)"
+            )
+        ignored = [key for key in data if key in _GO_ONLY_KEYS]
         if ignored:
             log.info("%s: ignoring keys this example does not use: %s", source, ", ".join(ignored))
-        return cls(allowed_uids=uids, calls_per_minute=rate)
+        for key in unknown:
+            log.warning("%s", unknown_key_warning(source, key, _KEYS))
+        return cls(allowed_uids=uids, calls_per_minute=rate, chat_help=chat_help)
+
+
+def canonical_keys(data: dict[str, Any], known: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """Go's ``encoding/json`` rule for a struct: each key of ``data`` names
+    the known field it equals, else the one it equals ignoring case; a
+    later key for the same field wins. Returns the values by their known
+    names and, in file order, the keys that name no field."""
+    folded = {name.casefold(): name for name in known}
+    out: dict[str, Any] = {}
+    unknown: list[str] = []
+    for key, value in data.items():
+        name = key if key in known else folded.get(key.casefold())
+        if name is None:
+            unknown.append(key)
+        else:
+            out[name] = value
+    return out, unknown
+
+
+def unknown_key_warning(source: str, key: str, known: Sequence[str]) -> str:
+    """The one-line warning for an unknown key: ``<source>: unknown key
+    "<key>" ignored (did you mean "<closest>"?)``, the hint only when a
+    known key is close (difflib)."""
+    close = difflib.get_close_matches(key.casefold(), list(known), n=1, cutoff=0.6)
+    hint = f' (did you mean "{close[0]}"?)' if close else f" (the keys are {', '.join(known)})"
+    return f"{source}: unknown key {json.dumps(key)} ignored{hint}"
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _parse_uids(value: Any, source: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise ServeConfigError(f"{source}: allowed_uids must be a list of uids, got {_json_type(value)}")
+        raise ServeConfigError(
+            f"{source}: allowed_uids must be a list of uids, got {_json_type(value)} ({_shown(value)}); "
+            'use ["<64-hex uid>", ...] ([] refuses everyone)'
+        )
     seen: dict[str, None] = {}
     for index, uid in enumerate(value):
         if not isinstance(uid, str) or _UID.fullmatch(uid) is None:
