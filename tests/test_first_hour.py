@@ -578,11 +578,6 @@ def test_brmcp_serve_on_a_taken_metrics_port_is_one_line(tmp_path: Path) -> None
         assert _files(serve_dir) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="brmcp-bridge's start-up does not call brmcp.metrics.check_listen_address before it creates "
-    "its files yet (it logs the error and runs without metrics)",
-)
 def test_brmcp_bridge_on_a_taken_metrics_port_is_one_line(tmp_path: Path) -> None:
     with _fakebr_with_confs(tmp_path) as confs, _held_port() as port:
         bridge_dir = confs / "brmcp-bridge-alice"

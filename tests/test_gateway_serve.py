@@ -33,7 +33,7 @@ def test_first_run_with_upstream_writes_prices_json(
     out = capsys.readouterr().out
     assert "prices.json" in out
     prices = json.loads((datadir / "prices.json").read_text())
-    assert prices == {"default": "free", "tools": {}}
+    assert prices == {"default": "free", "tools": {"get_current_time": 0, "convert_time": 0}}
     assert (datadir / "prices.json").stat().st_mode & 0o777 == 0o600
     # A later run with prices.json present but no upstream serves the example:
     # nothing new to create.

@@ -493,7 +493,12 @@ class BridgeDaemon:
 
     def _lock_brclient(self) -> FileLock:
         return acquire_brclient(
-            self.client.server_cert, self.client.url, what="brmcp-bridge", error=BridgeError
+            self.client.server_cert,
+            self.client.url,
+            what="brmcp-bridge",
+            error=BridgeError,
+            client_cert=self.client.client_cert,
+            client_key=self.client.client_key,
         )
 
     async def _run(self, handle_signals: bool, task_status: anyio.abc.TaskStatus[BridgeDaemon]) -> None:

@@ -497,6 +497,7 @@ class Settler:
         """``payer.pay``, recording in the spend log (on disk) the moment the
         payer says the wallet took the payment (:func:`payment_scheduled`)."""
         taken = anyio.Event()
+        failure: Exception | None = None
         token = _SCHEDULED.set(taken.set)
         try:
             async with anyio.create_task_group() as tg:
@@ -513,11 +514,16 @@ class Settler:
                 tg.start_soon(record)
                 try:
                     await self._payer.pay(bot, amount)
+                except Exception as exc:
+                    # Raised below, as itself (not wrapped in a group).
+                    failure = exc
                 finally:
                     if not taken.is_set():
                         tg.cancel_scope.cancel()
         finally:
             _SCHEDULED.reset(token)
+        if failure is not None:
+            raise failure
 
     async def _pay(
         self,
