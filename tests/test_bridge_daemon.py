@@ -32,6 +32,7 @@ from serve_support import ServeEnv, serve_network, until
 from brmcp.bridge import BridgeDaemon, BridgeError, Settings, TipMatcher, TipPayer, TipPaymentError
 from brmcp.bridge.cli import main
 from brmcp.bridge.daemon import RUNTIME_FILE, read_runtime, resolve_listen
+from brmcp.bridge.link import no_answer_hint
 from brmcp.clientrpc import write_bot_config
 from brmcp.testing.fakebr import KIND_PM, KIND_TIP_PROGRESS, FakeBRClient, TipFailure, ensure_brclient_certs
 
@@ -638,3 +639,18 @@ async def test_tip_payer_waits_for_a_reconnect(tmp_path: Path) -> None:
             tips = [p for m, p in alice.requests if m == "PaymentsService.TipUser"]
             assert len(tips) == 1
             tg.cancel_scope.cancel()
+
+
+async def test_the_no_answer_hint_names_the_daemon_s_own_uid(tmp_path: Path) -> None:
+    """The hint an agent gets from a bot that never answers names this
+    daemon's uid (as brclient reports it), not a placeholder."""
+    with anyio.fail_after(60):
+        async with (
+            serve_network(tmp_path, allowed=[]) as env,
+            running_daemon(env, tmp_path / "bridge", bridge_settings(env.bot.uid)) as daemon,
+        ):
+            await until(lambda: daemon.bridge._own_uid == env.alice.uid, 10)
+            link = daemon.bridge._proxy(env.bot.uid).link
+            hint = no_answer_hint(env.bot.uid, 30, link._own_uid)
+            assert f"is your uid {env.alice.uid} on its allowed_uids?" in hint
+            assert "(this bridge's uid)" not in hint

@@ -201,7 +201,8 @@ class RateGate:
 
 def no_answer_hint(bot: str, seconds: float, own_uid: str | None) -> str:
     """The message an agent gets when a bot does not answer ``initialize``
-    (issue 11 §6): the two usual causes, named."""
+    (BRIDGE.md §Deadlines and re-sends, "Unanswered bots"): the two usual
+    causes, named, with this bridge's own uid when it is known."""
     mine = own_uid if own_uid else "(this bridge's uid)"
     return (
         f"no answer from bot {bot} in {seconds:g} s: "

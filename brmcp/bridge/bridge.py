@@ -130,6 +130,7 @@ class Bridge:
             parse_listen_address(config.listen)
         self.config = config
         self._clock = config.clock
+        self._own_uid: str | None = config.uid
         #: This bridge's ``brmcp/callerEpoch`` (WIRE.md §Pay alongside): new at
         #: every start, so a bot drops calls held for the process before it.
         self._epoch = secrets.token_hex(8)
@@ -415,7 +416,7 @@ class Bridge:
             snapshot=snapshot,
             clock=self._clock.now,
             retry=self.config.retry,
-            own_uid=self.config.uid,
+            own_uid=self._own_uid,
             timer=self._clock,
         )
         funding = Funding(uid, self._settler, self._current, link.fixed_price, link.spawn)
@@ -431,6 +432,15 @@ class Bridge:
         self._links[uid] = link
         self._proxies[uid] = proxy
         return proxy
+
+    def set_own_uid(self, uid: str) -> None:
+        """Name this bridge's own BR uid (64 hex, as brclient reported it) in
+        the hint an agent gets from a bot that does not answer (BRIDGE.md
+        §Deadlines and re-sends, "Unanswered bots"), for links built now and
+        later; a daemon calls it once connected to brclient."""
+        self._own_uid = uid
+        for link in self._links.values():
+            link._own_uid = uid
 
     def link(self, uid: str) -> BotLink | None:
         """The link to bot ``uid`` if one was built (observability)."""

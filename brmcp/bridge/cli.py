@@ -642,15 +642,11 @@ _COMMANDS = {
 def _run_daemon(args: argparse.Namespace, datadir: Path) -> int:
     if args.metrics:
         # Before anything is created: a taken port leaves nothing behind.
-        from ..metrics import MetricsListenError, check_listen_address
+        from ..metrics import metrics_address_problem
 
-        try:
-            check_listen_address(args.metrics)
-        except MetricsListenError as exc:
-            print(f"{PROG}: {exc}", file=sys.stderr)
-            return 1
-        except ValueError as exc:
-            print(f"{PROG}: --metrics: {exc}", file=sys.stderr)
+        problem = metrics_address_problem(args.metrics)
+        if problem is not None:
+            print(f"{PROG}: {problem}", file=sys.stderr)
             return 1
     conf = datadir / f"{BOT_CONFIG_NAME}.conf"
     try:

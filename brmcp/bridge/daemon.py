@@ -640,6 +640,8 @@ class BridgeDaemon:
             log.warning("connected to brclient at %s; identity unknown: %s", self.client.url, exc)
             return
         log.info("connected to brclient at %s as %s (uid %s)", self.client.url, ident.nick, ident.uid)
+        if ident.uid:
+            self.bridge.set_own_uid(ident.uid)
 
     async def _pm_loop(self, pms: Subscription[ReceivedPM]) -> None:
         async for pm in pms:

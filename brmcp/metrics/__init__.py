@@ -19,7 +19,14 @@ so several can run in one process. No metric carries a uid or any secret:
 labels are tool names and fixed outcome words.
 """
 
-from .endpoint import MetricsEndpoint, MetricsListenError, cannot_listen, check_listen_address, probe_listen
+from .endpoint import (
+    MetricsEndpoint,
+    MetricsListenError,
+    cannot_listen,
+    check_listen_address,
+    metrics_address_problem,
+    probe_listen,
+)
 from .registry import BUILD_INFO, BridgeMetrics, MetricsRegistry, ServeMetrics
 
 __all__ = [
@@ -31,5 +38,6 @@ __all__ = [
     "ServeMetrics",
     "cannot_listen",
     "check_listen_address",
+    "metrics_address_problem",
     "probe_listen",
 ]

@@ -82,6 +82,18 @@ def check_listen_address(address: str, *, option: str = "--metrics") -> None:
         raise MetricsListenError(host, port, exc, option=option) from None
 
 
+def metrics_address_problem(address: str, *, option: str = "--metrics") -> str | None:
+    """The one line a daemon prints (after its name) before exiting 1 when
+    ``address`` cannot serve metrics (:func:`check_listen_address`), else None."""
+    try:
+        check_listen_address(address, option=option)
+    except MetricsListenError as exc:
+        return str(exc)
+    except ValueError as exc:
+        return f"{option}: {exc}"
+    return None
+
+
 class _MetricsApp:
     """ASGI: ``/metrics`` from prometheus-client, 404 elsewhere."""
 

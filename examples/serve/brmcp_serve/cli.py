@@ -47,7 +47,7 @@ from brmcp.gateway import (
     parse_header_env,
     prices_template,
 )
-from brmcp.metrics import MetricsListenError, check_listen_address
+from brmcp.metrics import metrics_address_problem
 from brmcp.server import HarnessError
 
 from .app import ServeApp
@@ -331,13 +331,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return 1
         return 0
     if args.metrics:
-        try:
-            check_listen_address(args.metrics)
-        except MetricsListenError as exc:
-            print(f"{PROG}: {exc}", file=sys.stderr)
-            return 1
-        except ValueError as exc:
-            print(f"{PROG}: --metrics: {exc}", file=sys.stderr)
+        # Before anything is created: a taken port leaves nothing behind.
+        problem = metrics_address_problem(args.metrics)
+        if problem is not None:
+            print(f"{PROG}: {problem}", file=sys.stderr)
             return 1
     try:
         upstream = _upstream_from_args(args, datadir)
