@@ -144,7 +144,10 @@ def test_spend_from_the_file(tmp_path: Path) -> None:
     assert "failed (no route)" in out
     # A prepayment is marked as one in the table too (the JSON has "prepay": true).
     assert "failed (prepayment) (denied)" in out
-    assert out.endswith("spent in the last 24 hours: 10000 atoms\n")
+    # Atoms with thousands separators in the table, as on the approvals page.
+    assert "  10,000  paid" in out
+    assert "10000" not in out
+    assert out.endswith("spent in the last 24 hours: 10,000 atoms\n")
     path.write_text("[{")
     status, _, err = run("--datadir", str(tmp_path), "spend")
     assert status == 1

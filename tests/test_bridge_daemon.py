@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +176,7 @@ async def test_paid_call_through_the_daemon_and_the_cli(tmp_path: Path) -> None:
                 assert status == 0
                 assert "fortune" in out
                 assert "paid" in out
-                assert "spent in the last 24 hours: 10000 atoms" in out
+                assert "spent in the last 24 hours: 10,000 atoms" in out
 
                 status, out, _ = await cli("--datadir", d, "config-snippet", bot.uid.upper())
                 assert status == 0
@@ -217,6 +218,10 @@ async def test_paid_call_through_the_daemon_and_the_cli(tmp_path: Path) -> None:
                     )
                     status, out, _ = await cli("--datadir", d, "approvals")
                     assert pending[0]["id"] in out
+                    header, row = out.splitlines()
+                    assert header.endswith("CREATED (UTC)")
+                    created = datetime.fromtimestamp(pending[0]["created"], UTC).strftime("%Y-%m-%d %H:%M:%S")
+                    assert row.endswith(f"  10,000  {created}")
                     status, _, err = await cli("--datadir", d, "approvals", "approve", "no-such-id")
                     assert status == 1
                     assert err.count("\n") == 1
@@ -259,7 +264,7 @@ async def test_paid_call_through_the_daemon_and_the_cli(tmp_path: Path) -> None:
                 f"brmcp-bridge: the daemon is not running (no {datadir / RUNTIME_FILE}); "
                 f"read from {datadir / 'mcpspend.json'}"
             )
-            assert "spent in the last 24 hours: 20000 atoms" in out
+            assert "spent in the last 24 hours: 20,000 atoms" in out
             status, _, err = await cli("--datadir", str(datadir), "approvals")
             assert status == 1
             assert err.strip() == (

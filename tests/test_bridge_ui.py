@@ -212,3 +212,42 @@ async def test_notification_command_runs_once_per_parked_payment(tmp_path: Path)
     assert seen["BRMCP_ATOMS"] == "500"
     assert seen["BRMCP_APPROVE_COMMAND"].endswith(f"approvals approve {pending.id}")
     assert TOKEN not in line
+
+
+async def test_settings_footer_names_the_data_dir(tmp_path: Path) -> None:
+    """The page's "Change them with …" command can be pasted as printed: it
+    carries --datadir for a bridge whose data dir is not the default."""
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path) as env, env.http() as http:
+            await _login(env, http)
+            page = (await http.get("/ui/")).text
+            assert f"<code>brmcp-bridge --datadir {env.data_dir} settings set KEY=VALUE</code>" in page
+
+
+def test_cli_command_adds_datadir_only_when_not_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from brmcp.bridge import _command
+
+    monkeypatch.setattr(_command, "default_datadir", lambda: tmp_path / "default")
+    assert _command.cli_command(tmp_path / "default") == "brmcp-bridge"
+    assert _command.cli_command(tmp_path / "other") == f"brmcp-bridge --datadir {tmp_path / 'other'}"
+    spaced = tmp_path / "my bridge"
+    assert _command.cli_command(spaced) == f"brmcp-bridge --datadir '{spaced}'"
+    settings = fixture_settings()
+    state = PageState(settings, (), SpendSummary((), 0), {}, now=0, version=1)
+    assert "<code>brmcp-bridge settings set KEY=VALUE</code>" in render_page(state, "csrf")
+
+
+def test_bridge_md_explains_agent_timeouts_in_approval_mode() -> None:
+    text = (Path(__file__).resolve().parent.parent / "BRIDGE.md").read_text()
+    section = text[text.index("## Approvals page") : text.index("## Embedding the library")]
+    for needle in (
+        "approval_timeout_secs",
+        "120 s by default",
+        "60 s",
+        "MCP_SERVER_REQUEST_TIMEOUT",
+        "Reset Timeout on Progress",
+        "MCP_TOOL_TIMEOUT=300000 claude",
+    ):
+        assert needle in section, needle

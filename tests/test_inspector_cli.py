@@ -94,7 +94,10 @@ async def test_inspector_paid_call_pays_once_and_runs_once(tmp_path: Path, node_
         result = _json(out)
         assert result["isError"] is False
         assert result["structuredContent"] == {"n": 1}
-        assert result["content"] == [{"type": "text", "text": '{"n":1}'}]
+        # The tool's own text, then the bridge's note of what moved (BRIDGE.md §The hard bound).
+        assert result["content"][0] == {"type": "text", "text": '{"n":1}'}
+        assert result["content"][1]["text"].startswith("brclientd: paid 500 atoms to the bot for this call")
+        assert len(result["content"]) == 2
         assert env.payer.calls == [(BOT, 500)]
         assert env.executions == {"paid": 1}
         log = env.bridge.spend_log()
@@ -130,12 +133,12 @@ async def test_inspector_reports_the_bridge_auth_error(tmp_path: Path, node_tool
             assert out == ""
             error = json.loads(err.strip().splitlines()[-1])["error"]
             assert error["code"] == "auth_required"
-            assert "brmcp-bridge config-snippet" in error["message"]
+            assert f"brmcp-bridge --datadir {env.data_dir} config-snippet" in error["message"]
         if shutil.which("script") is not None:
             code, out, err = await inspector(
                 node_tools, tmp_path, env.url, "--method", "tools/list", token="wrong-token", tty=True
             )
             assert code != 0
             assert '"auth_required"' in out + err
-            assert "brmcp-bridge config-snippet" in out + err
+            assert f"brmcp-bridge --datadir {env.data_dir} config-snippet" in out + err
         assert env.bridge.link(BOT) is None

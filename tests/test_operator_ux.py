@@ -50,15 +50,24 @@ async def test_401_says_bearer_and_where_the_token_comes_from(tmp_path: Path) ->
     with anyio.fail_after(30):
         async with bridge_env(tmp_path) as env, env.http() as http:
             path = f"/mcp/{BOT}"
+            # The hint's command names this bridge's (non-default) data dir, ready to paste.
+            snippet = f"brmcp-bridge --datadir {env.data_dir} config-snippet <bot uid>"
             for headers in (MCP_HEADERS, auth("wrong"), {"Authorization": TOKEN, **MCP_HEADERS}):
                 refused = await http.post(path, json=INIT, headers=headers)
                 assert refused.status_code == 401
-                assert refused.headers["www-authenticate"].startswith("Bearer ")
-                assert "resource_metadata" not in refused.headers["www-authenticate"]
+                challenge = refused.headers["www-authenticate"]
+                assert challenge.startswith("Bearer ")
+                assert "resource_metadata" not in challenge
+                if "Authorization" in headers:
+                    assert 'error="invalid_token"' in challenge
+                    assert snippet in challenge
+                else:
+                    # No credentials sent: no error code in the challenge (RFC 6750 §3.1).
+                    assert challenge == 'Bearer realm="brmcp-bridge"'
                 assert refused.headers["content-type"] == "application/json"
                 body = refused.json()
                 assert body["error"] == "unauthorized"
-                assert "brmcp-bridge config-snippet" in body["error_description"]
+                assert snippet in body["error_description"]
                 assert TOKEN not in refused.text
             for scheme in ("bearer", "BEARER", "Bearer"):
                 headers = {"Authorization": f"{scheme} {TOKEN}", **MCP_HEADERS}
@@ -66,8 +75,14 @@ async def test_401_says_bearer_and_where_the_token_comes_from(tmp_path: Path) ->
                 assert ok.status_code == 200, scheme
             admin = await http.get("/admin/settings", headers=auth())
             assert admin.status_code == 401
-            assert admin.headers["www-authenticate"].startswith("Bearer ")
+            assert admin.headers["www-authenticate"].startswith(
+                'Bearer realm="brmcp-bridge", error="invalid_token"'
+            )
             assert "mcpadmin.token" in admin.json()["error_description"]
+            bare = await http.get("/admin/settings")
+            assert bare.status_code == 401
+            assert bare.headers["www-authenticate"] == 'Bearer realm="brmcp-bridge"'
+            assert "mcpadmin.token" in bare.json()["error_description"]
             lower = await http.get(
                 "/admin/settings", headers={"Authorization": f"bearer {env.bridge.admin_token}"}
             )

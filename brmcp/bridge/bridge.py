@@ -24,6 +24,7 @@ from mcp.types import Implementation
 
 from ..router import Router, RouterOptions
 from ..sender import PMSender
+from ._command import cli_command
 from ._files import read_text, write_atomic
 from .admin import ConfigSnippet, admin_handler, config_snippet
 from .approvals import PendingPayment
@@ -256,6 +257,12 @@ class Bridge:
     def admin_token(self) -> str:
         """The admin surface's bearer token (empty before :meth:`start`)."""
         return self._admin_token
+
+    @property
+    def cli_command(self) -> str:
+        """How hints and the approvals page name the command line:
+        ``brmcp-bridge``, plus ``--datadir <data dir>`` unless it is the default."""
+        return cli_command(self._data_dir)
 
     # -- settings -----------------------------------------------------------------
 

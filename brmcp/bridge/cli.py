@@ -57,6 +57,7 @@ import anyio
 from .._console import add_version, quiet_broken_pipe
 from ..botlog import LEVEL_CHOICES, LogSetupError, bot_logging
 from ..clientrpc import BotConfig, ClientrpcConfigError
+from ._command import default_datadir
 from .bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN
 from .daemon import (
     BOT_CONFIG_NAME,
@@ -129,18 +130,6 @@ class _AdminError(CLIError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message or f"HTTP {status}")
         self.status = status
-
-
-def default_datadir() -> Path:
-    """``~/.brmcp-bridge`` (Linux/BSD), ``~/Library/Application Support/Brmcp-bridge``
-    (macOS), ``%LOCALAPPDATA%\\Brmcp-bridge`` (Windows)."""
-    home = Path.home()
-    if sys.platform == "darwin":
-        return home / "Library" / "Application Support" / "Brmcp-bridge"
-    if sys.platform == "win32":
-        local = os.environ.get("LOCALAPPDATA")
-        return (Path(local) if local else home / "AppData" / "Local") / "Brmcp-bridge"
-    return home / ".brmcp-bridge"
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -514,11 +503,11 @@ def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
     if not pending:
         print("no payments waiting for approval")
         return
-    print(f"{'ID':<34} {'BOT':<18} {'TOOL':<20} {'ATOMS':>12}  CREATED")
+    print(f"{'ID':<34} {'BOT':<18} {'TOOL':<20} {'ATOMS':>12}  CREATED (UTC)")
     for p in pending:
         print(
             f"{_shown(p['id']):<34} {_shown(p['bot'])[:16]:<18} {_shown(p['tool']):<20} "
-            f"{p['atoms']:>12}  {_when(p['created'])}"
+            f"{_atoms(p['atoms']):>12}  {_when(p['created'])}"
         )
 
 
@@ -548,9 +537,9 @@ def _cmd_spend(datadir: Path, args: argparse.Namespace) -> None:
                 status += f" ({_shown(e['err'])})"
             print(
                 f"{_when(e['ts']):<20} {_shown(e['bot'])[:16]:<18} {_shown(e['tool']):<20} "
-                f"{e['atoms']:>12}  {status}"
+                f"{_atoms(e['atoms']):>12}  {status}"
             )
-    print(f"spent in the last 24 hours: {result.get('day_total_atoms', 0)} atoms")
+    print(f"spent in the last 24 hours: {_atoms(result.get('day_total_atoms', 0))} atoms")
 
 
 def _cmd_config_snippet(datadir: Path, args: argparse.Namespace) -> None:
@@ -616,7 +605,16 @@ def _shown(value: Any) -> str:
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
+def _atoms(value: Any) -> str:
+    """An amount of atoms with thousands separators (``10,000``), as the
+    approvals page and the hints print it; anything else as it is."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return _shown(value)
+    return f"{value:,}"
+
+
 def _when(ts: Any) -> str:
+    """A Unix time as ``YYYY-MM-DD HH:MM:SS`` in UTC (the tables say so)."""
     try:
         return datetime.fromtimestamp(int(ts), UTC).strftime("%Y-%m-%d %H:%M:%S")
     except (TypeError, ValueError, OverflowError, OSError):

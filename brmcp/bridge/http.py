@@ -130,11 +130,15 @@ def bearer_matches(header: bytes | None, token: str) -> bool:
     return hmac.compare_digest(given.lstrip(b" "), token.encode("utf-8"))
 
 
-#: Shown in every 401 of ``/mcp/…``: where the agent's token comes from.
-UNAUTHORIZED_HINT = (
-    "this endpoint needs the header 'Authorization: Bearer <token>'; print the token and a ready "
-    "configuration with: brmcp-bridge config-snippet <bot uid>"
-)
+def unauthorized_hint(command: str = "brmcp-bridge") -> str:
+    """Shown in every 401 of ``/mcp/…``: where the agent's token comes from.
+    ``command`` is the bridge's command line (with ``--datadir`` when needed)."""
+    return (
+        "this endpoint needs the header 'Authorization: Bearer <token>'; print the token and a ready "
+        f"configuration with: {command} config-snippet <bot uid>"
+    )
+
+
 #: Shown in every 401 of ``/admin/…``.
 ADMIN_UNAUTHORIZED_HINT = (
     "the admin surface needs 'Authorization: Bearer <admin token>' with the token in "
@@ -142,13 +146,17 @@ ADMIN_UNAUTHORIZED_HINT = (
 )
 
 
-async def send_unauthorized(send: Send, hint: str) -> None:
+async def send_unauthorized(send: Send, hint: str, *, credentials_sent: bool = True) -> None:
     """A 401 with ``WWW-Authenticate: Bearer`` (RFC 6750 §3) and a JSON body
     ``{"error": "unauthorized", "error_description": hint}``. The challenge
     names no ``resource_metadata``, so MCP clients report an auth error
-    instead of starting an OAuth flow the bridge does not offer."""
-    description = hint.replace('"', "'")
-    challenge = f'Bearer realm="brmcp-bridge", error="invalid_token", error_description="{description}"'
+    instead of starting an OAuth flow the bridge does not offer. Without
+    ``credentials_sent`` (no ``Authorization`` header) the challenge carries
+    no error code (RFC 6750 §3.1); with it, ``error="invalid_token"``."""
+    challenge = 'Bearer realm="brmcp-bridge"'
+    if credentials_sent:
+        description = hint.replace('"', "'")
+        challenge += f', error="invalid_token", error_description="{description}"'
     await send_json(
         send,
         401,
@@ -222,6 +230,11 @@ class EndpointHost(Protocol):
 
     @property
     def admin_token(self) -> str: ...
+
+    @property
+    def cli_command(self) -> str:
+        """``brmcp-bridge``, with ``--datadir`` when the data dir is not the default."""
+        ...
 
     def _proxy(self, uid: str) -> BotProxy: ...
 
@@ -496,12 +509,13 @@ class BridgeApp:
         auth = header_values(scope, b"authorization")
         if path.startswith("/admin/") or path == "/admin":
             if not bearer_matches(auth[0] if auth else None, bridge.admin_token):
-                await send_unauthorized(send, ADMIN_UNAUTHORIZED_HINT)
+                await send_unauthorized(send, ADMIN_UNAUTHORIZED_HINT, credentials_sent=bool(auth))
                 return
             await self._admin(scope, receive, send, path)
             return
         if not bearer_matches(auth[0] if auth else None, settings.token):
-            await send_unauthorized(send, UNAUTHORIZED_HINT)
+            hint = unauthorized_hint(bridge.cli_command)
+            await send_unauthorized(send, hint, credentials_sent=bool(auth))
             return
         uid = path[len("/mcp/") :].lower() if path.startswith("/mcp/") else ""
         if len(uid) != 64 or not set(uid) <= _HEX:

@@ -80,6 +80,11 @@ class UIHost(Protocol):
     def ui_sessions(self) -> UISessions: ...
 
     @property
+    def cli_command(self) -> str:
+        """``brmcp-bridge``, with ``--datadir`` when the data dir is not the default."""
+        ...
+
+    @property
     def change_version(self) -> int:
         """Bumped whenever the approvals or the spend log change."""
         ...
@@ -172,6 +177,7 @@ def _state(host: UIHost) -> PageState:
         balances=dict(host.bot_balances()),
         now=int(host.clock_now()),
         version=host.change_version,
+        command=host.cli_command,
     )
 
 

@@ -30,6 +30,8 @@ class PageState:
     balances: Mapping[str, BotBalance]
     now: int
     version: int
+    #: The command line the page tells you to run (``--datadir`` included when needed).
+    command: str = "brmcp-bridge"
 
 
 def _e(value: object) -> str:
@@ -140,7 +142,7 @@ def render_balances(balances: Mapping[str, BotBalance]) -> str:
     )
 
 
-def render_settings(settings: Settings) -> str:
+def render_settings(settings: Settings, command: str = "brmcp-bridge") -> str:
     """The settings in force (the agents' token hidden)."""
     bots = settings.allowed_bots or ()
     items = [
@@ -156,7 +158,7 @@ def render_settings(settings: Settings) -> str:
     allowed = "".join(f"<li><code>{_e(b)}</code></li>" for b in bots) or "<li>none</li>"
     return (
         f'<table class="settings"><tbody>{rows}<tr><th>allowed_bots</th><td><ul>{allowed}</ul></td></tr>'
-        "</tbody></table><p>Change them with <code>brmcp-bridge settings set KEY=VALUE</code>.</p>"
+        f"</tbody></table><p>Change them with <code>{_e(command)} settings set KEY=VALUE</code>.</p>"
     )
 
 
@@ -169,7 +171,7 @@ def render_fragments(state: PageState, csrf: str) -> dict[str, object]:
         "pending_count": len(state.pending),
         "spend": render_spend(state.spend, state.settings, state.now),
         "balances": render_balances(state.balances),
-        "settings": render_settings(state.settings),
+        "settings": render_settings(state.settings, state.command),
     }
 
 
