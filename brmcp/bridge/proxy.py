@@ -582,17 +582,15 @@ class BotProxy:
                         continue
                 # else: a prepayment this call waited for was not made (denied,
                 # failed): the call pays for itself below, as any refused call.
-            if (
-                budget.payments
-                and polls < POLL_ATTEMPTS - 1
-                and (gone is None or not gone.is_set())
-                and anyio.current_time() + 2 * POLL_INTERVAL < deadline
-            ):
-                # Paid: the credit may still be on its way to the bot. (Not
-                # past the deadline: the agent is then told what was paid.)
+            if budget.payments and polls < POLL_ATTEMPTS - 1 and (gone is None or not gone.is_set()):
+                # Paid: the credit may still be on its way to the bot.
                 await self._clock.sleep(POLL_INTERVAL)
                 polls += 1
-                continue
+                if anyio.current_time() < deadline:
+                    continue
+                # The deadline passed while polling: no reissue; the agent is
+                # told below what was paid (a result, not a deadline error).
+                polls = POLL_ATTEMPTS
             paying = anyio.current_time()
             reason = await self._decide(tool, refusal, budget, key, gone)
             deadline += anyio.current_time() - paying
