@@ -48,9 +48,17 @@ async def test_autopay_happy_path(tmp_path: Path) -> None:
             assert env.executions == {"paid": 1}
             assert env.payer.calls == [(BOT, 500)]
             log = env.bridge.spend_log()
-            assert [e.to_dict() for e in log.entries] == [
-                {"ts": START, "bot": BOT, "tool": "paid", "rail": "tip", "atoms": 500, "status": "paid"}
-            ]
+            (entry,) = [e.to_dict() for e in log.entries]
+            # The logical call's callKey is recorded with the payment made alongside it.
+            assert len(entry.pop("callKey")) == 32
+            assert entry == {
+                "ts": START,
+                "bot": BOT,
+                "tool": "paid",
+                "rail": "tip",
+                "atoms": 500,
+                "status": "paid",
+            }
             assert log.day_total_atoms == 500
             assert await env.harness.balance(CLIENT) == 0
         reloaded = env.new_bridge()
