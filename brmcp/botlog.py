@@ -209,7 +209,9 @@ def bot_logging(
     """Install logging for a console daemon while the block runs: records go
     to ``stream`` (default: stderr) and, when ``cfg.logfile`` is set, to that
     file (see the module docs); levels from ``cfg.debug`` or ``level``.
-    Yields the :class:`LogPlan`. On exit the handlers are removed and closed
+    Yields the :class:`LogPlan`. At ``info`` and above the MCP SDK's
+    ``mcp.*`` loggers are held at ``warn`` unless ``debug`` names them.
+    On exit the handlers are removed and closed
     and the previous levels restored. Raises :class:`LogSetupError` (one
     line naming the path) when the log file cannot be opened, and
     ValueError for a ``level`` that is not a level word."""
@@ -221,12 +223,17 @@ def bot_logging(
         handlers.append(file_handler)
     root = logging.getLogger()
     saved_root = root.level
-    saved = {name: logging.getLogger(name).level for name, _ in plan.loggers}
+    levels = list(plan.loggers)
+    if plan.level >= logging.INFO and not any(n == "mcp" or n.startswith("mcp.") for n, _ in levels):
+        # The MCP SDK's INFO lines (a session created or terminated, with its
+        # id) are not the operator's at info; a debug level shows them.
+        levels.append(("mcp", max(plan.level, logging.WARNING)))
+    saved = {name: logging.getLogger(name).level for name, _ in levels}
     for handler in handlers:
         handler.setFormatter(formatter)
         root.addHandler(handler)
     root.setLevel(plan.level)
-    for name, value in plan.loggers:
+    for name, value in levels:
         logging.getLogger(name).setLevel(value)
     try:
         for warning in plan.warnings:

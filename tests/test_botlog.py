@@ -142,3 +142,16 @@ def test_a_log_file_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
     ):
         pass
     assert root.handlers == handlers_before
+
+
+def test_the_sdk_s_info_lines_stay_out_of_an_info_log() -> None:
+    """At info the MCP SDK's session lines (with session ids) are held back;
+    a debug level shows them, and the levels are restored afterwards."""
+    sdk = logging.getLogger("mcp.server.streamable_http_manager")
+    before = logging.getLogger("mcp").level
+    with botlog.bot_logging(None, stream=io.StringIO()):
+        assert not sdk.isEnabledFor(logging.INFO)
+        assert sdk.isEnabledFor(logging.WARNING)
+    with botlog.bot_logging(None, level="debug", stream=io.StringIO()):
+        assert sdk.isEnabledFor(logging.INFO)
+    assert logging.getLogger("mcp").level == before
