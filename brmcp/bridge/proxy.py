@@ -75,19 +75,17 @@ from mcp.types import (
 )
 
 from ..payment import (
-    BALANCE_ATOMS_KEY,
     CALL_KEY,
     CALLER_EPOCH_KEY,
-    PAID_ATOMS_KEY,
     PAY_ALONGSIDE_KEY,
-    REFUNDED_ATOMS_KEY,
     REFUSAL_KEY,
     PaymentRequired,
-    Receipt,
     parse_payment_required,
     parse_receipt,
     payment_required_result,
 )
+from ._money import already, charged, spent, with_money
+from ._money import refunded as refunded_of
 from .budget import CallBudget, listing_of
 from .clock import Clock
 from .funding import Funding, Payment
@@ -520,11 +518,11 @@ class BotProxy:
                 text = f"the call's deadline passed while paying bot {bot[:8]} and waiting for it to see "
                 text += "the credit"
                 raise MCPError(
-                    INTERNAL_ERROR, f"{text if late else exc}; {_charged(*_spent(budget, ahead))}"
+                    INTERNAL_ERROR, f"{text if late else exc}; {charged(*spent(budget, ahead))}"
                 ) from None
             except LinkError as exc:
                 raise MCPError(
-                    INTERNAL_ERROR, f"bot unavailable: {exc}; {_charged(*_spent(budget, ahead))}"
+                    INTERNAL_ERROR, f"bot unavailable: {exc}; {charged(*spent(budget, ahead))}"
                 ) from None
             except MCPError as exc:
                 if exc.error.code == INVALID_PARAMS and exc.error.message == f'unknown tool "{tool}"':
@@ -533,7 +531,7 @@ class BotProxy:
                     self.link.doubt_tools()
                 raise
             receipt = parse_receipt(result.meta)
-            refunded = _refunded(result.meta)
+            refunded = refunded_of(result.meta)
             refusal = self._refusal_of(result)
             result = _clean_result(result)
             if _asks_to_retry(result) and retries < MAX_DUPLICATE_RETRIES:
@@ -565,7 +563,7 @@ class BotProxy:
             if refusal is None:
                 if funding is not None and not result.is_error:
                     funding.after_call(tool, result)
-                return self._with_money(result, budget, ahead, receipt, refunded)
+                return with_money(self._name, result, budget, ahead, receipt, refunded)
             if ahead is not None:
                 # Refused although a payment is on its way (a bot that does
                 # not hold marked calls, or a hold that ran out): wait for
@@ -670,7 +668,7 @@ class BotProxy:
             reason = f"{reason} ({now}); nothing was paid; a new price applies only to a new call of {tool}"
         if reason is not None:
             if budget.payments and "already paid" not in reason:
-                reason += _already(budget)
+                reason += already(budget)
             log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
             return reason
         asked = PaymentRequired(
@@ -684,52 +682,10 @@ class BotProxy:
         )
         if reason is not None:
             if budget.payments:
-                reason += _already(budget)
+                reason += already(budget)
             return reason
         budget.add(judgement.amount)
         return None
-
-    def _with_money(
-        self,
-        result: CallToolResult,
-        budget: CallBudget,
-        ahead: Payment | None,
-        receipt: Receipt | None,
-        refunded: tuple[int, int] | None,
-    ) -> CallToolResult:
-        """``result`` with what moved for this call told to the agent
-        (BRIDGE.md §The payment flow, "Money is visible"): one text item
-        ``<name>: paid N atoms to the bot for this call; the bot charged C
-        atoms; your credit at the bot: B atoms`` (the parts that apply), and
-        the ``_meta`` key ``brmcp/paidAtoms`` when this bridge paid for the
-        call; the bot's receipt and refund keys stay. Unchanged when no
-        atom moved."""
-        paid, _ = _spent(budget, ahead)
-        pending = ahead is not None and not ahead.done
-        charged = receipt.charged_atoms if receipt is not None else 0
-        refund = refunded[0] if refunded is not None else 0
-        if not (paid or pending or charged or refund):
-            return result
-        parts: list[str] = []
-        if paid:
-            parts.append(f"paid {paid} atoms to the bot for this call")
-        if pending and ahead is not None:
-            parts.append(f"a payment of {ahead.amount} atoms made alongside is being confirmed")
-        if charged:
-            parts.append(f"the bot charged {charged} atoms")
-        if refund:
-            parts.append(f"the call failed and the bot refunded {refund} atoms")
-        if receipt is not None:
-            parts.append(f"your credit at the bot: {receipt.balance_atoms} atoms")
-        elif refunded is not None:
-            parts.append(f"your credit at the bot: {refunded[1]} atoms")
-        elif paid:
-            parts.append("what the bot did not charge stays there as credit for later calls")
-        note = TextContent(type="text", text=f"{self._name}: " + "; ".join(parts))
-        update: dict[str, Any] = {"content": [*result.content, note]}
-        if paid:
-            update["meta"] = {**dict(result.meta or {}), PAID_ATOMS_KEY: paid}
-        return result.model_copy(update=update)
 
 
 def _asks_to_retry(result: CallToolResult) -> bool:
@@ -745,48 +701,6 @@ def _fingerprint(tool: str, arguments: dict[str, Any] | None) -> str:
     """What makes two calls "the same call": tool name and arguments."""
     text = json.dumps([tool, arguments or {}], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _spent(budget: CallBudget, ahead: Payment | None) -> tuple[int, int]:
-    """``(atoms, payments)`` made for a call so far: those counted in its
-    budget plus a confirmed payment made alongside not counted yet."""
-    if ahead is not None and ahead.confirmed:
-        return budget.paid_atoms + ahead.amount, budget.payments + 1
-    return budget.paid_atoms, budget.payments
-
-
-def _already(budget: CallBudget) -> str:
-    """The suffix of a refusal note for a call that already paid."""
-    return f" (already paid {budget.paid_atoms} atoms for this call; that credit stays at the bot)"
-
-
-def _refunded(meta: Any) -> tuple[int, int] | None:
-    """``(refunded atoms, balance after the refund)`` from a result's
-    ``_meta`` (``brmcp/refundedAtoms`` and ``brmcp/balanceAtoms``, WIRE.md
-    §Receipts), or None when either is missing or not a whole number ≥ 0."""
-    if not isinstance(meta, dict):
-        return None
-    refunded, balance = _whole(meta.get(REFUNDED_ATOMS_KEY)), _whole(meta.get(BALANCE_ATOMS_KEY))
-    if refunded is None or balance is None:
-        return None
-    return refunded, balance
-
-
-def _whole(value: Any) -> int | None:
-    """``value`` when it is a JSON integer ≥ 0, else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
-
-
-def _charged(paid_atoms: int, payments: int) -> str:
-    """What a failed call cost, for the agent's error message."""
-    if payments == 0:
-        return "nothing was paid for this call"
-    return (
-        f"paid {paid_atoms} atoms for this call ({payments} payment(s)); credit the bot did not use"
-        " stays there for later calls"
-    )
 
 
 #: The MCP SDK's tool error when a modern-era session cannot carry a request
