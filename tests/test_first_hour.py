@@ -407,7 +407,11 @@ def test_fakebr_on_a_taken_port_is_one_line_and_creates_nothing(tmp_path: Path) 
             "--datadir", str(datadir), "--users", "bot,alice", "--port", str(port - 1), cwd=tmp_path
         )
         assert done.returncode == 1
-        assert done.stderr.splitlines() == [f"brmcp-fakebr: {_taken(port, '--port')}"]
+        # (N itself may be held by some other process of the machine: then it is named.)
+        assert done.stderr.splitlines() in (
+            [f"brmcp-fakebr: {_taken(port, '--port')}"],
+            [f"brmcp-fakebr: {_taken(port - 1, '--port')}"],
+        )
         assert not datadir.exists()
 
 

@@ -188,4 +188,4 @@ def test_cli_tables_neutralise_control_characters(
     out = capsys.readouterr().out
     for control in ("\x1b", "\r", "\x07"):
         assert control not in out
-    assert "9000" in out
+    assert "9,000" in out
