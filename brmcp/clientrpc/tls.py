@@ -52,19 +52,9 @@ def client_ssl_context(
     match the certificate.
     """
     server_path, cert_path, key_path = Path(server_cert), Path(client_cert), Path(client_key)
-    server_pem = _read_pem(server_path, "servercertpath", "-----BEGIN CERTIFICATE-----", "certificate")
+    ctx = _verifying_context(server_path)
     _read_pem(cert_path, "clientcertpath", "-----BEGIN CERTIFICATE-----", "certificate")
     _read_pem(key_path, "clientkeypath", "PRIVATE KEY-----", "private key")
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.check_hostname = True
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    try:
-        ctx.load_verify_locations(cadata=server_pem)
-    except ssl.SSLError as exc:
-        raise ClientrpcConfigError(
-            f"servercertpath {server_path}: not a usable certificate ({exc.reason})"
-        ) from None
     try:
         ctx.load_cert_chain(cert_path, key_path)
     except ssl.SSLError as exc:
@@ -123,17 +113,7 @@ def check_server_certificate(
 
     host, port = _parse_url(url)
     server_path = Path(server_cert)
-    pem = _read_pem(server_path, "servercertpath", "-----BEGIN CERTIFICATE-----", "certificate")
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.check_hostname = True
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    try:
-        ctx.load_verify_locations(cadata=pem)
-    except ssl.SSLError as exc:
-        raise ClientrpcConfigError(
-            f"servercertpath {server_path}: not a usable certificate ({exc.reason})"
-        ) from None
+    ctx = _verifying_context(server_path)
     if client_cert is not None and client_key is not None:
         with contextlib.suppress(ssl.SSLError, OSError):
             ctx.load_cert_chain(client_cert, client_key)
@@ -166,3 +146,21 @@ def check_server_certificate(
     except OSError:
         return False
     return True
+
+
+def _verifying_context(server_path: Path) -> ssl.SSLContext:
+    """A TLS 1.2+ client context that trusts only brclient's certificate
+    ``server_path`` (``servercertpath``), hostname checked. Raises
+    :class:`ClientrpcConfigError` with one line naming the file."""
+    pem = _read_pem(server_path, "servercertpath", "-----BEGIN CERTIFICATE-----", "certificate")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = True
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    try:
+        ctx.load_verify_locations(cadata=pem)
+    except ssl.SSLError as exc:
+        raise ClientrpcConfigError(
+            f"servercertpath {server_path}: not a usable certificate ({exc.reason})"
+        ) from None
+    return ctx
