@@ -117,6 +117,10 @@ POLL_INTERVAL = 3.0
 #: Reissues after each payment (with :data:`POLL_INTERVAL` waits between
 #: them) before the call goes round the payment loop again.
 POLL_ATTEMPTS = 6
+
+#: Seconds a result the bot charged waits for the confirmation of the
+#: payment made alongside it, so its money note says "paid".
+CONFIRM_WAIT = 5.0
 #: Most payments one logical call makes, each after the first approved by
 #: the user (approval mode only; autopay pays a call once), within the
 #: per-call cap for the whole call.
@@ -563,6 +567,12 @@ class BotProxy:
             if refusal is None:
                 if funding is not None and not result.is_error:
                     funding.after_call(tool, result)
+                if ahead is not None and not ahead.done and receipt is not None:
+                    # The bot charged, so the payment made alongside reached
+                    # it; its confirmation here is usually a moment behind.
+                    # Wait briefly so the note says what was paid.
+                    with anyio.move_on_after(max(0.0, min(CONFIRM_WAIT, deadline - anyio.current_time()))):
+                        await ahead.settled.wait()
                 return with_money(self._name, result, budget, ahead, receipt, refunded)
             if ahead is not None:
                 # Refused although a payment is on its way (a bot that does
