@@ -244,3 +244,29 @@ def test_caller_epochs_stay_bounded_and_know_the_latest(
         assert len(epochs) == len(model) <= capacity
         for name, (latest, _) in model.items():
             assert epochs.latest(name) == latest
+
+
+async def test_a_held_call_logs_its_hold_not_a_refusal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="brmcp")
+    harness, runs = standard_harness(tmp_path, hold_seconds=30.0)
+    async with harness:
+        results: list[types.CallToolResult] = []
+        async with anyio.create_task_group() as tg:
+
+            async def send() -> None:
+                results.append(await _paid(harness, KEY, EPOCH_A))
+
+            tg.start_soon(send)
+            await _until(lambda: harness.holds == 1)
+            await harness.credit(ALICE, 500)
+        assert not results[0].is_error
+        assert runs.n == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(
+        m.startswith("holding call ") and "until the tip of 500 atoms sent alongside arrives" in m
+        for m in lines
+    )
+    assert not any(m.startswith("payment required:") for m in lines), lines
+    assert any(m.startswith(f"charged 500 atoms to {ALICE} for paid") for m in lines), lines

@@ -68,6 +68,11 @@ async def test_401_says_bearer_and_where_the_token_comes_from(tmp_path: Path) ->
                 body = refused.json()
                 assert body["error"] == "unauthorized"
                 assert snippet in body["error_description"]
+                # A wrong token and a missing header are told apart.
+                if "Authorization" in headers:
+                    assert body["error_description"].startswith("the token sent was not accepted")
+                else:
+                    assert body["error_description"].startswith("no Authorization header was sent")
                 assert TOKEN not in refused.text
             for scheme in ("bearer", "BEARER", "Bearer"):
                 headers = {"Authorization": f"{scheme} {TOKEN}", **MCP_HEADERS}

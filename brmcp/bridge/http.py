@@ -148,19 +148,24 @@ ADMIN_UNAUTHORIZED_HINT = (
 
 async def send_unauthorized(send: Send, hint: str, *, credentials_sent: bool = True) -> None:
     """A 401 with ``WWW-Authenticate: Bearer`` (RFC 6750 §3) and a JSON body
-    ``{"error": "unauthorized", "error_description": hint}``. The challenge
+    ``{"error": "unauthorized", "error_description": text}``. The challenge
     names no ``resource_metadata``, so MCP clients report an auth error
     instead of starting an OAuth flow the bridge does not offer. Without
     ``credentials_sent`` (no ``Authorization`` header) the challenge carries
-    no error code (RFC 6750 §3.1); with it, ``error="invalid_token"``."""
+    no error code (RFC 6750 §3.1) and ``text`` says the header is missing;
+    with it, ``error="invalid_token"`` and ``text`` says the token sent was
+    not accepted. Both end with ``hint``."""
     challenge = 'Bearer realm="brmcp-bridge"'
     if credentials_sent:
-        description = hint.replace('"', "'")
+        text = f"the token sent was not accepted (wrong, old or not 'Bearer <token>'); {hint}"
+        description = text.replace('"', "'")
         challenge += f', error="invalid_token", error_description="{description}"'
+    else:
+        text = f"no Authorization header was sent; {hint}"
     await send_json(
         send,
         401,
-        {"error": "unauthorized", "error_description": hint},
+        {"error": "unauthorized", "error_description": text},
         headers=[(b"www-authenticate", challenge.encode("latin-1", "replace"))],
     )
 

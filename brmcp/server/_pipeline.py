@@ -298,11 +298,15 @@ class CallPipeline:
             result = await self._settle(call_id, peer, claim, charged, result, failed, text, tool=spec.name)
         return result
 
-    async def _charge_once(self, call_id: str, peer: str, call_key: str | None, tool: str, price: int) -> int:
+    async def _charge_once(
+        self, call_id: str, peer: str, call_key: str | None, tool: str, price: int, *, quiet: bool = False
+    ) -> int:
         """Debit ``price``; returns the balance after the charge, or raises
         :class:`_Refused` (payment_required with the balance, or a ledger
         failure). A negative return value never escapes: an unknown
-        balance (external billing) is read again."""
+        balance (external billing) is read again. ``quiet``: no log line
+        for a payment_required refusal (a call that may be held logs what
+        happens to it instead)."""
         try:
             with anyio.CancelScope(shield=True):
                 ok, balance = await self._accounts.charge(
@@ -319,13 +323,8 @@ class CallPipeline:
                 "ledger unavailable",
             ) from None
         if not ok:
-            log.info(
-                "payment required: %s called %s for %s atoms with a balance of %s",
-                peer,
-                tool,
-                f"{price:,}",
-                f"{balance:,}",
-            )
+            if not quiet:
+                _log_payment_required(peer, tool, price, balance)
             raise _Refused(marked_payment_required_result(tool, price, balance), "payment required")
         if self.metrics is not None:
             self.metrics.charged_atoms.labels(tool).inc(price)
@@ -365,15 +364,29 @@ class CallPipeline:
         holdable = alongside > 0 and config.hold_seconds > 0 and config.max_held_calls > 0
         event = self._credit_event(peer) if holdable else None
         try:
-            return await self._charge_once(call_id, peer, call_key, tool, price), False
+            return await self._charge_once(
+                call_id, peer, call_key, tool, price, quiet=event is not None
+            ), False
         except _Refused as refusal:
             if event is None or refusal.reason != "payment required":
                 raise
             balance = _refusal_balance(refusal)
             waiting = sum(1 for other in self._held.get(peer, ()) if not other.dropped)
             if balance + alongside < price or waiting >= config.max_held_calls:
+                _log_payment_required(peer, tool, price, balance)
                 raise
             first = refusal
+        log.info(
+            "holding call %s of %s to %s for %s atoms until the tip of %s atoms sent alongside arrives "
+            "(balance %s; at most %s s)",
+            call_id,
+            peer,
+            tool,
+            f"{price:,}",
+            f"{alongside:,}",
+            f"{balance:,}",
+            f"{config.hold_seconds:g}",
+        )
         hold = _Hold(claim, epoch)
         self._held.setdefault(peer, []).append(hold)
         self.holds += 1
@@ -384,6 +397,8 @@ class CallPipeline:
                     raise _Refused(error_result(DROPPED_TEXT), _DROPPED_REASON)
                 remaining = deadline - anyio.current_time()
                 if remaining <= 0:
+                    log.info("the tip sent alongside call %s did not arrive in time", call_id)
+                    _log_payment_required(peer, tool, price, _refusal_balance(first))
                     raise first
                 # Only the wait is bounded: a charge never runs under a
                 # deadline that could interrupt it after the debit.
@@ -395,7 +410,7 @@ class CallPipeline:
                 # A debit in flight cannot be dropped: its outcome decides.
                 hold.charging = True
                 try:
-                    return await self._charge_once(call_id, peer, call_key, tool, price), True
+                    return await self._charge_once(call_id, peer, call_key, tool, price, quiet=True), True
                 except _Refused as refusal:
                     if refusal.reason != "payment required":
                         raise
@@ -579,6 +594,16 @@ def _dump(result: CallToolResult) -> str:
 
 
 #: Metric outcomes of the refusal reasons of :class:`_Refused`.
+def _log_payment_required(peer: str, tool: str, price: int, balance: int) -> None:
+    log.info(
+        "payment required: %s called %s for %s atoms with a balance of %s",
+        peer,
+        tool,
+        f"{price:,}",
+        f"{balance:,}",
+    )
+
+
 _REFUSAL_OUTCOMES = {"payment required": "payment_required", "rate limited": "rate_limited"}
 
 
