@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import re
 import shutil
 import socket
 import struct
@@ -403,3 +405,41 @@ def test_write_confs_follows_ports_and_keeps_the_users_settings(tmp_path: Path) 
     assert any(
         f"brmcp-bridge --datadir {bridge} config-snippet {bot.uid}" in line for line in second["next_steps"]
     )
+
+
+def _readme_curl_block() -> str:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    found = [b for b in blocks if "Mcp-Session-Id" in b and "curl" in b]
+    assert len(found) == 1, "README.md has one curl example for the agent endpoint"
+    return found[0]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+async def test_the_readme_curl_example_lists_and_calls_tools(tmp_path: Path) -> None:
+    script = _readme_curl_block()
+    script = script.replace("http://127.0.0.1:8891/mcp/<bot uid>", "$BRIDGE_URL").replace(
+        "'<token>'", "$BRIDGE_TOKEN"
+    )
+    script = script.replace('"name":"fortune","arguments":{}', '"name":"free","arguments":{"text":"hi"}')
+    with anyio.fail_after(60):
+        async with bridge_env(tmp_path) as env:
+            run = await anyio.to_thread.run_sync(
+                lambda: subprocess.run(
+                    ["bash", "-euo", "pipefail", "-c", script],
+                    capture_output=True,
+                    text=True,
+                    timeout=50,
+                    env={**os.environ, "BRIDGE_URL": env.url, "BRIDGE_TOKEN": TOKEN},
+                )
+            )
+            assert run.returncode == 0, run.stderr
+            answers = [
+                json.loads(line[len("data: ") :])
+                for line in run.stdout.splitlines()
+                if line.startswith("data: {")
+            ]
+            assert [a["id"] for a in answers] == [2, 3]
+            assert {t["name"] for t in answers[0]["result"]["tools"]} == {"paid", "free", "dyn"}
+            assert answers[1]["result"]["isError"] is False
+            assert env.executions == {"free": 1}
