@@ -222,6 +222,13 @@ async def test_paid_call_through_the_daemon_and_the_cli(tmp_path: Path) -> None:
                     assert header.endswith("CREATED (UTC)")
                     created = datetime.fromtimestamp(pending[0]["created"], UTC).strftime("%Y-%m-%d %H:%M:%S")
                     assert row.endswith(f"  10,000  {created}")
+                    # The spend log has nothing yet, and says what is waiting.
+                    status, out, _ = await cli("--datadir", d, "spend")
+                    assert status == 0
+                    assert out.splitlines()[-1] == (
+                        "waiting for your approval: 1 payment(s), 10,000 atoms in all (not paid yet); "
+                        f"see them with: brmcp-bridge --datadir {d} approvals"
+                    )
                     status, _, err = await cli("--datadir", d, "approvals", "approve", "no-such-id")
                     assert status == 1
                     assert err.count("\n") == 1

@@ -512,8 +512,13 @@ def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
 
 
 def _cmd_spend(datadir: Path, args: argparse.Namespace) -> None:
+    waiting: list[Any] = []
     try:
-        result = _admin(_locate(datadir), "GET", "/admin/spend")
+        daemon = _locate(datadir)
+        result = _admin(daemon, "GET", "/admin/spend")
+        # Payments parked for approval have not moved a single atom, so they
+        # are not in the log; say they exist, or the log looks idle.
+        waiting = list(_admin(daemon, "GET", "/admin/approvals").get("pending") or [])
     except (_NotRunning, _Disabled) as exc:
         path = datadir / SPEND_FILE
         try:
@@ -540,6 +545,12 @@ def _cmd_spend(datadir: Path, args: argparse.Namespace) -> None:
                 f"{_atoms(e['atoms']):>12}  {status}"
             )
     print(f"spent in the last 24 hours: {_atoms(result.get('day_total_atoms', 0))} atoms")
+    if waiting:
+        atoms = sum(p.get("atoms", 0) for p in waiting if isinstance(p.get("atoms"), int))
+        print(
+            f"waiting for your approval: {len(waiting)} payment(s), {_atoms(atoms)} atoms in all "
+            f"(not paid yet); see them with: {PROG} --datadir {datadir} approvals"
+        )
 
 
 def _cmd_config_snippet(datadir: Path, args: argparse.Namespace) -> None:
