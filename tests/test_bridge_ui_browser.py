@@ -3,8 +3,10 @@ Selenium and chromedriver): log in with the one-time link that
 ``brmcp-bridge ui`` prints, see a payment appear without a reload, approve
 one and deny another in one click each, and check that the agent's call
 completes (paid once, charged once) or is refused, that the page follows
-without a reload, and that the page needs the admin-token login.
-Skips with the reason where no browser can be had."""
+without a reload, and that the page needs the admin-token login; a pending
+payment shows its call's arguments as text, its time left counting down and
+its expiry, a decision is confirmed on the page, and an approval that comes
+too late says so. Skips with the reason where no browser can be had."""
 
 from __future__ import annotations
 
@@ -164,3 +166,92 @@ async def test_the_page_needs_the_admin_login(
             assert "unknown, used or expired" in await _browser(_text, driver, "login-needed")
             await _browser(driver.get, f"{env.base_url}/ui/")
             assert "not logged in" in await _browser(_text, driver, "login-needed")
+
+
+def _texts(driver: Any, selector: str) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [str(e.text) for e in driver.find_elements(By.CSS_SELECTOR, selector)]
+
+
+def _notice(driver: Any) -> tuple[str, str]:
+    from selenium.webdriver.common.by import By
+
+    element = driver.find_element(By.ID, "notice")
+    return str(element.text), str(element.get_attribute("class"))
+
+
+async def test_the_page_shows_arguments_time_left_and_what_became_of_each_decision(
+    tmp_path: Path, driver: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hostile = '<img src=x onerror="window.__xss=1">'
+    settings = fixture_settings(mode="approval")
+    prefix = f"{BOT[:16]}…"
+    with anyio.fail_after(120):
+        async with bridge_env(tmp_path, settings=settings, auto_clock=False) as env:
+            link = await _login_link(env, capsys)
+            await _browser(driver.get, link)
+            await _browser(_wait_for, driver, lambda d: _text(d, "status") == "live")
+            async with env.session() as session:
+                results: list[Any] = []
+
+                async def paid_call() -> None:
+                    results.append(await call(session, "paid", {"text": hostile, "count": 1}))
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(paid_call)
+                    await until(lambda: len(env.bridge.pending_payments()) == 1, WAIT)
+                    (pending,) = env.bridge.pending_payments()
+                    await _browser(_wait_for, driver, lambda d: len(_pending_rows(d)) == 1)
+                    # The agent's arguments, as text: no element was made of them.
+                    (args,) = await _browser(_texts, driver, "#approvals pre.args")
+                    assert '"text": "<img src=x onerror=\\"window.__xss=1\\">"' in args
+                    assert not await _browser(_texts, driver, "#approvals img")
+                    assert await _browser(_texts, driver, "#approvals td.bot") == [prefix]
+                    (expires,) = await _browser(_texts, driver, "#approvals .expires")
+                    assert expires == "refused at 2027-01-15 08:02:00 UTC"
+                    # The countdown runs in the page (the bridge clock stands still here).
+                    await _browser(
+                        _wait_for, driver, lambda d: _texts(d, "#approvals .countdown") == ["1m 59s left"]
+                    )
+                    await _browser(_click, driver, pending.id, "approve")
+                    await _browser(_wait_for, driver, lambda d: _notice(d)[0].startswith("Approved"))
+                (approved,) = results
+                assert not approved.is_error
+                text, klass = await _browser(_notice, driver)
+                assert text == (
+                    f"Approved: 500 atoms to {prefix} for tool paid; the payment is being made (see Spending)"
+                )
+                assert "ok" in klass.split()
+                await _browser(_wait_for, driver, lambda d: "Approved: 500 atoms" in _text(d, "decisions"))
+                assert await _browser(driver.execute_script, "return window.__xss;") is None
+
+                # A row left on screen after its time ran out: the approval is refused, and says why.
+                results.clear()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(paid_call)
+                    await until(lambda: len(env.bridge.pending_payments()) == 1, WAIT)
+                    (late,) = env.bridge.pending_payments()
+                    await _browser(_wait_for, driver, lambda d: len(_pending_rows(d)) == 1)
+                    await _browser(
+                        driver.execute_script,
+                        "window.__stale = document.getElementById('approvals').innerHTML;",
+                    )
+                    env.clock.advance(120)
+                (timed_out,) = results
+                assert "approval timed out after 2m0s" in joined(timed_out)
+                await _browser(_wait_for, driver, lambda d: not _pending_rows(d))
+                await _browser(_wait_for, driver, lambda d: "Timed out: 500 atoms" in _text(d, "decisions"))
+                await _browser(
+                    driver.execute_script,
+                    "document.getElementById('approvals').innerHTML = window.__stale;",
+                )
+                await _browser(_click, driver, late.id, "approve")
+                await _browser(_wait_for, driver, lambda d: _notice(d)[0].startswith("too late"))
+                text, klass = await _browser(_notice, driver)
+                assert text == (
+                    f"too late: payment {late.id} timed out after 2m0s without a decision; nothing was paid"
+                    " and the agent was told the approval timed out"
+                )
+                assert "late" in klass.split()
+            assert env.payer.calls == [(BOT, 500)]

@@ -1,33 +1,68 @@
 """Payments parked for the user's decision (BRIDGE.md §Spend log and approvals).
 
 Kept in memory only: a restart drops every parked payment, which denies it
-(the waiting call dies with the process). A payment withdrawn because its
-agent went away (or its call was cancelled) is remembered by id, at most
-:data:`MAX_WITHDRAWN` of them, so that a decision arriving for it later is
-refused with :func:`withdrawn_text` instead of "unknown payment".
+(the waiting call dies with the process). How each payment ended (approved,
+denied, timed out, or withdrawn because its agent went away or its call was
+cancelled) is remembered by id, at most :data:`MAX_ENDED` of them, so that
+the approvals page can confirm a decision and a decision arriving later is
+refused with the reason (:meth:`ApprovalQueue.late`) instead of "unknown
+payment".
+
+A parked payment carries the arguments of the tool call it pays for, as
+bounded, display-safe JSON text (:func:`describe_arguments`): the code that
+parks a call's payment wraps it in :func:`call_arguments`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
 
-from .clock import Clock
+from .clock import Clock, go_duration
 
-__all__ = ["MAX_WITHDRAWN", "ApprovalQueue", "Decision", "PendingPayment", "withdrawn_text"]
+__all__ = [
+    "MAX_ARGUMENT_CHARS",
+    "MAX_ENDED",
+    "MAX_WITHDRAWN",
+    "ApprovalQueue",
+    "Decision",
+    "EndedPayment",
+    "Outcome",
+    "PendingPayment",
+    "call_arguments",
+    "describe_arguments",
+    "withdrawn_text",
+]
 
 log = logging.getLogger("brmcp.bridge")
 
-#: How a parked payment ended.
+#: How a parked payment's wait ended, as :meth:`ApprovalQueue.wait` returns it.
 Decision = Literal["approved", "denied", "timeout"]
-#: Withdrawn payment ids remembered (oldest forgotten first).
-MAX_WITHDRAWN = 256
+#: How a parked payment ended, as :class:`EndedPayment` records it.
+Outcome = Literal["approved", "denied", "timeout", "withdrawn"]
+#: Ended payments remembered (oldest forgotten first).
+MAX_ENDED = 256
+#: The former name of :data:`MAX_ENDED` (withdrawn ids are among the ended ones).
+MAX_WITHDRAWN = MAX_ENDED
+#: Longest argument text kept with a parked payment (characters, about 4 KiB).
+MAX_ARGUMENT_CHARS = 4096
+#: Longest string value (and key) shown in the arguments, in characters.
+MAX_VALUE_CHARS = 256
+#: Most items shown of one array or object in the arguments.
+MAX_ITEMS = 32
+#: Deepest nesting shown in the arguments.
+MAX_DEPTH = 8
+
+_CALL_ARGUMENTS: ContextVar[Mapping[str, Any] | None] = ContextVar("brmcp_call_arguments", default=None)
 
 
 def withdrawn_text(payment_id: str) -> str:
@@ -36,19 +71,96 @@ def withdrawn_text(payment_id: str) -> str:
     return f"payment {payment_id} was withdrawn: the agent went away; nothing was paid"
 
 
+@contextlib.contextmanager
+def call_arguments(arguments: Mapping[str, Any] | None) -> Iterator[None]:
+    """Within this block (and the tasks started in it), a payment parked by
+    :meth:`ApprovalQueue.wait` without explicit ``arguments`` shows these:
+    the arguments of the tool call the payment is for."""
+    token = _CALL_ARGUMENTS.set(arguments)
+    try:
+        yield
+    finally:
+        _CALL_ARGUMENTS.reset(token)
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… (+{len(text) - limit} chars)"
+
+
+def _bounded(value: Any, depth: int) -> Any:
+    """``value`` with long strings clipped, long arrays and objects cut and
+    deep nesting elided (a marker string says what was left out)."""
+    if isinstance(value, str):
+        return _clip(value, MAX_VALUE_CHARS)
+    if isinstance(value, bool | int | float) or value is None:
+        return value
+    if depth >= MAX_DEPTH:
+        return "… (nested too deep)"
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for index, (key, item) in enumerate(value.items()):
+            if index >= MAX_ITEMS:
+                out["…"] = f"(+{len(value) - MAX_ITEMS} more keys)"
+                break
+            out[_clip(str(key), MAX_VALUE_CHARS)] = _bounded(item, depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        items = [_bounded(item, depth + 1) for item in value[:MAX_ITEMS]]
+        if len(value) > MAX_ITEMS:
+            items.append(f"… (+{len(value) - MAX_ITEMS} more items)")
+        return items
+    return _clip(str(value), MAX_VALUE_CHARS)
+
+
+def _visible(ch: str) -> str:
+    """``ch`` itself when it prints (or is a line break), else its JSON
+    escape (control, format and bidi characters such as U+202E)."""
+    if ch.isprintable() or ch == "\n":
+        return ch
+    code = ord(ch)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def describe_arguments(arguments: Mapping[str, Any] | None) -> str | None:
+    """A tool call's ``arguments`` as indented JSON for the user to read:
+    strings and keys clipped at :data:`MAX_VALUE_CHARS` characters, arrays
+    and objects at :data:`MAX_ITEMS` items, nesting at :data:`MAX_DEPTH`,
+    characters that do not print escaped (``\\uXXXX``), and the whole text at
+    :data:`MAX_ARGUMENT_CHARS` characters (then ending with a line saying
+    so). None when there are no arguments to show (``None``). The text is
+    what an agent sent: display it as text, never as markup."""
+    if arguments is None:
+        return None
+    text = json.dumps(_bounded(arguments, 0), indent=2, ensure_ascii=False, default=str)
+    text = "".join(_visible(ch) for ch in text)
+    if len(text) > MAX_ARGUMENT_CHARS:
+        text = f"{text[:MAX_ARGUMENT_CHARS]}\n… (cut at {MAX_ARGUMENT_CHARS} of {len(text)} characters)"
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class PendingPayment:
     """A payment waiting for approval: ``id`` (16 hex), payee ``bot`` uid,
-    ``tool``, ``atoms`` and ``created`` (unix seconds, the bridge clock)."""
+    ``tool``, ``atoms`` and ``created`` (unix seconds, the bridge clock);
+    ``arguments``: the call's arguments from :func:`describe_arguments`
+    (None: not known, e.g. a prepayment); ``expires``: when the wait ends
+    unanswered (unix seconds, the bridge clock; None: not known)."""
 
     id: str
     bot: str
     tool: str
     atoms: int
     created: int
+    arguments: str | None = None
+    expires: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object in the Go key order."""
+        """The JSON object in the Go key order (the Go reference's fields only)."""
         return {
             "id": self.id,
             "bot": self.bot,
@@ -58,11 +170,35 @@ class PendingPayment:
         }
 
 
-class _Parked:
-    __slots__ = ("approved", "event", "payment")
+@dataclass(frozen=True, slots=True)
+class EndedPayment:
+    """How a parked payment ended: ``outcome``, at ``ended`` (unix seconds,
+    the bridge clock), after waiting at most ``timeout_secs`` seconds."""
 
-    def __init__(self, payment: PendingPayment) -> None:
+    payment: PendingPayment
+    outcome: Outcome
+    ended: float
+    timeout_secs: float
+
+    def late_text(self) -> str:
+        """Why a decision for this payment no longer counts (the 409 text)."""
+        pid = self.payment.id
+        if self.outcome == "withdrawn":
+            return withdrawn_text(pid)
+        if self.outcome == "timeout":
+            return (
+                f"too late: payment {pid} timed out after {go_duration(self.timeout_secs)} without a "
+                "decision; nothing was paid and the agent was told the approval timed out"
+            )
+        return f"payment {pid} was already {self.outcome}; a second decision does not count"
+
+
+class _Parked:
+    __slots__ = ("approved", "event", "payment", "timeout_secs")
+
+    def __init__(self, payment: PendingPayment, timeout_secs: float) -> None:
         self.payment = payment
+        self.timeout_secs = timeout_secs
         self.event = anyio.Event()
         self.approved = False
 
@@ -73,7 +209,7 @@ class ApprovalQueue:
     def __init__(self, clock: Clock, on_change: Callable[[], None] | None = None) -> None:
         self._clock = clock
         self._parked: dict[str, _Parked] = {}
-        self._withdrawn: OrderedDict[str, None] = OrderedDict()
+        self._ended: OrderedDict[str, EndedPayment] = OrderedDict()
         self._on_change = on_change
 
     def _changed(self) -> None:
@@ -85,32 +221,66 @@ class ApprovalQueue:
         return sorted((p.payment for p in self._parked.values()), key=lambda p: (p.created, p.id))
 
     def resolve(self, payment_id: str, approve: bool) -> bool:
-        """Deliver a decision. False for an unknown or withdrawn id (see
-        :meth:`withdrawn`); the first decision wins and repeats are ignored
-        (still True while the payment is parked)."""
+        """Deliver a decision. False for an unknown or ended id (see
+        :meth:`late`); the first decision wins and repeats are ignored
+        (still True while the payment is parked; :meth:`ended` tells which
+        decision counted)."""
         parked = self._parked.get(payment_id)
         if parked is None:
             return False
         if not parked.event.is_set():
             parked.approved = approve
             parked.event.set()
+            self._remember(parked.payment, "approved" if approve else "denied", parked.timeout_secs)
         return True
+
+    def ended(self, payment_id: str) -> EndedPayment | None:
+        """How ``payment_id`` ended (a decision counts from the moment it is
+        made), or None while it waits or when it is unknown or forgotten."""
+        return self._ended.get(payment_id)
+
+    def recent(self, since: float, limit: int) -> list[EndedPayment]:
+        """At most ``limit`` payments that ended at or after ``since`` (unix
+        seconds, the bridge clock), the newest first (a withdrawn id whose
+        payment was already forgotten is left out)."""
+        out: list[EndedPayment] = []
+        for ended in reversed(self._ended.values()):
+            if len(out) >= limit:
+                break
+            if ended.ended >= since and ended.payment.bot:
+                out.append(ended)
+        return out
+
+    def late(self, payment_id: str) -> str | None:
+        """Why a decision for ``payment_id`` can no longer count
+        (:meth:`EndedPayment.late_text`) when it ended recently, else None."""
+        ended = self._ended.get(payment_id)
+        return ended.late_text() if ended is not None else None
 
     def withdrawn(self, payment_id: str) -> str | None:
         """:func:`withdrawn_text` when ``payment_id`` was withdrawn recently
         (its agent went away or its call was cancelled, so nothing was paid
         and a decision can no longer count), else None."""
-        return withdrawn_text(payment_id) if payment_id in self._withdrawn else None
+        ended = self._ended.get(payment_id)
+        return withdrawn_text(payment_id) if ended is not None and ended.outcome == "withdrawn" else None
 
     def note_withdrawn(self, payment_id: str) -> None:
         """Remember ``payment_id`` as withdrawn (also one already decided:
         an approval that came while the agent's connection was detached,
         after which the agent did not come back). Keeps the newest
-        :data:`MAX_WITHDRAWN`."""
-        self._withdrawn[payment_id] = None
-        self._withdrawn.move_to_end(payment_id)
-        while len(self._withdrawn) > MAX_WITHDRAWN:
-            self._withdrawn.popitem(last=False)
+        :data:`MAX_ENDED` ended payments."""
+        known = self._ended.get(payment_id)
+        if known is not None:
+            self._remember(known.payment, "withdrawn", known.timeout_secs)
+        else:
+            self._remember(PendingPayment(payment_id, "", "", 0, 0), "withdrawn", 0.0)
+        self._changed()
+
+    def _remember(self, payment: PendingPayment, outcome: Outcome, timeout_secs: float) -> None:
+        self._ended[payment.id] = EndedPayment(payment, outcome, self._clock.now(), timeout_secs)
+        self._ended.move_to_end(payment.id)
+        while len(self._ended) > MAX_ENDED:
+            self._ended.popitem(last=False)
 
     async def wait(
         self,
@@ -120,19 +290,25 @@ class ApprovalQueue:
         atoms: int,
         timeout_secs: float,
         on_parked: Callable[[PendingPayment], None] | None = None,
+        arguments: Mapping[str, Any] | None = None,
     ) -> Decision:
         """Park a payment and wait for a decision or ``timeout_secs`` seconds on
         the bridge clock; ``on_parked`` is called with the payment once it is
         listed, and the queue's ``on_change`` whenever a payment is listed or
-        removed. The entry is removed however the wait ends; when the calling
-        task is cancelled before a decision (its agent went away, the call
-        was cancelled, the bridge is closing) the id is remembered as
+        removed. ``arguments`` are the call's (default: those of the
+        enclosing :func:`call_arguments`), shown through
+        :func:`describe_arguments`. The entry is removed however the wait
+        ends, and how it ended is remembered (:meth:`ended`); when the
+        calling task is cancelled before a decision (its agent went away,
+        the call was cancelled, the bridge is closing) it counts as
         withdrawn (:meth:`withdrawn`)."""
         payment_id = secrets.token_hex(8)
-        while payment_id in self._parked:
+        while payment_id in self._parked or payment_id in self._ended:
             payment_id = secrets.token_hex(8)
-        payment = PendingPayment(payment_id, bot, tool, atoms, int(self._clock.now()))
-        parked = _Parked(payment)
+        shown = describe_arguments(arguments if arguments is not None else _CALL_ARGUMENTS.get())
+        now = self._clock.now()
+        payment = PendingPayment(payment_id, bot, tool, atoms, int(now), shown, now + timeout_secs)
+        parked = _Parked(payment, timeout_secs)
         self._parked[payment_id] = parked
         outcome = "withdrawn (the call ended)"
         try:
@@ -161,6 +337,8 @@ class ApprovalQueue:
         finally:
             self._parked.pop(payment_id, None)
             if outcome.startswith("withdrawn"):
-                self.note_withdrawn(payment_id)
+                self._remember(payment, "withdrawn", timeout_secs)
+            elif outcome == "timed out":
+                self._remember(payment, "timeout", timeout_secs)
             log.info("payment %s %s", payment_id, outcome)
             self._changed()

@@ -17,7 +17,9 @@ What the daemon supplies to the bridge:
   wait, after such a stall, or after a restart) is a late outcome for
   :meth:`Bridge.resolve_spend`; every progress event is acked after it was
   handled (one whose outcome could not be written stays unacked, so
-  brclient delivers it again);
+  brclient delivers it again); a tip outstanding for over
+  :data:`TIP_SLOW_SECS` s is logged once at INFO with what it waits for
+  (e.g. brclient's tip restart delay after it starts);
 * the endpoint on ``listen`` (default ``127.0.0.1:8891``), bound while the
   bridge is enabled, and a runtime file that tells the CLI where the admin
   surface is (:data:`RUNTIME_FILE`).
@@ -64,12 +66,13 @@ from ..router import RouterOptions
 from ._files import read_text, write_atomic
 from .approvals import PendingPayment
 from .bridge import DEFAULT_LISTEN, Bridge, BridgeConfig
-from .clock import Clock, SystemClock
+from .clock import Clock, SystemClock, go_duration
 from .errors import BridgeError
 from .listener import parse_listen_address
 from .settings import Settings
 from .settle import payment_scheduled
 from .tipmatcher import TipMatcher
+from .ui.nicks import clientrpc_user_nick
 
 if TYPE_CHECKING:
     from ..metrics import MetricsEndpoint
@@ -82,6 +85,7 @@ __all__ = [
     "NOTIFY_KEY",
     "RUNTIME_FILE",
     "TIP_MAX_ATTEMPTS",
+    "TIP_SLOW_SECS",
     "BridgeDaemon",
     "PatientSender",
     "TipPayer",
@@ -105,6 +109,10 @@ RUNTIME_FILE = "brmcp-bridge.runtime.json"
 #: ``TipUser`` invoice attempts per payment (BRIDGE.md §Running the daemon; the Go
 #: reference, karamble/brmcp, `cmd/brmcp-serve/main.go`, pays with 3 attempts too).
 TIP_MAX_ATTEMPTS = 3
+#: Seconds a tip may be outstanding before :class:`TipPayer` logs (once, at
+#: INFO) what it waits for: brclient taking it (its ``TipUser`` blocks for
+#: brclient's tip restart delay after each start) or its outcome.
+TIP_SLOW_SECS = 5.0
 #: ``brmcp-bridge.conf`` key: a command run on each new payment waiting for approval.
 NOTIFY_KEY = "approvalnotify"
 #: Seconds a notification command may run before it is killed.
@@ -149,6 +157,11 @@ class PatientSender:
         await _await_connection(self._client, self._wait)
         await self._client.send_pm(peer, text)
 
+    async def user_nick(self, uid: str) -> str:
+        """brclient's nick for contact ``uid`` (the approvals page); does not
+        wait for a reconnect. Raises what :func:`clientrpc_user_nick` raises."""
+        return await clientrpc_user_nick(self._client, uid)
+
 
 async def _await_connection(client: Client, wait: float) -> None:
     """Wait (at most ``wait`` seconds) for a live connection; returns either way."""
@@ -172,6 +185,11 @@ class TipPayer:
     have been scheduled: ``pay`` keeps waiting for its outcome (the progress
     stream resumes after the reconnect) until the bridge's tip wait cancels
     it, which leaves the spend pending and counted, never paid twice.
+
+    ``max_attempts``: TipUser's ``maxAttempts`` (≥ 1, else ValueError);
+    ``reconnect_wait``: seconds a payment waits for a clientrpc connection
+    that is down; ``clock``: times the log line of a slow tip
+    (:data:`TIP_SLOW_SECS`; wall time by default, as the tip wait).
     """
 
     def __init__(
@@ -181,23 +199,44 @@ class TipPayer:
         *,
         max_attempts: int = TIP_MAX_ATTEMPTS,
         reconnect_wait: float = RECONNECT_WAIT,
+        clock: Clock | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
+        self._clock: Clock = clock if clock is not None else SystemClock()
         self._reconnect_wait = reconnect_wait
         self._client = client
         self._matcher = matcher
         self._max_attempts = max_attempts
 
     async def pay(self, payee_uid: str, atoms: int) -> None:
-        """Tip ``atoms`` atoms to ``payee_uid`` (64 hex) and wait for the outcome."""
+        """Tip ``atoms`` atoms to ``payee_uid`` (64 hex) and wait for the outcome.
+        A tip still outstanding after :data:`TIP_SLOW_SECS` s (on the payer's
+        clock) is logged once at INFO, saying what it waits for."""
         if atoms <= 0:
             raise TipPaymentError(f"cannot tip {atoms} atoms")
         payee = payee_uid.lower()
+        tip = _OutstandingTip(payee, atoms, self._max_attempts)
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._note_slow, tip)
+            try:
+                await self._pay(tip)
+            except Exception as exc:
+                # Raised below, as itself (not wrapped in a group).
+                failure = exc
+            finally:
+                tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+
+    async def _pay(self, tip: _OutstandingTip) -> None:
+        payee, atoms = tip.payee, tip.atoms
         await _await_connection(self._client, self._reconnect_wait)
         if not self._client.connected:
             raise TipPaymentError("brclient not connected")
         waiter = self._matcher.expect(payee, atoms * 1000)
+        tip.stage = "taking"
         try:
             try:
                 await self._client.tip_user(payee, atoms_to_dcr(atoms), self._max_attempts)
@@ -212,6 +251,7 @@ class TipPayer:
                 )
             else:
                 payment_scheduled()  # stored by brclient: it survives restarts
+            tip.stage = "outcome"
             error = await waiter.wait()
         finally:
             waiter.cancel()
@@ -222,6 +262,49 @@ class TipPayer:
             )
         if error is not None:
             raise TipPaymentError(f"tip failed: {error}")
+
+    async def _note_slow(self, tip: _OutstandingTip) -> None:
+        """Log once what a tip waits for once it is outstanding
+        :data:`TIP_SLOW_SECS` s (cancelled when the tip's wait ends)."""
+        await self._clock.sleep(TIP_SLOW_SECS)
+        log.info("%s", tip.describe(TIP_SLOW_SECS))
+
+
+class _OutstandingTip:
+    """One :meth:`TipPayer.pay` in progress: payee uid (lowercase hex),
+    ``atoms``, TipUser's ``maxAttempts``, and how far it got: ``stage`` is
+    ``"connecting"`` (waiting for the clientrpc connection), ``"taking"``
+    (TipUser sent, not returned) or ``"outcome"`` (brclient took the tip;
+    waiting for its terminal TipProgress event)."""
+
+    __slots__ = ("atoms", "max_attempts", "payee", "stage")
+
+    def __init__(self, payee: str, atoms: int, max_attempts: int) -> None:
+        self.payee = payee
+        self.atoms = atoms
+        self.max_attempts = max_attempts
+        self.stage = "connecting"
+
+    def describe(self, waited: float) -> str:
+        """The log line for a tip outstanding ``waited`` seconds."""
+        head = f"tip of {self.atoms} atoms to bot {self.payee}"
+        so_far = go_duration(waited)
+        if self.stage == "connecting":
+            return f"{head}: waiting for the clientrpc connection to brclient ({so_far} so far)"
+        if self.stage == "taking":
+            return (
+                f"{head}: waiting for brclient to take it ({so_far} so far): after brclient starts, its"
+                " TipUser waits until its tip restart delay ([tipuser] restartdelay in brclient.conf,"
+                " brnet's -tiprestartdelay; 1m0s by default) has passed since it connected to the"
+                " relay, so the first paid call after a brclient start can take that long"
+            )
+        return (
+            f"{head}: waiting for brclient to complete it (attempt 1 of {self.max_attempts},"
+            f" {so_far} so far): brclient makes one tip at a time to each payee and needs an invoice"
+            " from the payee, which must be online; an attempt that fails is retried by brclient after"
+            " [tipuser] rerequestinvoicedelay (24h0m0s by default), and this wait then ends with the"
+            " spend left pending"
+        )
 
 
 def resolve_listen(address: str) -> str:

@@ -12,7 +12,9 @@ Every local HTTP session for a bot talks to the same low-level
   (content, structuredContent, isError) unchanged, except for the refusal
   note appended when the bridge declines to pay; while it runs, the bot's
   progress, log messages, sampling and elicitation requests are relayed to
-  the calling agent (:mod:`.relay`);
+  the calling agent (:mod:`.relay`), and while a payment of the call waits
+  for the user's approval an agent that asked for progress is told so every
+  :data:`APPROVAL_PROGRESS_INTERVAL` s (:meth:`BotProxy._approval_progress`);
 * ``ping`` and ``logging/setLevel`` are answered locally (the level filters
   the relayed log messages of that agent session);
 * resources, resource templates, prompts and completions are forwarded
@@ -86,18 +88,27 @@ from ..payment import (
 )
 from ._money import already, charged, spent, with_money
 from ._money import refunded as refunded_of
+from .approvals import PendingPayment, call_arguments
 from .budget import CallBudget, listing_of
-from .clock import Clock
+from .clock import Clock, go_duration
 from .funding import Funding, Payment
 from .link import BotLink, DeadlineError, LinkError
 from .mirror import Mirror, MirrorServer
 from .relay import AgentCall, strip_reserved_meta
 from .settings import Settings
-from .settle import InDoubtSpend, Settler
+from .settle import InDoubtSpend, Settler, WhileParked
 from .snapshots import ERA_MODERN
 from .spend import DAY_SECONDS
 
-__all__ = ["MAX_PAYMENTS", "POLL_ATTEMPTS", "POLL_INTERVAL", "BotProxy", "strip_reserved_meta"]
+__all__ = [
+    "APPROVAL_PROGRESS_INTERVAL",
+    "APPROVAL_PROGRESS_STEP",
+    "MAX_PAYMENTS",
+    "POLL_ATTEMPTS",
+    "POLL_INTERVAL",
+    "BotProxy",
+    "strip_reserved_meta",
+]
 
 
 class _Withdrawn:
@@ -135,6 +146,16 @@ MAX_DUPLICATE_RETRIES = 8
 RETAIN_SECONDS = 1800.0
 #: Most such keys kept per bot.
 MAX_RETAINED = 1024
+#: Seconds (bridge clock) between the progress notifications sent to an
+#: agent that asked for progress while its call's payment waits for the
+#: user's approval; the first goes out as soon as the payment is parked.
+#: Clients that restart their request timeout on progress keep waiting.
+APPROVAL_PROGRESS_INTERVAL = 10.0
+#: What each of those notifications adds to the last progress value the
+#: agent saw: small, so the tool's own progress after the approval (which
+#: starts over, and of which only increasing values reach the agent) is
+#: not swallowed.
+APPROVAL_PROGRESS_STEP = 0.001
 
 
 class BotProxy:
@@ -448,7 +469,8 @@ class BotProxy:
         """The payment loop of one logical call (the module docstring);
         ``budget`` carries what earlier copies of this call already paid
         (an agent's re-send, or a payment in doubt after a restart)."""
-        progress = tracked.progress if tracked is not None and tracked.wants_progress else None
+        wants_progress = tracked is not None and tracked.wants_progress
+        progress = tracked.progress if tracked is not None and wants_progress else None
         gone = tracked.gone if tracked is not None else None
         if budget is None:
             budget = CallBudget(listing_of(self.link.tool(tool)))
@@ -600,7 +622,10 @@ class BotProxy:
                 # told below what was paid (a result, not a deadline error).
                 polls = POLL_ATTEMPTS
             paying = anyio.current_time()
-            reason = await self._decide(tool, refusal, budget, key, gone)
+            with call_arguments(arguments):
+                reason = await self._decide(
+                    tool, refusal, budget, key, gone, waiting=tracked if wants_progress else None
+                )
             deadline += anyio.current_time() - paying
             if reason is None:
                 if funding is not None:
@@ -640,11 +665,15 @@ class BotProxy:
         budget: CallBudget,
         key: str,
         gone: anyio.Event | None,
+        *,
+        waiting: AgentCall | None = None,
     ) -> str | None:
         """Pay for ``refusal`` within the call's hard bound (:mod:`.budget`)
         and the policy (:class:`Settler`). Returns None once a payment was
         confirmed (counted in ``budget``), else the reason nothing was paid
-        (shown after ``<name>: payment not made: ``)."""
+        (shown after ``<name>: payment not made: ``). ``waiting``: the agent
+        call that asked for progress; while the payment is parked for
+        approval it is told so (:meth:`_approval_progress`)."""
         settings = self._settings()
         judgement = budget.judge(tool, refusal, settings.per_call_cap_atoms)
         reason = judgement.decline
@@ -688,7 +717,13 @@ class BotProxy:
             shortfall_atoms=judgement.amount,
         )
         reason = await self._settler.settle(
-            self.link.uid, tool, asked, gone=gone, call_key=key, ask=judgement.further
+            self.link.uid,
+            tool,
+            asked,
+            gone=gone,
+            call_key=key,
+            ask=judgement.further,
+            while_parked=self._approval_progress(waiting) if waiting is not None else None,
         )
         if reason is not None:
             if budget.payments:
@@ -696,6 +731,36 @@ class BotProxy:
             return reason
         budget.add(judgement.amount)
         return None
+
+    def _approval_progress(self, call: AgentCall) -> WhileParked:
+        """The ``while_parked`` task of :meth:`Settler.settle` for ``call``
+        (an agent request with a progress token): at once and then every
+        :data:`APPROVAL_PROGRESS_INTERVAL` s on the bridge clock it sends a
+        ``notifications/progress`` under the agent's token, its value
+        :data:`APPROVAL_PROGRESS_STEP` above the last one the agent saw (no
+        ``total``), its message what the payment waits for (not how to
+        approve it: the user decides, not the agent). None is sent while the agent's connection is detached.
+        The settler cancels it when the decision comes, the wait times out
+        or the agent goes away."""
+
+        async def remind(payment: PendingPayment, expires: float) -> None:
+            while True:
+                if call.gone.is_set():
+                    return
+                if not call.detached:
+                    left = go_duration(max(0, round(expires - self._clock.now())))
+                    # Addressed to the agent: it says what waits and for whom,
+                    # not how to approve (the user decides, not the agent).
+                    text = (
+                        f"waiting for the user to approve or deny a payment of {payment.atoms} atoms to"
+                        f" bot {payment.bot[:8]} for {payment.tool} (payment {payment.id}, {left} left)"
+                    )
+                    # AgentCall.progress drops a value that does not increase.
+                    last = call.last_progress
+                    await call.progress((last or 0.0) + APPROVAL_PROGRESS_STEP, None, text)
+                await self._clock.sleep(APPROVAL_PROGRESS_INTERVAL)
+
+        return remind
 
 
 def _asks_to_retry(result: CallToolResult) -> bool:

@@ -237,6 +237,11 @@ class AgentCall:
             self.gone.reattach()
 
     @property
+    def last_progress(self) -> float | None:
+        """The last progress value relayed to the agent, if any."""
+        return self._last_progress
+
+    @property
     def request_id(self) -> Any:
         """The agent's JSON-RPC request id."""
         return self.ctx.request_id

@@ -6,7 +6,9 @@ Order of a settlement:
 1. amount = the bot's shortfall when > 0, else its price; ≤ 0 is refused;
 2. the per-call cap and the rolling 24-hour cap are checked (≤ 0 means
    never pay; an exact fill is allowed; both modes);
-3. approval mode parks the payment until the user decides or the timeout;
+3. approval mode parks the payment until the user decides or the timeout
+   (meanwhile the caller's ``while_parked`` runs, e.g. to keep the agent
+   informed);
 4. under the spend lock the settings in force *now* are read again (caps,
    mode, allowed bots, enabled), and the entry is recorded ``pending`` and
    written to disk *before* any money moves, so concurrent calls can never
@@ -36,7 +38,7 @@ import contextvars
 import logging
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import anyio
@@ -70,6 +72,7 @@ __all__ = [
     "InDoubtSpend",
     "Payer",
     "Settler",
+    "WhileParked",
     "cap_refusal",
     "payment_scheduled",
 ]
@@ -109,6 +112,12 @@ DETACHED_HOLD_LIMIT = 30.0
 #: same payee and amount that this process is still finishing (its tip
 #: stalled an instant ago) before it counts as matching nothing.
 LATE_OUTCOME_WAIT = 10.0
+
+
+#: :meth:`Settler.settle`'s ``while_parked``: an async function run while a
+#: payment waits for the user's decision, with the parked payment and the
+#: time its wait times out (unix seconds on the bridge clock).
+WhileParked = Callable[[PendingPayment, float], Awaitable[None]]
 
 
 @runtime_checkable
@@ -156,6 +165,15 @@ def _policy_refusal(settings: Settings, bot: str, amount: int, spent: int) -> st
 
 def _error_text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
+
+
+async def _while_parked(run: WhileParked, payment: PendingPayment, expires: float) -> None:
+    """``run(payment, expires)``; what it raises (not a cancellation) is
+    logged and dropped, so it never ends the wait for the decision."""
+    try:
+        await run(payment, expires)
+    except Exception as exc:
+        log.warning("while payment %s waits for approval: %s", payment.id, _error_text(exc))
 
 
 async def _attached(gone: anyio.Event | None) -> bool:
@@ -231,6 +249,12 @@ class Settler:
 
     def _now(self) -> int:
         return math.floor(self._clock.now())
+
+    def approval_hint(self, payment_id: str) -> str:
+        """How the user decides the parked payment ``payment_id`` (the
+        commands, and the approvals page when it is served), as the embedding
+        bridge words it; empty when it gave no hint. Names no secret."""
+        return self._approval_hint(payment_id) if self._approval_hint is not None else ""
 
     async def _persist(self) -> None:
         """Write the log (pruned) in a worker thread; call with the lock
@@ -335,6 +359,7 @@ class Settler:
         prepay: bool = False,
         call_key: str | None = None,
         ask: bool = False,
+        while_parked: WhileParked | None = None,
     ) -> str | None:
         """Pay what ``bot`` asked for ``tool``. Returns None once the payment
         is confirmed, else the reason nothing (certain) was paid, as shown
@@ -360,9 +385,16 @@ class Settler:
         ``call_key`` (the logical call's ``brmcp/callKey``) is recorded in
         the spend entry (``"callKey"``), written before the payer runs.
         ``ask``: the user must approve this payment even in autopay mode
-        (e.g. a further payment for one logical call)."""
+        (e.g. a further payment for one logical call).
+
+        ``while_parked`` (:data:`WhileParked`) runs, in a task this call
+        owns, for as long as a payment is parked for the user's decision:
+        it is called with the parked payment and the unix time (bridge
+        clock) its wait times out, and cancelled the moment the decision
+        comes, the wait times out or the agent goes away, before anything
+        is paid. What it raises is logged and dropped."""
         amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
-        reason, attempted = await self._settle(bot, tool, amount, gone, prepay, call_key, ask)
+        reason, attempted = await self._settle(bot, tool, amount, gone, prepay, call_key, ask, while_parked)
         if reason is not None:
             log.info("payment to bot %s for tool %s (%d atoms) not made: %s", bot, tool, amount, reason)
             if not attempted and self.metrics is not None:
@@ -389,6 +421,7 @@ class Settler:
         prepay: bool = False,
         call_key: str | None = None,
         ask: bool = False,
+        while_parked: WhileParked | None = None,
     ) -> tuple[str | None, bool]:
         """The refusal reason (None: paid) and whether the payer ran."""
         if amount <= 0:
@@ -405,7 +438,7 @@ class Settler:
             if (ask or not settings.autopay) and approved is None:
                 timeout = settings.approval_timeout_secs
                 label = f"{tool} (prepayment)" if prepay else tool
-                decision, payment_id = await self._park(bot, label, amount, timeout, gone)
+                decision, payment_id = await self._park(bot, label, amount, timeout, gone, while_parked)
                 if decision == "gone":
                     return AGENT_GONE, False
                 if decision == "denied":
@@ -459,36 +492,44 @@ class Settler:
         return AGENT_GONE
 
     async def _park(
-        self, bot: str, tool: str, amount: int, approval_secs: float, gone: anyio.Event | None
+        self,
+        bot: str,
+        tool: str,
+        amount: int,
+        approval_secs: float,
+        gone: anyio.Event | None,
+        while_parked: WhileParked | None = None,
     ) -> tuple[str, str]:
         """Wait for the user's decision, or ``"gone"`` as soon as the agent's
         request went away (the parked payment is withdrawn); returns it and
-        the parked payment's id."""
+        the parked payment's id. ``while_parked`` runs in this task group
+        from the moment the payment is listed until the wait ends."""
         parked_id = ""
-
-        def on_parked(payment: PendingPayment) -> None:
-            nonlocal parked_id
-            parked_id = payment.id
-            self._parked(payment)
-
-        if gone is None:
-            decided = await self.approvals.wait(
-                bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=on_parked
-            )
-            return decided, parked_id
         decision = "gone"
         async with anyio.create_task_group() as tg:
+
+            def on_parked(payment: PendingPayment) -> None:
+                nonlocal parked_id
+                parked_id = payment.id
+                self._parked(payment)
+                if while_parked is not None:
+                    expires = self._clock.now() + approval_secs
+                    tg.start_soon(_while_parked, while_parked, payment, expires)
 
             async def _decide() -> None:
                 nonlocal decision
                 decision = await self.approvals.wait(
                     bot=bot, tool=tool, atoms=amount, timeout_secs=approval_secs, on_parked=on_parked
                 )
+                # The decision (or the timeout) ends the companion task too.
                 tg.cancel_scope.cancel()
 
-            tg.start_soon(_decide)
-            await gone.wait()
-            tg.cancel_scope.cancel()
+            if gone is None:
+                await _decide()
+            else:
+                tg.start_soon(_decide)
+                await gone.wait()
+                tg.cancel_scope.cancel()
         if decision == "gone":
             log.info("payment of %d atoms to %s for %s withdrawn: the agent went away", amount, bot, tool)
         return decision, parked_id

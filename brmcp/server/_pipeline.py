@@ -329,11 +329,12 @@ class CallPipeline:
         if self.metrics is not None:
             self.metrics.charged_atoms.labels(tool).inc(price)
         log.info(
-            "charged %s atoms to %s for %s (call %s, balance now %s)",
+            "charged %s atoms to %s for %s (call %s%s, balance now %s)",
             f"{price:,}",
             peer,
             tool,
             call_id,
+            f", callKey {call_key[:8]}" if call_key else "",
             f"{balance:,}" if balance >= 0 else "kept by the billing store",
         )
         return balance

@@ -9,10 +9,22 @@ same forms work as plain HTML posts.
 
 * :class:`UISessions`: one-time login tickets and browser sessions;
 * :func:`ui_handler`: the ASGI handler for ``/ui/…``;
-* :class:`UIHost`: what the handler needs from the bridge.
+* :class:`UIHost`: what the handler needs from the bridge;
+* :class:`NickBook`, :class:`NickSource`: brclient's nicks for the bots shown.
 """
 
 from .app import UI_PREFIX, UIHandler, UIHost, ui_handler
+from .nicks import NickBook, NickSource
 from .sessions import SESSION_TTL, TICKET_TTL, UISessions
 
-__all__ = ["SESSION_TTL", "TICKET_TTL", "UI_PREFIX", "UIHandler", "UIHost", "UISessions", "ui_handler"]
+__all__ = [
+    "SESSION_TTL",
+    "TICKET_TTL",
+    "UI_PREFIX",
+    "NickBook",
+    "NickSource",
+    "UIHandler",
+    "UIHost",
+    "UISessions",
+    "ui_handler",
+]

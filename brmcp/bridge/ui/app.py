@@ -3,16 +3,26 @@
 * ``GET /ui/login?ticket=T``: redeem a one-time ticket, set the session
   cookie, 303 to ``/ui/``;
 * ``GET /ui/``: the page (a 401 page without a session);
-* ``GET /ui/state[?after=N]``: the live parts as JSON; with ``after`` equal
-  to the current version it waits up to :data:`LONG_POLL_SECS` s for a change;
+* ``GET /ui/state[?after=N]``: the live parts as JSON
+  (:func:`~.pages.render_fragments`); with ``after`` equal to the current
+  version it waits up to :data:`LONG_POLL_SECS` s for a change;
 * ``POST /ui/approvals/<id>/approve`` or ``…/deny``: decide; the CSRF token
   in ``X-CSRF-Token`` or the ``csrf`` form field; a JSON answer when asked
-  (``Accept: application/json``: 404 for an unknown id, 409 with
-  ``payment <id> was withdrawn: the agent went away; nothing was paid`` for
-  a payment withdrawn because its agent went away), else 303 to the page
-  (a 409 page saying so for a withdrawn payment);
+  (``Accept: application/json``): 200 ``{"id", "approved", "message"}``
+  with ``message`` the confirmation to show (``Approved: 500 atoms to …
+  for tool …``); 409 ``{"error"}`` when the decision comes too late: the
+  payment timed out (``too late: payment <id> timed out after 2m0s …``),
+  was withdrawn because its agent went away (``payment <id> was withdrawn:
+  the agent went away; nothing was paid``) or was already decided the other
+  way; 404 for an unknown id. Else 303 to the page, which lists the
+  decision under "Recent decisions" (a 409 page with the same text when
+  too late);
 * ``POST /ui/logout``: end the session;
 * ``GET /ui/app.js``: the page's script.
+
+Bots are shown with the nick brclient has for them when the host's PM
+sender can ask (:class:`~.nicks.NickSource`, e.g. the daemon's), next to
+their uid; the nicks are cached (:class:`~.nicks.NickBook`).
 
 Host and Origin were checked by the bridge's gate. The cookie is
 ``HttpOnly; SameSite=Strict; Path=/ui``; every POST also needs the
@@ -25,6 +35,7 @@ from __future__ import annotations
 import functools
 import hmac
 import importlib.resources
+import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from http.cookies import CookieError, SimpleCookie
 from typing import TYPE_CHECKING, Protocol
@@ -35,15 +46,35 @@ from starlette.types import Receive, Scope, Send
 
 from .._asgi import header_values, read_body, send_json
 from ..approvals import PendingPayment
-from ..settings import Settings
+from ..settings import SETTINGS_FILE, Settings
 from ..spend import BotBalance, SpendSummary
-from .pages import PageState, render_fragments, render_login_needed, render_notice, render_page
+from .nicks import NickBook, NickSource
+from .pages import (
+    RECENT_ROWS,
+    RECENT_SECS,
+    SPEND_ROWS,
+    PageState,
+    decision_text,
+    render_fragments,
+    render_login_needed,
+    render_notice,
+    render_page,
+)
 from .sessions import SESSION_TTL, UISession, UISessions
 
 if TYPE_CHECKING:
     from ..settle import Settler
 
-__all__ = ["COOKIE", "LONG_POLL_SECS", "UI_PREFIX", "UIHandler", "UIHost", "ui_handler"]
+__all__ = [
+    "COOKIE",
+    "LONG_POLL_SECS",
+    "UI_PREFIX",
+    "UIHandler",
+    "UIHost",
+    "UIHostConfig",
+    "nick_source_of",
+    "ui_handler",
+]
 
 #: The page's path prefix.
 UI_PREFIX = "/ui"
@@ -70,8 +101,25 @@ _SECURITY_HEADERS = (
 UIHandler = Callable[[Scope, Receive, Send, str], Awaitable[None]]
 
 
+class UIHostConfig(Protocol):
+    """What the page reads of the host's configuration (a
+    :class:`~brmcp.bridge.BridgeConfig`)."""
+
+    @property
+    def data_dir(self) -> str | os.PathLike[str]: ...
+
+    @property
+    def sender(self) -> object:
+        """The PM sender; when it is a :class:`~.nicks.NickSource` the page
+        shows brclient's nicks."""
+        ...
+
+
 class UIHost(Protocol):
     """What the page needs from the bridge."""
+
+    @property
+    def config(self) -> UIHostConfig: ...
 
     @property
     def settings(self) -> Settings: ...
@@ -169,20 +217,49 @@ def _query(scope: Scope) -> dict[str, list[str]]:
     return parse_qs(raw.decode("latin-1"), keep_blank_values=True)
 
 
-def _state(host: UIHost) -> PageState:
+def _bots_shown(host: UIHost, now: float) -> list[str]:
+    """The uids of the bots the page is about to show."""
+    spend = host.spend_log()
+    bots = [p.bot for p in host.pending_payments()]
+    bots += [e.payment.bot for e in host._settler.approvals.recent(now - RECENT_SECS, RECENT_ROWS)]
+    bots += [e.bot for e in spend.entries[-SPEND_ROWS:]]
+    bots += [e.bot for e in spend.entries if e.counts]
+    bots += list(host.bot_balances())
+    return bots
+
+
+async def _state(host: UIHost, nicks: NickBook) -> PageState:
+    """A snapshot of what the page shows, with the nicks of its bots (looked
+    up first, within the book's time budget). The version is read before
+    the parts, so a change made meanwhile is not missed by the long-poll."""
+    await nicks.refresh(_bots_shown(host, host.clock_now()))
+    version = host.change_version
+    now = host.clock_now()
+    bots = _bots_shown(host, now)
     return PageState(
         settings=host.settings,
         pending=tuple(host.pending_payments()),
         spend=host.spend_log(),
         balances=dict(host.bot_balances()),
-        now=int(host.clock_now()),
-        version=host.change_version,
+        now=now,
+        version=version,
         command=host.cli_command,
+        nicks=nicks.known(bots),
+        recent=tuple(host._settler.approvals.recent(now - RECENT_SECS, RECENT_ROWS)),
+        settings_file=os.path.join(host.config.data_dir, SETTINGS_FILE),
     )
 
 
-def ui_handler(host: UIHost) -> UIHandler:
-    """The handler for ``/ui/…`` bound to ``host``."""
+def nick_source_of(host: UIHost) -> NickSource | None:
+    """The host's PM sender when it can name brclient's contacts, else None."""
+    sender = host.config.sender
+    return sender if isinstance(sender, NickSource) else None
+
+
+def ui_handler(host: UIHost, *, nicks: NickBook | None = None) -> UIHandler:
+    """The handler for ``/ui/…`` bound to ``host``; ``nicks`` defaults to a
+    book over :func:`nick_source_of` ``host``."""
+    book = nicks if nicks is not None else NickBook(nick_source_of(host))
 
     async def handle(scope: Scope, receive: Receive, send: Send, path: str) -> None:
         method = scope.get("method", "")
@@ -209,10 +286,10 @@ def ui_handler(host: UIHost) -> UIHandler:
                 await _html(send, 401, render_login_needed("You are not logged in (or the session ended)."))
             return
         if route == "/" and method == "GET":
-            await _html(send, 200, render_page(_state(host), session.csrf))
+            await _html(send, 200, render_page(await _state(host, book), session.csrf))
             return
         if route == "/state" and method == "GET":
-            await _state_answer(host, scope, send, session)
+            await _state_answer(host, book, scope, send, session)
             return
         parts = [p for p in route.split("/") if p]
         if method == "POST" and (parts == ["logout"] or (len(parts) == 3 and parts[0] == "approvals")):
@@ -227,28 +304,42 @@ def ui_handler(host: UIHost) -> UIHandler:
             if verb not in ("approve", "deny"):
                 await send_json(send, 404, {"error": "not found"})
                 return
-            approve = verb == "approve"
-            known = host.resolve_payment(parts[1], approve)
-            withdrawn = None if known else host._settler.approvals.withdrawn(parts[1])
-            if _wants_json(scope):
-                if withdrawn is not None:
-                    await send_json(send, 409, {"error": withdrawn})
-                elif not known:
-                    await send_json(send, 404, {"error": "unknown payment (already decided or timed out)"})
-                else:
-                    await send_json(send, 200, {"id": parts[1], "approved": approve})
-                return
-            if withdrawn is not None:
-                await _html(send, 409, render_notice(withdrawn, UI_PREFIX + "/"))
-                return
-            await _redirect(send, UI_PREFIX + "/")
+            await _decide(host, book, scope, send, parts[1], verb == "approve")
             return
         await send_json(send, 404 if method in ("GET", "POST") else 405, {"error": "not found"})
 
     return handle
 
 
-async def _state_answer(host: UIHost, scope: Scope, send: Send, session: UISession) -> None:
+async def _decide(
+    host: UIHost, nicks: NickBook, scope: Scope, send: Send, payment_id: str, approve: bool
+) -> None:
+    """Deliver a decision from the page and answer it (the module docstring)."""
+    queue = host._settler.approvals
+    known = host.resolve_payment(payment_id, approve)
+    ended = queue.ended(payment_id)
+    late: str | None = None
+    if ended is not None and (not known or ended.outcome != ("approved" if approve else "denied")):
+        # Timed out or withdrawn before the decision, or decided already (the
+        # other way, or by an earlier click): this decision does not count.
+        late = ended.late_text()
+    if _wants_json(scope):
+        if late is not None:
+            await send_json(send, 409, {"error": late})
+        elif not known or ended is None:
+            await send_json(send, 404, {"error": "unknown payment: nothing with that ID waits for approval"})
+        else:
+            await nicks.refresh([ended.payment.bot])
+            message = decision_text(ended, nicks.known([ended.payment.bot]))
+            await send_json(send, 200, {"id": payment_id, "approved": approve, "message": message})
+        return
+    if late is not None:
+        await _html(send, 409, render_notice(late, UI_PREFIX + "/"))
+        return
+    await _redirect(send, UI_PREFIX + "/")
+
+
+async def _state_answer(host: UIHost, nicks: NickBook, scope: Scope, send: Send, session: UISession) -> None:
     after = (_query(scope).get("after") or [""])[0]
     if after == str(host.change_version):
         changed = anyio.Event()
@@ -258,7 +349,7 @@ async def _state_answer(host: UIHost, scope: Scope, send: Send, session: UISessi
                 await changed.wait()
         finally:
             unsubscribe()
-    await send_json(send, 200, render_fragments(_state(host), session.csrf))
+    await send_json(send, 200, render_fragments(await _state(host, nicks), session.csrf))
 
 
 async def _csrf_ok(scope: Scope, receive: Receive, session: UISession) -> bool:

@@ -1,44 +1,77 @@
 """Server-rendered HTML of the approvals page. Every value that comes from
-a bot or a file (tool names, uids, error texts) is escaped; the page has no
-inline script (its Content-Security-Policy forbids one)."""
+a bot, an agent, brclient or a file (tool names, call arguments, nicks,
+uids, error texts) is escaped; the page has no inline script (its
+Content-Security-Policy forbids one)."""
 
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from ..approvals import PendingPayment
-from ..settings import Settings
+from ..approvals import EndedPayment, PendingPayment
+from ..clock import go_duration
+from ..settings import (
+    DEFAULT_APPROVAL_TIMEOUT_SECS,
+    DEFAULT_TIP_WAIT_SECS,
+    MIN_TOKEN_CHARS,
+    MODE_APPROVAL,
+    MODE_AUTOPAY,
+    Settings,
+)
 from ..spend import DAY_SECONDS, STATUS_FAILED, BotBalance, SpendEntry, SpendSummary
 
-__all__ = ["PageState", "render_fragments", "render_login_needed", "render_notice", "render_page"]
+__all__ = [
+    "RECENT_ROWS",
+    "RECENT_SECS",
+    "SPEND_ROWS",
+    "PageState",
+    "bot_label",
+    "decision_text",
+    "render_fragments",
+    "render_login_needed",
+    "render_notice",
+    "render_page",
+    "time_left",
+]
 
 #: Spend entries shown (newest first).
 SPEND_ROWS = 50
+#: Seconds an ended payment stays in "Recent decisions".
+RECENT_SECS = 600
+#: Ended payments shown at most in "Recent decisions" (newest first).
+RECENT_ROWS = 10
 
 
 @dataclass(frozen=True, slots=True)
 class PageState:
     """What one rendering shows. ``version`` changes whenever the approvals
-    or the spend log change (the script long-polls on it)."""
+    or the spend log change (the script long-polls on it); ``now`` is the
+    bridge clock (unix seconds); ``nicks``: brclient's nicks by lowercase
+    uid (bots without one are shown by uid only); ``recent``: payments
+    that ended lately, newest first; ``settings_file``: the path of
+    ``mcpclient.json`` (None: not known)."""
 
     settings: Settings
     pending: tuple[PendingPayment, ...]
     spend: SpendSummary
     balances: Mapping[str, BotBalance]
-    now: int
+    now: float
     version: int
     #: The command line the page tells you to run (``--datadir`` included when needed).
     command: str = "brmcp-bridge"
+    nicks: Mapping[str, str] = field(default_factory=dict)
+    recent: tuple[EndedPayment, ...] = ()
+    settings_file: str | None = None
 
 
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _when(ts: int) -> str:
+def _when(ts: float) -> str:
     try:
         return datetime.fromtimestamp(int(ts), UTC).strftime("%Y-%m-%d %H:%M:%S")
     except (OverflowError, OSError, ValueError):
@@ -49,12 +82,92 @@ def _uid(uid: str) -> str:
     return f'<code title="{_e(uid)}">{_e(uid[:16])}…</code>' if len(uid) > 16 else f"<code>{_e(uid)}</code>"
 
 
+def _bot(uid: str, nicks: Mapping[str, str]) -> str:
+    """A bot as HTML: its nick when brclient knows one, always its uid."""
+    nick = nicks.get(uid.lower())
+    if nick is None:
+        return _uid(uid)
+    return f'<span class="nick" title="nick from brclient (not an identity)">{_e(nick)}</span> {_uid(uid)}'
+
+
+def bot_label(uid: str, nicks: Mapping[str, str]) -> str:
+    """A bot as plain text: ``"alice" (1a2b3c4d5e6f7a8b…)``, or the uid
+    prefix alone without a nick. Not escaped."""
+    prefix = f"{uid[:16]}…" if len(uid) > 16 else uid
+    nick = nicks.get(uid.lower())
+    return f"“{nick}” ({prefix})" if nick is not None else prefix
+
+
 def _atoms(atoms: int) -> str:
     return f"{atoms:,}"
 
 
-def render_approvals(pending: Iterable[PendingPayment], csrf: str, settings: Settings) -> str:
-    """The pending approvals: one row per payment, approve and deny buttons."""
+def time_left(seconds: float) -> str:
+    """A countdown as the page prints it: ``1m 58s left``, ``9s left``, or
+    ``time is up`` at and after zero (whole seconds, rounded down)."""
+    if seconds <= 0:
+        return "time is up"
+    whole = math.floor(seconds)
+    minutes, secs = divmod(whole, 60)
+    return f"{minutes}m {secs:02d}s left" if minutes else f"{secs}s left"
+
+
+_OUTCOME_LABEL = {
+    "approved": "Approved",
+    "denied": "Denied",
+    "timeout": "Timed out",
+    "withdrawn": "Withdrawn",
+}
+
+
+def decision_text(ended: EndedPayment, nicks: Mapping[str, str]) -> str:
+    """How a payment ended, in one line of plain text (not escaped), e.g.
+    ``Approved: 500 atoms to "alice" (1a2b3c4d5e6f7a8b…) for tool paid``."""
+    p = ended.payment
+    label = _OUTCOME_LABEL[ended.outcome]
+    what = f"{label}: {_atoms(p.atoms)} atoms to {bot_label(p.bot, nicks)} for tool {p.tool}"
+    if ended.outcome == "approved":
+        return f"{what}; the payment is being made (see Spending)"
+    if ended.outcome == "denied":
+        return f"{what}; nothing was paid"
+    if ended.outcome == "timeout":
+        return f"{what}: no decision within {go_duration(ended.timeout_secs)}, so nothing was paid"
+    return f"{what}: the agent went away, so nothing was paid"
+
+
+def _arguments(p: PendingPayment, inline: bool) -> str:
+    if p.arguments is None:
+        return '<p class="noargs">No call arguments (a prepayment, or not known).</p>'
+    body = _e(p.arguments) if inline else ""
+    return f'<pre class="args" data-args-for="{_e(p.id)}">{body}</pre>'
+
+
+def _countdown(p: PendingPayment, now: float) -> str:
+    if p.expires is None:
+        return "—"
+    left = p.expires - now
+    urgent = " urgent" if left < 30 else ""
+    return (
+        f'<span class="countdown{urgent}" data-remaining="{max(left, 0.0):.1f}">{_e(time_left(left))}</span>'
+        f'<br><small class="expires">refused at {_when(p.expires)} UTC</small>'
+    )
+
+
+def render_approvals(
+    pending: Iterable[PendingPayment],
+    csrf: str,
+    settings: Settings,
+    now: float = 0.0,
+    nicks: Mapping[str, str] | None = None,
+    *,
+    inline_args: bool = True,
+) -> str:
+    """The pending approvals: one row per payment with the bot (nick and
+    uid), the tool and its call's arguments, the atoms, the time left and
+    the approve and deny buttons. ``inline_args`` False leaves the
+    arguments' ``<pre data-args-for=ID>`` empty for the script to fill as
+    text (the live JSON carries them apart from the HTML)."""
+    names = nicks or {}
     rows = []
     for p in pending:
         forms = "".join(
@@ -64,18 +177,38 @@ def render_approvals(pending: Iterable[PendingPayment], csrf: str, settings: Set
             for verb, label in (("approve", "Approve"), ("deny", "Deny"))
         )
         rows.append(
-            f'<tr class="pending" data-id="{_e(p.id)}"><td><code>{_e(p.id)}</code></td><td>{_uid(p.bot)}</td>'
-            f"<td>{_e(p.tool)}</td><td class=num>{_atoms(p.atoms)}</td><td>{_when(p.created)}</td>"
+            f'<tr class="pending" data-id="{_e(p.id)}"><td class="bot">{_bot(p.bot, names)}</td>'
+            f'<td><span class="tool">{_e(p.tool)}</span>{_arguments(p, inline_args)}</td>'
+            f"<td class=num>{_atoms(p.atoms)}</td>"
+            f'<td class="left">{_countdown(p, now)}</td>'
+            f"<td>{_when(p.created)}<br><small>ID <code>{_e(p.id)}</code></small></td>"
             f'<td class="actions">{forms}</td></tr>'
         )
-    timeout = f"Each waits {settings.approval_timeout_secs} s, then is refused."
     if not rows:
         note = " Autopay is on: payments within the caps are made without asking." if settings.autopay else ""
         return f'<p class="empty">No payments waiting for approval.{_e(note)}</p>'
-    return (
-        f"<p>{_e(timeout)}</p><table><thead><tr><th>ID</th><th>Bot</th><th>Tool</th><th>Atoms</th>"
-        f"<th>Since (UTC)</th><th></th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    timeout = (
+        "Each payment waits for your decision until its time is up (approval_timeout_secs, now "
+        f"{settings.approval_timeout_secs} s), then is refused and nothing is paid."
     )
+    return (
+        f"<p>{_e(timeout)}</p><table><thead><tr><th>Bot</th><th>Tool and call arguments</th><th>Atoms</th>"
+        f"<th>Time left</th><th>Since (UTC)</th><th></th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def render_decisions(recent: Iterable[EndedPayment], nicks: Mapping[str, str] | None = None) -> str:
+    """The payments that ended lately (decided on this page, through the
+    CLI or the admin API, timed out or withdrawn), newest first."""
+    names = nicks or {}
+    items = "".join(
+        f'<li class="{_e(ended.outcome)}">{_e(decision_text(ended, names))} '
+        f"<small>({_when(ended.ended)} UTC)</small></li>"
+        for ended in recent
+    )
+    if not items:
+        return f'<p class="empty">No payment ended in the last {RECENT_SECS // 60} minutes.</p>'
+    return f'<ul class="decisions">{items}</ul>'
 
 
 def _cap_line(label: str, used: int, cap: int) -> str:
@@ -88,8 +221,11 @@ def _cap_line(label: str, used: int, cap: int) -> str:
     )
 
 
-def render_spend(summary: SpendSummary, settings: Settings, now: int) -> str:
+def render_spend(
+    summary: SpendSummary, settings: Settings, now: float, nicks: Mapping[str, str] | None = None
+) -> str:
     """The rolling 24 h totals against the caps, per bot, and the newest entries."""
+    names = nicks or {}
     day: dict[str, int] = {}
     for entry in summary.entries:
         if entry.counts and entry.ts >= now - DAY_SECONDS:
@@ -101,7 +237,7 @@ def render_spend(summary: SpendSummary, settings: Settings, now: int) -> str:
         + "</li>",
     ]
     per_bot = "".join(
-        f"<tr><td>{_uid(bot)}</td><td class=num>{_atoms(total)}</td></tr>"
+        f"<tr><td>{_bot(bot, names)}</td><td class=num>{_atoms(total)}</td></tr>"
         for bot, total in sorted(day.items())
     )
     out = f'<ul class="totals">{"".join(lines)}</ul>'
@@ -117,7 +253,7 @@ def render_spend(summary: SpendSummary, settings: Settings, now: int) -> str:
         detail = f" ({_e(e.err)})" if e.err else ""
         klass = "failed" if status == STATUS_FAILED else _e(status)
         rows.append(
-            f'<tr class="{klass}"><td>{_when(e.ts)}</td><td>{_uid(e.bot)}</td><td>{_e(e.tool)}</td>'
+            f'<tr class="{klass}"><td>{_when(e.ts)}</td><td>{_bot(e.bot, names)}</td><td>{_e(e.tool)}</td>'
             f"<td class=num>{_atoms(e.atoms)}</td><td>{_e(status)}{detail}</td></tr>"
         )
     return (
@@ -126,14 +262,15 @@ def render_spend(summary: SpendSummary, settings: Settings, now: int) -> str:
     )
 
 
-def render_balances(balances: Mapping[str, BotBalance]) -> str:
+def render_balances(balances: Mapping[str, BotBalance], nicks: Mapping[str, str] | None = None) -> str:
     """Per-bot balances as the bots last reported them."""
+    names = nicks or {}
     if not balances:
         return (
             '<p class="empty">No bot has reported a balance yet (bots report it with each paid result).</p>'
         )
     rows = "".join(
-        f"<tr><td>{_uid(bot)}</td><td class=num>{_atoms(b.atoms)}</td><td>{_when(b.ts)}</td></tr>"
+        f"<tr><td>{_bot(bot, names)}</td><td class=num>{_atoms(b.atoms)}</td><td>{_when(b.ts)}</td></tr>"
         for bot, b in sorted(balances.items())
     )
     return (
@@ -142,48 +279,147 @@ def render_balances(balances: Mapping[str, BotBalance]) -> str:
     )
 
 
-def render_settings(settings: Settings, command: str = "brmcp-bridge") -> str:
-    """The settings in force (the agents' token hidden)."""
-    bots = settings.allowed_bots or ()
+def _set(command: str, assignment: str) -> str:
+    return f"<code>{_e(command)} settings set {_e(assignment)}</code>"
+
+
+def _how_to_change(key: str, settings: Settings, command: str) -> str:
+    """How to change one setting, as HTML (the CLI's ``settings set`` keys)."""
+    if key == "enabled":
+        return (
+            f"{_set(command, 'enabled=false')}: stops the agents' endpoint, and this page with it "
+            f"(turn it back on with {_set(command, 'enabled=true')})"
+        )
+    if key == "mode":
+        other = MODE_AUTOPAY if settings.mode == MODE_APPROVAL else MODE_APPROVAL
+        return (
+            f"{_set(command, f'mode={other}')}: <em>approval</em> parks each payment here for you; "
+            "<em>autopay</em> pays within the caps without asking"
+        )
+    if key == "per_call_cap_atoms":
+        return f"{_set(command, 'per_call_cap_atoms=N')}: atoms; 0 or less means never pay"
+    if key == "per_day_cap_atoms":
+        return (
+            f"{_set(command, 'per_day_cap_atoms=N')}: atoms in a rolling 24 hours; 0 or less means never pay"
+        )
+    if key == "approval_timeout_secs":
+        return (
+            f"{_set(command, 'approval_timeout_secs=N')}: seconds; 0 or less means "
+            f"{DEFAULT_APPROVAL_TIMEOUT_SECS}; applies to payments parked afterwards"
+        )
+    if key == "tip_wait_secs":
+        return (
+            f"{_set(command, 'tip_wait_secs=N')}: seconds a payment may take to be confirmed; "
+            f"0 or less means {DEFAULT_TIP_WAIT_SECS}"
+        )
+    if key == "token":
+        return (
+            f"{_set(command, 'token=')} mints a new random one (or give one of at least {MIN_TOKEN_CHARS} "
+            f"characters); see it with <code>{_e(command)} settings --show-token</code>; agents then "
+            f"need the new one: <code>{_e(command)} config-snippet BOT_UID</code>"
+        )
+    if key == "allowed_bots":
+        return f"{_set(command, 'allowed_bots=UID,UID')}: the whole list (64-hex uids); empty allows none"
+    if key == "prepay_bots":
+        return (
+            f"{_set(command, 'prepay_bots=UID,UID')}: bots whose balance is topped up ahead of need; "
+            "empty turns prepay off"
+        )
+    return _set(command, f"{key}=VALUE")
+
+
+def _uid_list(bots: tuple[str, ...] | None) -> str:
+    return (
+        "<ul>" + ("".join(f"<li><code>{_e(b)}</code></li>" for b in bots or ()) or "<li>none</li>") + "</ul>"
+    )
+
+
+def render_settings(
+    settings: Settings, command: str = "brmcp-bridge", settings_file: str | None = None
+) -> str:
+    """The settings in force (the agents' token hidden), each with the
+    command that changes it."""
     items = [
-        ("enabled", "true" if settings.enabled else "false"),
-        ("mode", settings.mode),
+        ("enabled", _e("true" if settings.enabled else "false")),
+        ("mode", _e(settings.mode)),
         ("per_call_cap_atoms", _atoms(settings.per_call_cap_atoms)),
         ("per_day_cap_atoms", _atoms(settings.per_day_cap_atoms)),
-        ("approval_timeout_secs", str(settings.approval_timeout_secs)),
-        ("tip_wait_secs", str(settings.tip_wait_secs)),
+        ("approval_timeout_secs", _e(settings.approval_timeout_secs)),
+        ("tip_wait_secs", _e(settings.tip_wait_secs)),
         ("token", "set (hidden)" if settings.token else "not set"),
+        ("allowed_bots", _uid_list(settings.allowed_bots)),
+        ("prepay_bots", _uid_list(settings.prepay_bots)),
     ]
-    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in items)
-    allowed = "".join(f"<li><code>{_e(b)}</code></li>" for b in bots) or "<li>none</li>"
+    rows = "".join(
+        f'<tr><th>{_e(k)}</th><td>{v}</td><td class="how">{_how_to_change(k, settings, command)}</td></tr>'
+        for k, v in items
+    )
+    where = (
+        f"<code>{_e(settings_file)}</code>"
+        if settings_file
+        else "<code>mcpclient.json</code> in the data directory"
+    )
     return (
-        f'<table class="settings"><tbody>{rows}<tr><th>allowed_bots</th><td><ul>{allowed}</ul></td></tr>'
-        f"</tbody></table><p>Change them with <code>{_e(command)} settings set KEY=VALUE</code>.</p>"
+        '<table class="settings"><thead><tr><th>Key</th><th>Value</th><th>How to change it</th></tr></thead>'
+        f"<tbody>{rows}</tbody></table>"
+        f"<p>Change them with <code>{_e(command)} settings set KEY=VALUE</code> (several pairs at once "
+        "are fine): the running daemon applies them at once and writes them to "
+        f"{where}. That file can also be edited by hand: the daemon reads it again on SIGHUP "
+        "or when it restarts.</p>"
+        "<p>The daemon's own options are not settings: <code>--listen</code>, <code>--metrics</code>, "
+        "<code>--log-level</code> and <code>--notify-command</code> on its command line (or "
+        "<code>approvalnotify</code> and the logging keys in <code>brmcp-bridge.conf</code>, next to "
+        "that file) apply when it restarts.</p>"
     )
 
 
 def render_fragments(state: PageState, csrf: str) -> dict[str, object]:
-    """The page's live parts by element id, plus ``version`` (the script's
-    long-poll JSON)."""
+    """The page's live parts: HTML by element id (``approvals``,
+    ``decisions``, ``spend``, ``balances``, ``settings``), ``pending_count``,
+    ``version``, ``now`` (the bridge clock) and ``pending``: one object per
+    parked payment, ``{"id", "arguments", "remaining"}``, where
+    ``arguments`` is the call's argument text (or null) for the script to
+    put into the row as text (the ``approvals`` HTML leaves it out) and
+    ``remaining`` the seconds left (or null). The script's long-poll JSON."""
     return {
         "version": state.version,
-        "approvals": render_approvals(state.pending, csrf, state.settings),
+        "now": state.now,
+        "approvals": render_approvals(
+            state.pending, csrf, state.settings, state.now, state.nicks, inline_args=False
+        ),
         "pending_count": len(state.pending),
-        "spend": render_spend(state.spend, state.settings, state.now),
-        "balances": render_balances(state.balances),
-        "settings": render_settings(state.settings, state.command),
+        "pending": [
+            {
+                "id": p.id,
+                "arguments": p.arguments,
+                "remaining": None if p.expires is None else max(0.0, round(p.expires - state.now, 1)),
+            }
+            for p in state.pending
+        ],
+        "decisions": render_decisions(state.recent, state.nicks),
+        "spend": render_spend(state.spend, state.settings, state.now, state.nicks),
+        "balances": render_balances(state.balances, state.nicks),
+        "settings": render_settings(state.settings, state.command, state.settings_file),
     }
 
 
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5rem auto;max-width:70rem;padding:0 1rem;color:#222}
+body{font-family:system-ui,sans-serif;margin:1.5rem auto;max-width:76rem;padding:0 1rem;color:#222}
 h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;width:100%;margin:.5rem 0}th,td{text-align:left;padding:.3rem .5rem;
 border-bottom:1px solid #eee;vertical-align:top}td.num{text-align:right;font-variant-numeric:tabular-nums}
 form.decide{display:inline;margin-right:.3rem}button{padding:.3rem .9rem;cursor:pointer}
 button.approve{background:#1b7f3b;color:#fff;border:0}button.deny{background:#b3261e;color:#fff;border:0}
 tr.failed td{color:#b3261e}.empty{color:#666}#status{float:right;color:#666;font-size:.85rem}
-meter{width:10rem}.notice{color:#b3261e}.notice:empty{display:none}
+meter{width:10rem}.notice{padding:.4rem .6rem;border-radius:4px}.notice:empty{display:none}
+.notice.ok{background:#e6f4ea;color:#14532d}.notice.late,.notice.error{background:#fce8e6;color:#8c1d18}
+pre.args{max-height:14rem;max-width:34rem;overflow:auto;background:#f6f6f6;padding:.3rem .5rem;
+margin:.3rem 0 0;white-space:pre-wrap;word-break:break-all;font-size:.8rem}
+.noargs{color:#666;font-size:.85rem;margin:.3rem 0 0}
+.tool{font-weight:600}.nick{font-weight:600}.countdown{font-variant-numeric:tabular-nums;white-space:nowrap}
+.countdown.urgent{color:#b3261e;font-weight:600}ul.decisions li.approved{color:#14532d}
+ul.decisions li.denied,ul.decisions li.timeout,ul.decisions li.withdrawn{color:#8c1d18}
+td.how{font-size:.85rem;color:#444}
 """
 
 
@@ -198,9 +434,11 @@ def render_page(state: PageState, csrf: str) -> str:
         f'<body data-version="{state.version}">'
         '<span id="status">static page: reload to update</span>'
         "<h1>brmcp bridge</h1>"
-        '<p id="notice" class="notice" role="alert"></p>'
+        '<p id="notice" class="notice" role="status" aria-live="polite"></p>'
         f'<h2>Waiting for approval (<span id="pending-count">{len(state.pending)}</span>)</h2>'
-        f'<section id="approvals">{parts["approvals"]}</section>'
+        f'<section id="approvals">'
+        f"{render_approvals(state.pending, csrf, state.settings, state.now, state.nicks)}</section>"
+        f'<h2>Recent decisions</h2><section id="decisions">{parts["decisions"]}</section>'
         f'<h2>Spending</h2><section id="spend">{parts["spend"]}</section>'
         f'<h2>Balances at bots</h2><section id="balances">{parts["balances"]}</section>'
         f'<h2>Settings</h2><section id="settings">{parts["settings"]}</section>'
@@ -212,11 +450,11 @@ def render_page(state: PageState, csrf: str) -> str:
 
 def render_notice(message: str, back: str) -> str:
     """A page with one message (e.g. a decision refused because the payment
-    was withdrawn) and a link back to ``back``."""
+    was withdrawn or timed out) and a link back to ``back``."""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>brmcp bridge</title>"
         f"<style>{_STYLE}</style></head><body><h1>brmcp bridge</h1>"
-        f'<p id="notice" class="notice" role="alert">{_e(message)}</p>'
+        f'<p id="notice" class="notice late" role="alert">{_e(message)}</p>'
         f'<p><a href="{_e(back)}">Back to the approvals</a></p></body></html>'
     )
 

@@ -117,8 +117,10 @@ class BrNet:
     Options (brnet flags): ``users`` (nicks), ``latency_ms`` (one-way latency
     added to each message a user sends), ``nowallet`` (nicks on brclient's stock
     no-wallet payment client, or ``("all",)``), ``tip_restart_delay`` (seconds
-    ``TipUser`` blocks after a client starts; brclient's default is 60, the
-    default here 1 so tests start fast), ``reconnect_delay`` (seconds, brclient's
+    ``TipUser`` blocks after a client connects to the relay: brclient's
+    ``[tipuser] restartdelay``, brnet's ``-tiprestartdelay``; their default is
+    60, the default here 1 so a first paid call does not wait; ``python -m
+    brmcp.testing.brnet`` uses 1 too), ``reconnect_delay`` (seconds, brclient's
     is 5), ``tip_max_lifetime`` / ``tip_rerequest_delay`` (seconds; brclient:
     72 h / 24 h), ``extra_args`` (more brnet flags). ``binary``: a brnet
     executable (default: :func:`~brmcp.testing.brnet.build.brnet_binary`).

@@ -1,7 +1,7 @@
 """The unary clientrpc methods of a fake brclient: strict params decoding,
 then brclient's checks and error texts in its order (Version,
-UserPublicIdentity, PM, TipUser, the three acks; docs/clientrpc.md §Methods
-brmcp calls, §Error texts)."""
+UserPublicIdentity, UserNick, PM, TipUser, the three acks; docs/clientrpc.md
+§Methods brmcp calls, §Error texts)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,9 @@ class _Handlers(_Events):
             return self.version.to_wire()
         if name == "ChatService.UserPublicIdentity":
             return self.public_identity().to_wire()
+        if name == "ChatService.UserNick":
+            nick = self._user_nick(request)
+            return {"nick": nick} if nick else {}
         if name == "ChatService.PM":
             await self._pm(request)
             return {}
@@ -71,6 +74,24 @@ class _Handlers(_Events):
             self._changed()
             return {}
         raise RPCFault(CODE_INTERNAL, "unknown method")  # pragma: no cover - MESSAGES and handlers agree
+
+    def _user_nick(self, request: Mapping[str, Any]) -> str:
+        """brclient's ``UserNick``: the raw ``uid`` when it is 32 bytes, else
+        ``hexUid`` when it is 64 bytes long (Go's hex decoding and its error
+        text), else ``invalid uid and hex_uid``; then the nick of that
+        contact, or ``user <uid> not found`` for anyone else (this user
+        itself included: brclient looks in its address book)."""
+        raw: bytes = request.get("uid", b"")
+        hex_uid = str(request.get("hex_uid", ""))
+        if len(raw) == 32:
+            uid = raw.hex()
+        elif len(hex_uid.encode("utf-8")) == 64:
+            uid = _go_hex_decode(hex_uid).hex()
+        else:
+            raise RPCFault(CODE_INTERNAL, "invalid uid and hex_uid")
+        if uid not in self.relay.contacts(self.uid):
+            raise RPCFault(CODE_INTERNAL, f"user {uid} not found")
+        return self.relay.nicks.get(uid, "")
 
     def _user_by_nick(self, user: str) -> str:
         """brclient's ``UserByNick``: a contact whose nick matches (case-insensitively,
@@ -132,3 +153,15 @@ class _Handlers(_Events):
             raise RPCFault(CODE_INTERNAL, "invalid coin amount")
         failure = self._tip_failures.pop(0) if self._tip_failures else None
         self.relay.start_tip(self, target, whole_atoms_matoms(dcr_amount), max_attempts, failure)
+
+
+def _go_hex_decode(text: str) -> bytes:
+    """Go's ``hex.DecodeString`` of an even-length string: the bytes, or an
+    :class:`RPCFault` with Go's text for the first byte that is not a hex
+    digit (``encoding/hex: invalid byte: U+0067 'g'``)."""
+    data = text.encode("utf-8")
+    for byte in data:
+        if chr(byte) not in "0123456789abcdefABCDEF":
+            shown = f"U+{byte:04X}" + (f" '{chr(byte)}'" if chr(byte).isprintable() else "")
+            raise RPCFault(CODE_INTERNAL, f"encoding/hex: invalid byte: {shown}")
+    return bytes.fromhex(data.decode("ascii"))

@@ -82,6 +82,9 @@ _STREAM = (Field("unacked_from", "unackedFrom", "uint64"),)
 MESSAGES: dict[str, Message] = {
     "VersionService.Version": Message("VersionRequest"),
     "ChatService.UserPublicIdentity": Message("PublicIdentityReq"),
+    "ChatService.UserNick": Message(
+        "UserNickRequest", (Field("uid", "uid", "bytes"), Field("hex_uid", "hexUid", "string"))
+    ),
     "ChatService.PM": Message(
         "PMRequest",
         (Field("user", "user", "string"), Field("msg", "msg", "message", message=_RM_PRIVATE_MESSAGE)),
