@@ -598,6 +598,17 @@ def test_brmcp_bridge_on_a_taken_metrics_port_is_one_line(tmp_path: Path) -> Non
         assert _files(bridge_dir) == before
 
 
+def test_a_stopped_bridge_says_it_stopped(tmp_path: Path) -> None:
+    with _fakebr_with_confs(tmp_path) as confs:
+        bridge_dir = confs / "brmcp-bridge-alice"
+        daemon = _Daemon("brmcp.bridge", "--datadir", str(bridge_dir), "--listen", "127.0.0.1:0")
+        assert daemon.wait_for("settings in force:") == "settings in force:", daemon.lines
+        code = daemon.stop()
+        assert code == 0, daemon.lines
+        assert daemon.lines[-2].endswith("SIGTERM: stopping"), daemon.lines
+        assert re.search(r"stopped \(\d+\.\d s after the signal\)$", daemon.lines[-1]), daemon.lines
+
+
 # -- 3. metrics ------------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -614,6 +615,11 @@ def test_the_startup_line_prints_the_price_with_separators(tmp_path: Path) -> No
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0
+        # A stop ends with a line that says it is over.
+        assert proc.stderr is not None
+        rest = proc.stderr.read().splitlines()
+        assert any(line.endswith("SIGTERM: stopping") for line in rest), rest
+        assert re.search(r"stopped \(\d+\.\d s after the signal\)$", rest[-1]), rest
 
 
 # -- 6. the plain-chat reply ----------------------------------------------------------------

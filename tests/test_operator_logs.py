@@ -49,7 +49,12 @@ async def test_autopay_payment_is_logged_with_its_spend_id(
     assert len(paying) == 1, lines
     spend_id = paying[0].split()[1].rstrip(":")
     assert f"spend {spend_id}: paid 500 atoms to bot {BOT}" in lines
-    assert any(m.startswith(f"charged 500 atoms to {CLIENT} for paid (call ") for m in lines), lines
+    charged = [m for m in lines if m.startswith(f"charged 500 atoms to {CLIENT} for paid (call ")]
+    assert len(charged) == 1, lines
+    # One id to follow a call through both logs: the callKey's first 8 hex digits.
+    key = re.search(r"callKey ([0-9a-f]{8})", paying[0])
+    assert key is not None, paying[0]
+    assert f"callKey {key.group(1)}," in charged[0]
     # The first call went with its payment alongside: the bot held it, and says so
     # (a refusal line would read as if the call had failed).
     assert any(m.startswith("holding call ") and f"of {CLIENT} to paid for 500 atoms" in m for m in lines), (

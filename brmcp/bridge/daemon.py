@@ -566,10 +566,12 @@ class BridgeDaemon:
         if self._ran:
             raise RuntimeError("BridgeDaemon.run can be called only once")
         self._ran = True
+        self._stopping_at: float | None = None
         with contextlib.ExitStack() as locks:
             locks.enter_context(await anyio.to_thread.run_sync(self._lock_datadir))
             locks.enter_context(await anyio.to_thread.run_sync(self._lock_brclient))
             await self._run(handle_signals, task_status)
+        _log_stopped(self._stopping_at)
 
     def _lock_datadir(self) -> FileLock:
         return acquire_datadir(self.datadir, LOCK_FILE, what="brmcp-bridge", error=BridgeError)
@@ -796,6 +798,7 @@ class BridgeDaemon:
                         log.error("reload refused, keeping the previous settings: %s", exc)
                     continue
                 log.info("%s: stopping", signal.Signals(signum).name)
+                self._stopping_at = anyio.current_time()
                 scope.cancel()
                 return
 
@@ -811,3 +814,9 @@ def _describe(settings: Settings) -> str:
         f"per_call_cap_atoms={settings.per_call_cap_atoms} per_day_cap_atoms={settings.per_day_cap_atoms} "
         f"allowed_bots={bots} prepay_bots={len(settings.prepay_bots or ())}"
     )
+
+
+def _log_stopped(since: float | None) -> None:
+    """The last line of a stop a signal asked for, with how long it took."""
+    if since is not None:
+        log.info("stopped (%.1f s after the signal)", anyio.current_time() - since)

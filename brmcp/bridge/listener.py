@@ -304,6 +304,13 @@ class OwnedListener:
         if server is None:
             return
         server.should_exit = True
+        open_connections = len(getattr(server.server_state, "connections", ()))
+        if open_connections:
+            logging.getLogger(self._log_name).info(
+                "stopping the agent endpoint: waiting up to %g s for %d open connection(s) to finish",
+                SHUTDOWN_GRACE,
+                open_connections,
+            )
         with anyio.move_on_after(SHUTDOWN_GRACE + 2.0):
             await self._done.wait()
         if not self._done.is_set() and self._scope is not None:

@@ -471,12 +471,14 @@ class Settler:
                     return f"could not record the spend, so nothing was paid: {exc}", False
             spend_id = secrets.token_hex(4)
             log.info(
-                "spend %s: paying %d atoms to bot %s for tool %s (%s; recorded pending in the spend log)",
+                "spend %s: paying %d atoms to bot %s for tool %s (%s%s; recorded pending in the spend log)",
                 spend_id,
                 amount,
                 bot,
                 tool,
                 "approved" if approved is not None else settings.mode,
+                # The bot logs the same prefix with the charge it makes for it.
+                f", callKey {call_key[:8]}" if call_key else "",
             )
             # Shielded: once money may move, the agent going away or cancelling
             # does not interrupt it (the tip wait still bounds it).

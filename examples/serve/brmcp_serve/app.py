@@ -261,10 +261,12 @@ class ServeApp:
         if self._ran:
             raise RuntimeError("ServeApp.run can be called only once")
         self._ran = True
+        self._stopping_at: float | None = None
         with contextlib.ExitStack() as locks:
             locks.enter_context(await anyio.to_thread.run_sync(self._lock_datadir))
             locks.enter_context(await anyio.to_thread.run_sync(lock_brclient, self.client))
             await self._serve(handle_signals, task_status)
+        _log_stopped(self._stopping_at)
 
     def _lock_datadir(self) -> FileLock:
         return acquire_datadir(
@@ -380,5 +382,12 @@ class ServeApp:
                     await self.release_held_tips()
                     continue
                 log.info("%s: stopping", signal.Signals(signum).name)
+                self._stopping_at = anyio.current_time()
                 scope.cancel()
                 return
+
+
+def _log_stopped(since: float | None) -> None:
+    """The last line of a stop a signal asked for, with how long it took."""
+    if since is not None:
+        log.info("stopped (%.1f s after the signal)", anyio.current_time() - since)
