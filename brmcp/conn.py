@@ -19,12 +19,12 @@ from typing import Any, Protocol
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
-from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCResponse
+from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
 
 from . import wire
 from .sender import PMSender, SendError
 
-__all__ = ["Conn", "SessionHost", "send_deadline"]
+__all__ = ["Conn", "SendReceipt", "SessionHost", "send_deadline", "send_receipt"]
 
 
 class _SendOptions(Protocol):
@@ -72,6 +72,54 @@ log = logging.getLogger("brmcp.transport")
 #: expires with the first one (BRIDGE.md §Deadlines and re-sends): a bot that
 #: comes online after the caller's deadline drops all of them.
 send_deadline: ContextVar[float | None] = ContextVar("brmcp_send_deadline", default=None)
+
+
+class SendReceipt:
+    """When one outbound request left this side. Set it in
+    :data:`send_receipt` before writing the request; the first JSON-RPC
+    request a :class:`Conn` writes in that context *claims* it (later writes
+    there, and notifications or responses, leave it alone) and it records:
+
+    * ``claimed`` / ``started_at``: the write began (its first PM call);
+    * ``left_at``: the PM call of its last part returned, i.e. the host's
+      :class:`~brmcp.PMSender` (brclient) accepted every part;
+    * ``failed``: the write raised or was cancelled before that
+      (``left_at`` stays None);
+    * ``parts``: PMs the message took.
+
+    ``settled`` is set once ``left_at`` or ``failed`` is. Times are
+    :func:`anyio.current_time` seconds (monotonic). A re-send loop starts a
+    copy's retransmission timer at ``left_at`` (BRIDGE.md §Deadlines and
+    re-sends): the time a copy waits in brclient's PM queue is this side's
+    queueing, neither a round trip nor a reason for one more copy."""
+
+    __slots__ = ("claimed", "failed", "left_at", "parts", "settled", "started_at")
+
+    def __init__(self) -> None:
+        self.claimed = False
+        self.failed = False
+        self.started_at: float | None = None
+        self.left_at: float | None = None
+        self.parts = 0
+        self.settled = anyio.Event()
+
+    def _claim(self, parts: int) -> None:
+        self.claimed = True
+        self.parts = parts
+        self.started_at = anyio.current_time()
+
+    def _left(self) -> None:
+        self.left_at = anyio.current_time()
+        self.settled.set()
+
+    def _fail(self) -> None:
+        self.failed = True
+        self.settled.set()
+
+
+#: The :class:`SendReceipt` the next request written from this context fills
+#: (None: no receipt).
+send_receipt: ContextVar[SendReceipt | None] = ContextVar("brmcp_send_receipt", default=None)
 
 
 class _WriteStream:
@@ -287,9 +335,16 @@ class Conn:
             payload = refusal.model_dump_json(by_alias=True, exclude_unset=True).encode()
             parts = wire.encode(payload, sid=self.sid, exp=exp, chunk_size=chunk_size)
         sender = router.sender
+        receipt = send_receipt.get()
+        if receipt is not None and (receipt.claimed or not isinstance(message, JSONRPCRequest)):
+            receipt = None
+        if receipt is not None:
+            receipt._claim(len(parts))
+        sent = False
         try:
             for text in parts:
                 await sender.send_pm(self.peer, text)
+            sent = True
         except Exception as exc:  # the host's sender may raise anything
             failure = SendError(self.peer, exc)
             failure.__cause__ = exc
@@ -298,6 +353,12 @@ class Conn:
             router.stats.send_failures += 1
             self.close()
             raise anyio.BrokenResourceError(str(failure)) from failure
+        finally:
+            if receipt is not None and sent:
+                receipt._left()
+            elif receipt is not None:
+                # Raised or cancelled: some parts may have left, not all.
+                receipt._fail()
         router.stats.pms_sent += len(parts)
         router.stats.messages_sent += 1
 

@@ -16,10 +16,18 @@ class PMSender(Protocol):
     characters; ``text`` is one PM body (one envelope part for MCP traffic).
     Implementations raise any exception when the PM could not be handed to
     the relay; the transport turns that into a session failure.
+
+    Returning is the signal that the PM left this side (brclient's ``PM``
+    call returned): the bridge starts a request's re-send timer then, not
+    while the PM still waits, e.g. in brclient's paced queue
+    (:class:`~brmcp.conn.SendReceipt`; BRIDGE.md §Deadlines and re-sends).
     """
 
     async def send_pm(self, peer: str, text: str) -> None:
-        """Send ``text`` to ``peer``; return once the PM was accepted for delivery."""
+        """Send ``text`` to ``peer``; return once the PM was accepted for
+        delivery (a sender that returns while the PM still waits makes the
+        bridge time that wait as part of the round trip, and may let it send
+        another copy into the same queue)."""
         ...
 
 

@@ -301,7 +301,8 @@ def test_python_m_brnet_prints_build_progress_on_stderr(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "fake brnet ran -users a,b\n"
+    # A test network tips at once unless told otherwise (brclient waits a minute).
+    assert done.stdout == "fake brnet ran -tiprestartdelay=1s -users a,b\n"
     progress = done.stderr.splitlines()
     assert progress[0].startswith("brnet: first build of brnet:")
     assert progress[-1].startswith("brnet: built ")

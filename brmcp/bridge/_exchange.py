@@ -2,7 +2,14 @@
 request sent to the bot and sent again, same params, on an RTT-sized
 backoff until a reply comes or its deadline passes (:class:`DeadlineError`).
 :class:`ExchangeMixin` gives :class:`~.link.BotLink` its
-:meth:`~ExchangeMixin.exchange`.
+:meth:`~ExchangeMixin.exchange`; :func:`first_answer` is the same timing
+for a request on one session (``initialize``).
+
+Each copy's timer starts when the copy left this side (its
+:class:`~brmcp.conn.SendReceipt`: brclient's ``PM`` call returned), and no
+copy is sent while the one before it is still waiting to leave (to be
+dialed, or in brclient's PM queue): copies queued behind each other would
+only add to the queue they wait in.
 """
 
 from __future__ import annotations
@@ -18,15 +25,143 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR
 from pydantic import BaseModel, ValidationError
 
-from ..conn import send_deadline
+from ..conn import SendReceipt, send_deadline, send_receipt
 from ..router import Router
 from ._linkbase import TRANSPORT_ERROR_CODES, LinkError, _describe, log
 from .retry import RetryPolicy, RttEstimator
 
-__all__ = ["DeadlineError", "ExchangeMixin", "ProgressFn"]
+__all__ = ["DeadlineError", "ExchangeMixin", "ProgressFn", "first_answer"]
 
 _T = TypeVar("_T", bound=BaseModel)
+_R = TypeVar("_R")
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+
+
+class _Copy:
+    """One copy of a request: its send receipt, the RTO its timer runs
+    (seconds), and when (:func:`anyio.current_time`) it was started and
+    handed to its session. ``measure``: its reply may be a round-trip
+    sample (not a copy the bot holds, e.g. for a payment)."""
+
+    __slots__ = ("ended", "handed_at", "measure", "receipt", "rto", "started")
+
+    def __init__(self, rto: float, *, measure: bool = True) -> None:
+        self.receipt = SendReceipt()
+        self.rto = rto
+        self.measure = measure
+        self.started = anyio.current_time()
+        self.handed_at: float | None = None
+        self.ended = False
+
+    def handed(self) -> None:
+        """The copy is about to be written (called right before the request)."""
+        self.handed_at = anyio.current_time()
+
+    def end(self) -> None:
+        """The copy's task finished (answered, failed or cancelled)."""
+        self.ended = True
+        self.receipt.settled.set()
+
+    @property
+    def left_at(self) -> float | None:
+        """When the copy left this side; None while it waits to (or never did)."""
+        receipt = self.receipt
+        if receipt.left_at is not None:
+            return receipt.left_at
+        if self.handed_at is not None and not receipt.claimed and not receipt.failed:
+            # Handed over but written outside this context (not through a
+            # Conn): timed from the hand-over, so re-sends never stop.
+            return self.handed_at
+        return None
+
+    @property
+    def waiting(self) -> bool:
+        """Still waiting to leave: no other copy may be sent meanwhile."""
+        return self.left_at is None and not self.ended and not self.receipt.failed
+
+    def answered(self, rtt: RttEstimator) -> bool:
+        """The copy's reply arrived now: a round-trip sample when it may be
+        (:meth:`~.retry.RttEstimator.answered`). Returns whether it was."""
+        left = self.left_at
+        if left is None or not self.measure:
+            return False
+        return rtt.answered(anyio.current_time() - left, self.rto)
+
+
+async def first_answer(
+    rtt: RttEstimator,
+    ask: Callable[[], Awaitable[_R]],
+    *,
+    limit: float,
+    on_resend: Callable[[], None] | None = None,
+    on_sample: Callable[[], None] | None = None,
+) -> _R:
+    """Call ``ask`` (one copy of a request on one session) and again on the
+    RTO backoff of ``rtt`` until a copy answers, and return the first
+    answer; the copies still waiting are then cancelled. The first copy's
+    timer is ``rtt.rto``; each expiry doubles it and is kept in ``rtt``
+    (RFC 6298 §5.5); each timer starts when its copy left this side, and no
+    copy is sent while the last one waits to leave. The answer is a
+    round-trip sample when it may be (:mod:`.retry`); ``on_sample`` is then
+    called, and ``on_resend`` for every copy after the first.
+
+    Raises TimeoutError after ``limit`` seconds without an answer, and the
+    first exception a copy raises (the other copies are cancelled)."""
+    start = anyio.current_time()
+    end = start + limit
+    outcome: list[tuple[_R] | BaseException] = []
+    done = anyio.Event()
+
+    async def one(copy: _Copy) -> None:
+        token = send_receipt.set(copy.receipt)
+        try:
+            copy.handed()
+            try:
+                result = await ask()
+            except Exception as exc:
+                outcome.append(exc)
+                done.set()
+                return
+            if copy.answered(rtt) and on_sample is not None:
+                on_sample()
+            outcome.append((result,))
+            done.set()
+        finally:
+            send_receipt.reset(token)
+            copy.end()
+
+    async with anyio.create_task_group() as tg:
+        copy = _Copy(rtt.rto)
+        tg.start_soon(one, copy)
+        while not done.is_set():
+            now = anyio.current_time()
+            if now >= end:
+                break
+            left = copy.left_at
+            if copy.waiting or left is None:
+                # Waiting to leave (or ended without leaving, which ends the
+                # request through ``done``): no timer runs yet.
+                wait_until = end
+                events = [done, copy.receipt.settled]
+            else:
+                wait_until = min(left + copy.rto, end)
+                events = [done]
+            with anyio.move_on_after(max(0.0, wait_until - now)):
+                await _first_of(*events)
+            if done.is_set() or anyio.current_time() < wait_until or anyio.current_time() >= end:
+                continue
+            gap = rtt.expired(copy.rto)
+            if on_resend is not None:
+                on_resend()
+            copy = _Copy(gap)
+            tg.start_soon(one, copy)
+        tg.cancel_scope.cancel()
+    if not outcome:
+        raise TimeoutError
+    first = outcome[0]
+    if isinstance(first, BaseException):
+        raise first
+    return first[0]
 
 
 class DeadlineError(LinkError):
@@ -52,6 +187,8 @@ class ExchangeMixin:
 
     if TYPE_CHECKING:
 
+        def _rtt_sampled(self) -> None: ...
+
         def lease(self) -> AbstractAsyncContextManager[tuple[ClientSession, int]]: ...
 
         def reset(self, gen: int | None = None) -> bool: ...
@@ -73,7 +210,10 @@ class ExchangeMixin:
         deadline is the router's message TTL from the first send, and every
         copy's ``exp`` is capped at it, so the bot never runs a copy the
         bridge stopped waiting for. The first reply wins; the others are
-        dropped (the bot replays one outcome per callKey).
+        dropped (the bot replays one outcome per callKey). Each copy's timer
+        starts when it left this side, no copy is sent while the last one
+        still waits to leave, and the winning reply is a round-trip sample
+        when it may be (:mod:`.retry`).
 
         A copy that fails in transport resets the link (the next copy dials
         a fresh session) and is followed at once by another. An error the
@@ -115,14 +255,14 @@ class ExchangeMixin:
 
         callback = cast(ProgressFnT, on_progress) if progress is not None else None
 
-        async def attempt() -> None:
+        async def attempt(copy: _Copy) -> None:
             nonlocal sends, bot_errors
             token = send_deadline.set(cap)
+            receipt_token = send_receipt.set(copy.receipt)
             try:
                 async with self.lease() as (session, gen):
                     sends += 1
-                    first = sends == 1
-                    sent = anyio.current_time()
+                    copy.handed()
                     try:
                         reply = await session.send_request(
                             request,
@@ -166,8 +306,8 @@ class ExchangeMixin:
                         )
                         done.set()
                         return
-                    if first and sends == 1:
-                        self.rtt.sample(anyio.current_time() - sent)
+                    if not replies and copy.answered(self.rtt):
+                        self._rtt_sampled()
                     replies.append(reply)
                     done.set()
             except LinkError as exc:
@@ -176,54 +316,77 @@ class ExchangeMixin:
                     replies.append(exc)  # type: ignore[arg-type]
                     done.set()
             finally:
+                send_receipt.reset(receipt_token)
                 send_deadline.reset(token)
+                copy.end()
+
+        def held() -> bool:
+            return quiet is not None and not quiet.is_set()
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(attempt)
             gap = self.rtt.rto
-            due = start + gap
-            last_send = start
-            held = quiet is not None and not quiet.is_set()
+            copy = _Copy(gap, measure=not held())
+            tg.start_soon(attempt, copy)
+            was_held = held()
+            # A copy failed in transport: the next one is due then, timer or not.
+            soon: float | None = None
             while not done.is_set():
                 now = anyio.current_time()
                 if now >= end:
                     break
-                with anyio.move_on_after(max(0.0, min(due, end) - now)):
-                    if held:
-                        assert quiet is not None
-                        await _first_of(done, wakes[-1], quiet)
-                    else:
-                        await _first_of(done, wakes[-1])
+                events = [done, wakes[-1]]
+                if was_held:
+                    assert quiet is not None
+                    events.append(quiet)
+                left = copy.left_at
+                if copy.waiting:
+                    # Still to be dialed, or in brclient's PM queue: no timer
+                    # runs and no copy joins it in that queue.
+                    wait_until = end
+                    events.append(copy.receipt.settled)
+                elif left is None:
+                    # Ended without leaving (its dial or its send failed): the
+                    # next copy one gap after it started, sooner after a
+                    # transport failure.
+                    wait_until = copy.started + gap if soon is None else soon
+                else:
+                    # The bot is working on it when it reports progress.
+                    wait_until = max(left, heard) + gap
+                    if soon is not None:
+                        wait_until = min(wait_until, soon)
+                with anyio.move_on_after(max(0.0, min(wait_until, end) - now)):
+                    await _first_of(*events)
                 if done.is_set():
                     break
                 now = anyio.current_time()
                 if now >= end:
                     break
-                if held and quiet is not None and quiet.is_set():
+                if was_held and not held():
                     # The hold just ended: the bot answers one round trip from now.
-                    held = False
+                    was_held = False
                     heard = now
-                    due = now + gap
                     continue
                 if wakes[-1].is_set():
                     # A copy failed in transport: send the next one soon, not at once.
                     wakes[-1] = anyio.Event()
-                    due = min(due, max(now, last_send + self._retry.minimum))
+                    soon = max(now, copy.started + self._retry.minimum)
                     continue
-                if now < due:
+                if now < wait_until or copy.waiting:
                     continue
-                if quiet is not None and not quiet.is_set():
+                if held():
                     # A call the bot holds for a payment under way (WIRE.md
                     # §Pay alongside): its silence is expected until then.
                     heard = now
-                if heard > due - gap:
-                    due = heard + gap  # the bot is working on it: no copy yet
                     continue
+                # The copy's timer expired: back off, and keep the backed-off
+                # RTO for the next requests (RFC 6298 §5.5). After a failure,
+                # not a lost copy, this request backs off alone.
+                expired = soon is None and left is not None
+                gap = self.rtt.expired(gap) if expired else self.rtt.clamp(gap * 2)
+                soon = None
                 self.resends += 1
-                tg.start_soon(attempt)
-                last_send = now
-                gap = self.rtt.clamp(gap * 2)
-                due = now + gap
+                copy = _Copy(gap, measure=not held())
+                tg.start_soon(attempt, copy)
             tg.cancel_scope.cancel()
         if replies:
             reply = replies[0]

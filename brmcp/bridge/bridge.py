@@ -35,7 +35,7 @@ from .http import MAX_BODY_BYTES, BridgeApp
 from .link import CONNECT_TIMEOUT, BotLink
 from .listener import ListenerLimits, OwnedListener, bind_failure_hint, parse_listen_address
 from .proxy import BotProxy
-from .retry import RetryPolicy
+from .retry import RetryPolicy, relay_estimator
 from .settings import SETTINGS_FILE, Settings, describe_changes, load_settings, mint_token, save_settings
 from .settle import Payer, Settler
 from .snapshots import BotSnapshot, SnapshotStore
@@ -200,6 +200,12 @@ class Bridge:
         self._started = True
         self._admin_token = await anyio.to_thread.run_sync(self._load_admin_token)
         self._snapshots = await anyio.to_thread.run_sync(self._snapshot_store.load_all)
+        # Round trips measured by an earlier run are the relay's first guess
+        # for every bot, including one contacted for the first time.
+        shared = relay_estimator(self._router, self.config.retry)
+        for snapshot in self._snapshots.values():
+            if snapshot.rtt is not None:
+                shared.seed(*snapshot.rtt)
         await self._reconcile()
 
     async def close(self) -> None:

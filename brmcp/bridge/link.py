@@ -51,6 +51,8 @@ from mcp.types import (
     EmptyResult,
     Implementation,
     InitializedNotification,
+    InitializeRequest,
+    InitializeRequestParams,
     InitializeResult,
     PromptListChangedNotification,
     ResourceListChangedNotification,
@@ -63,11 +65,13 @@ from mcp.types import (
     UnsubscribeRequest,
     UnsubscribeRequestParams,
 )
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 
+from ..conn import send_receipt
 from ..eras import CAPABILITIES_META_KEY
 from ..router import Router
 from ._eras import _handshake_only, _modern_discover, _offer, _offered_tools, _pushes
-from ._exchange import DeadlineError, ExchangeMixin, ProgressFn
+from ._exchange import DeadlineError, ExchangeMixin, ProgressFn, first_answer
 from ._linkbase import (
     CONNECT_TIMEOUT,
     TRANSPORT_ERROR_CODES,
@@ -80,7 +84,7 @@ from ._linkbase import (
 from ._toolsnap import ToolsMixin
 from .clock import Clock
 from .relay import Relay
-from .retry import RetryPolicy, RttEstimator
+from .retry import RetryPolicy, RttEstimator, relay_estimator
 from .snapshots import ERA_HANDSHAKE, ERA_MODERN, BotSnapshot, Era, SnapshotStore
 from .subscriptions import Subscriptions
 
@@ -88,6 +92,8 @@ __all__ = [
     "CAPABILITIES_META_KEY",
     "CONNECT_TIMEOUT",
     "MAX_PENDING_DROPS",
+    "RTT_SAVE_INTERVAL",
+    "RTT_SAVE_RATIO",
     "TRANSPORT_ERROR_CODES",
     "BotLink",
     "DeadlineError",
@@ -100,6 +106,13 @@ __all__ = [
 #: its next update (a bot flooding updates for URIs nobody watches cannot
 #: pile up tasks or hold the subscription lock for ever).
 MAX_PENDING_DROPS = 32
+#: Least seconds (on the link's timer) between two snapshot writes made
+#: because the measured RTT moved (:meth:`BotLink._rtt_sampled`); other
+#: snapshot writes carry the RTT too.
+RTT_SAVE_INTERVAL = 600.0
+#: The measured RTO is written again once it is this many times the one on
+#: disk, or less than its inverse.
+RTT_SAVE_RATIO = 1.5
 
 
 class BotLink(ExchangeMixin, ToolsMixin):
@@ -110,7 +123,12 @@ class BotLink(ExchangeMixin, ToolsMixin):
     ``snapshot`` is the one remembered from an earlier run; ``clock``
     gives unix seconds for its ``updated`` stamp; ``timer`` (the bridge's
     :class:`~.clock.Clock`, None: anyio's) paces the snapshot refreshes and
-    the rate bounds on what the bot sends (SECURITY.md §6)."""
+    the rate bounds on what the bot sends (SECURITY.md §6).
+
+    Re-sends follow :attr:`rtt`, this bot's estimator (:mod:`.retry`): its
+    first guess is the RTT persisted in ``snapshot``, else the one measured
+    across every link of ``router`` (``relay_rtt``, by default
+    :func:`~.retry.relay_estimator` of ``router``), else ``retry.initial``."""
 
     def __init__(
         self,
@@ -126,6 +144,7 @@ class BotLink(ExchangeMixin, ToolsMixin):
         retry: RetryPolicy | None = None,
         own_uid: str | None = None,
         timer: Clock | None = None,
+        relay_rtt: RttEstimator | None = None,
     ) -> None:
         self.uid = uid
         self._timer_clock = timer
@@ -137,8 +156,14 @@ class BotLink(ExchangeMixin, ToolsMixin):
         self._clock = clock
         self._retry = retry or RetryPolicy()
         self._own_uid = own_uid
-        #: Round trips measured to this bot (paces re-sends).
-        self.rtt = RttEstimator(self._retry)
+        #: Round trips measured to this bot (paces re-sends); its prior is
+        #: the relay's estimator, shared by every link of ``router``.
+        self.rtt = RttEstimator(
+            self._retry, prior=relay_rtt if relay_rtt is not None else relay_estimator(router, self._retry)
+        )
+        #: The RTO of the RTT last put in a snapshot, and when (link timer).
+        self._rtt_saved: float | None = None
+        self._rtt_saved_at: float | None = None
         #: Copies sent again because no reply came in time (observability).
         self.resends = 0
         self._current: _Session | None = None
@@ -174,6 +199,13 @@ class BotLink(ExchangeMixin, ToolsMixin):
             self._capabilities = snapshot.capabilities
             self._install_tools(snapshot.tools)
             self._refresh_wanted = True
+            if snapshot.rtt is not None:
+                # Measured in an earlier run: this bot's first guess, and one
+                # for the bots behind the same relay (RFC 9002 §6.2.2).
+                self.rtt.seed(*snapshot.rtt)
+                if self.rtt.prior is not None:
+                    self.rtt.prior.seed(*snapshot.rtt)
+                self._rtt_saved = self.rtt.measured
         #: Routes the bot's in-call traffic to the agent calls in flight.
         self.relay = Relay(clock=timer.now if timer is not None else None)
         #: The agent sessions that hear about the bot's resource and prompt changes.
@@ -254,6 +286,9 @@ class BotLink(ExchangeMixin, ToolsMixin):
         return state
 
     async def _run(self, state: _Session) -> None:
+        # Started from whichever task dialed (maybe a copy of a request that
+        # waits for this session): that copy's receipt is not this session's.
+        send_receipt.set(None)
         conn = state.conn
         try:
             relay = self.relay
@@ -332,28 +367,68 @@ class BotLink(ExchangeMixin, ToolsMixin):
             self._capabilities = result.capabilities
         return result
 
-    async def _initialize(self, session: ClientSession, *, offer: bool = False) -> Any:
+    async def _initialize(self, session: ClientSession, *, offer: bool = False) -> InitializeResult:
         """``initialize``, sent again on the RTT-sized backoff until answered
-        (the bot answers every copy; a lost PM or a bot that was offline is
-        covered), for at most ``connect_timeout`` seconds (TimeoutError).
-        ``offer``: the first-contact ``initialize`` (marked, not adopted,
-        no ``notifications/initialized``; :meth:`_first_contact`)."""
-        start = anyio.current_time()
-        end = start + self._connect_timeout
-        gap = self.rtt.rto
-        first = True
-        while True:
-            now = anyio.current_time()
-            if now >= end:
-                raise TimeoutError
-            with anyio.move_on_after(min(gap, end - now)):
-                result = await (_offer(session, self._client_info) if offer else session.initialize())
-                if first:
-                    self.rtt.sample(anyio.current_time() - now)
-                return result
-            self.resends += 1
-            first = False
-            gap = self.rtt.clamp(gap * 2)
+        (:func:`~._exchange.first_answer`: the first answer to any copy
+        wins, each copy being its own JSON-RPC request; the bot answers every
+        copy; a lost PM or a bot that was offline is covered), for at most
+        ``connect_timeout`` seconds (TimeoutError). The answer is then
+        adopted and ``notifications/initialized`` sent, once. ``offer``: the
+        first-contact ``initialize`` (marked, not adopted, no
+        ``notifications/initialized``; :meth:`_first_contact`). Raises
+        RuntimeError for an answer in a version this client lacks, and
+        MCPError for the bot's error or a failed session."""
+        client_info = self._client_info
+
+        async def ask() -> InitializeResult:
+            if offer:
+                return await _offer(session, client_info)
+            return await _ask_initialize(session, client_info)
+
+        result = await first_answer(
+            self.rtt,
+            ask,
+            limit=self._connect_timeout,
+            on_resend=self._count_resend,
+            on_sample=self._rtt_sampled,
+        )
+        if not offer:
+            # What ClientSession.initialize does after its request.
+            session.adopt(result)
+            await session.send_notification(InitializedNotification())
+        return result
+
+    def _count_resend(self) -> None:
+        self.resends += 1
+
+    def _rtt_sampled(self) -> None:
+        """A round trip to the bot was just measured: persist the RTT with
+        the snapshot when none is on disk or the RTO moved by
+        :data:`RTT_SAVE_RATIO` since, at most once per
+        :data:`RTT_SAVE_INTERVAL` (other snapshot writes carry it too)."""
+        measured = self.rtt.measured
+        saved = self._rtt_saved
+        if measured is None or self._store is None or self._closed:
+            return
+        if saved is not None and saved / RTT_SAVE_RATIO <= measured <= saved * RTT_SAVE_RATIO:
+            return
+        now = self._timer()[0]()
+        if self._rtt_saved_at is not None and now - self._rtt_saved_at < RTT_SAVE_INTERVAL:
+            return
+        if ToolsMixin.snapshot(self) is None:
+            return  # nothing to write yet: the first snapshot will carry it
+        self._rtt_saved_at = now
+        self._schedule_save()
+
+    def snapshot(self) -> BotSnapshot | None:
+        """What would be persisted now (None before the era is known), with
+        the RTT measured to the bot (:meth:`.retry.RttEstimator.record`),
+        which :meth:`_rtt_sampled` then counts as the one on disk."""
+        snapshot = ToolsMixin.snapshot(self)
+        if snapshot is not None:
+            snapshot.rtt = self.rtt.record()
+            self._rtt_saved = self.rtt.measured
+        return snapshot
 
     def _retire(self, state: _Session) -> None:
         state.retired = True
@@ -525,3 +600,19 @@ class BotLink(ExchangeMixin, ToolsMixin):
 def _can_subscribe(capabilities: ServerCapabilities | None) -> bool:
     resources = capabilities.resources if capabilities is not None else None
     return resources is not None and bool(resources.subscribe)
+
+
+async def _ask_initialize(session: ClientSession, client_info: Implementation) -> InitializeResult:
+    """One copy of ``initialize``: the request ``ClientSession.initialize``
+    sends, without adopting its answer (the caller adopts the first answer
+    of all copies once). Raises RuntimeError for an answer in a version
+    this client lacks."""
+    params = InitializeRequestParams(
+        protocol_version=LATEST_HANDSHAKE_VERSION,
+        capabilities=session._build_capabilities(LATEST_HANDSHAKE_VERSION),
+        client_info=client_info,
+    )
+    result = await session.send_request(InitializeRequest(params=params), InitializeResult)
+    if result.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        raise RuntimeError(f"Unsupported protocol version from the server: {result.protocol_version}")
+    return result

@@ -6,13 +6,17 @@ atomically with mode 0600 (the directory 0700)::
 
     {"bot": "<64 hex>", "era": "modern", "protocol_version": "2026-07-28",
      "capabilities": {...} | null, "tools": [...], "marks_refusals": false,
-     "updated": 1800000000}
+     "updated": 1800000000, "rtt": {"srtt": 3.3, "rttvar": 1.1}}
 
 ``era`` is ``"modern"`` (2026-07-28: no initialize, an envelope per
 request) or ``"handshake"`` (initialize first: the Go reference and older
 SDKs). ``marks_refusals`` (absent in older files: false) is true when the
 bot's last tool list said ``"brmcp/marksRefusals": true``
-(:data:`brmcp.payment.MARKS_REFUSALS_KEY`). A missing, unreadable,
+(:data:`brmcp.payment.MARKS_REFUSALS_KEY`). ``rtt`` (absent in older files,
+and when nothing was measured) is the round trip last measured to the bot,
+``SRTT`` and ``RTTVAR`` in seconds: the first guess of the next run's
+re-send timer (BRIDGE.md §Deadlines and re-sends); one that is not two
+finite numbers >= 0 is ignored (only it). A missing, unreadable,
 malformed or oversized (over :data:`MAX_SNAPSHOT_BYTES`) file is no
 snapshot: the bridge asks the bot again (it never fails to start because
 of one).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import stat
 from collections.abc import Iterable
@@ -87,8 +92,9 @@ class BotSnapshot:
     ``capabilities`` (None when the bot never declared any to us), ``tools``
     (its ``tools/list``, verbatim), ``marks_refusals`` (that list said
     ``"brmcp/marksRefusals": true``) and ``updated`` (unix seconds of the
-    last refresh). ``tools`` is always a :class:`ListedTools` whose
-    ``marks_refusals`` is this one (a plain list is wrapped)."""
+    last refresh), ``rtt`` (``(SRTT, RTTVAR)`` in seconds last measured to
+    the bot, None when unknown). ``tools`` is always a :class:`ListedTools`
+    whose ``marks_refusals`` is this one (a plain list is wrapped)."""
 
     bot: str
     era: Era
@@ -97,29 +103,29 @@ class BotSnapshot:
     tools: list[Tool] = field(default_factory=list)
     updated: int = 0
     marks_refusals: bool = False
+    rtt: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         self.tools = ListedTools(self.tools, marks_refusals=self.marks_refusals)
 
     def to_json(self) -> str:
         """The file content (compact JSON; tools as on the wire)."""
-        return json.dumps(
-            {
-                "bot": self.bot,
-                "era": self.era,
-                "protocol_version": self.protocol_version,
-                "capabilities": (
-                    None
-                    if self.capabilities is None
-                    else self.capabilities.model_dump(by_alias=True, mode="json", exclude_none=True)
-                ),
-                "tools": [t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in self.tools],
-                "marks_refusals": self.marks_refusals,
-                "updated": self.updated,
-            },
-            separators=(",", ":"),
-            ensure_ascii=False,
-        )
+        data: dict[str, Any] = {
+            "bot": self.bot,
+            "era": self.era,
+            "protocol_version": self.protocol_version,
+            "capabilities": (
+                None
+                if self.capabilities is None
+                else self.capabilities.model_dump(by_alias=True, mode="json", exclude_none=True)
+            ),
+            "tools": [t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in self.tools],
+            "marks_refusals": self.marks_refusals,
+            "updated": self.updated,
+        }
+        if self.rtt is not None:
+            data["rtt"] = {"srtt": self.rtt[0], "rttvar": self.rtt[1]}
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
     def from_json(cls, text: str) -> BotSnapshot:
@@ -156,6 +162,7 @@ class BotSnapshot:
             tools=tools,
             updated=updated,
             marks_refusals=marks,
+            rtt=_rtt(data.get("rtt")),
         )
 
 
@@ -213,6 +220,28 @@ class SnapshotStore:
         if size > MAX_SNAPSHOT_BYTES:
             raise SnapshotTooLarge(f"{size} bytes of JSON, over the {MAX_SNAPSHOT_BYTES}-byte bound")
         write_atomic(self.path(snapshot.bot), text)
+
+
+def _rtt(raw: Any) -> tuple[float, float] | None:
+    """``(srtt, rttvar)`` of a snapshot's ``rtt`` object, or None when it is
+    absent or not two finite numbers >= 0 (only the first guess is lost)."""
+    if not isinstance(raw, dict):
+        return None
+    srtt, rttvar = _seconds(raw.get("srtt")), _seconds(raw.get("rttvar"))
+    if srtt is None or rttvar is None:
+        return None
+    return (srtt, rttvar)
+
+
+def _seconds(value: Any) -> float | None:
+    """A JSON number as finite seconds >= 0, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
 
 
 def _read_bounded(path: Path, limit: int) -> str | None:
