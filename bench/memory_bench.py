@@ -10,7 +10,7 @@ readers not yielding, then yielding): complete and incomplete messages of
 growth over the process's baseline, the bound (reassembly global bound +
 peer inbox bound + the documented constant) and their ratio, PASS when the
 peak is within the bound. Linux only. The exit status is 0 either way: this is
-a report, not a test (tests/test_memory_bounds.py is the test).
+a report, not a test (tests/transport/test_memory_bounds.py is the test).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ bridge under faults, and the books of each run.
 Run: ``python bench/paidcall_soak_bench.py`` (10 seeds of 200 calls from 8
 agents, a few minutes) or ``--seeds 1 --calls 100`` for a quick look.
 
-Each run is the soak of ``tests/soak_support.py``: a fabric that drops 5 %,
+Each run is the soak of ``tests/kit/soak.py``: a fabric that drops 5 %,
 duplicates 5 % and reorders PMs, the bot offline at random, impatient agents
 that time out and retry. Per seed it prints the tally line (calls/s,
 attempts, agent timeouts, errors, payments, executions, credit left, PMs
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from soak_support import run_soak
+from tests.kit.soak import run_soak
 
 
 async def _main(seeds: list[int], calls: int, agents: int) -> int:

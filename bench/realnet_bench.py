@@ -38,12 +38,12 @@ from typing import Any
 
 import anyio
 import httpx2
-from brmcp_serve import ServeApp, init_datadir
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from brmcp.bridge import BridgeDaemon, Settings
 from brmcp.clientrpc import write_bot_config
+from brmcp.serve import ServeApp, init_datadir
 from brmcp.testing.brnet import BrNet, BrNetUnavailable, BrNetUser, brnet_binary
 
 FAST = {"backoff_initial": 0.2, "backoff_max": 2.0}

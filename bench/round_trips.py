@@ -81,10 +81,17 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
-from brmcp_serve import ServeApp, init_datadir  # noqa: E402
-from interop.live import (  # noqa: E402
+from realnet_bench import FAST, PMCounter  # noqa: E402
+
+from brmcp.bridge import Bridge, BridgeConfig, BridgeDaemon, ManualClock, Settings  # noqa: E402
+from brmcp.clientrpc import write_bot_config  # noqa: E402
+from brmcp.serve import ServeApp, init_datadir  # noqa: E402
+from brmcp.testing import Fabric  # noqa: E402
+from brmcp.testing.brnet import BrNet, BrNetBuildError, BrNetError, BrNetUnavailable, brnet_binary  # noqa: E402
+from brmcp.testing.fabric import Faults  # noqa: E402
+from tests.interop.live import (  # noqa: E402
     BOT,
     CLIENT,
     NAME,
@@ -99,13 +106,6 @@ from interop.live import (  # noqa: E402
     go_harness,
     py_harness,
 )
-from realnet_bench import FAST, PMCounter  # noqa: E402
-
-from brmcp.bridge import Bridge, BridgeConfig, BridgeDaemon, ManualClock, Settings  # noqa: E402
-from brmcp.clientrpc import write_bot_config  # noqa: E402
-from brmcp.testing import Fabric  # noqa: E402
-from brmcp.testing.brnet import BrNet, BrNetBuildError, BrNetError, BrNetUnavailable, brnet_binary  # noqa: E402
-from brmcp.testing.fabric import Faults  # noqa: E402
 
 PAID = "fortune"
 FREE = "echo"

@@ -7,12 +7,14 @@ The public surface is small and re-exported here:
   through the host's :class:`PMSender`;
 * :func:`parse_payment_required` and the ``_meta`` key constants describe
   paid tools (WIRE.md §Payments);
-* the wire codec lives in :mod:`brmcp.wire`, test helpers in
-  :mod:`brmcp.testing`.
+* the wire codec lives in :mod:`brmcp.wire`, the transport in
+  :mod:`brmcp.transport`, the shared ``_meta`` vocabulary in
+  :mod:`brmcp.protocol`, test helpers in :mod:`brmcp.testing`
+  (docs/architecture.md has the whole map).
 """
 
-from .conn import Conn
-from .payment import (
+from . import _compat
+from .protocol.payment import (
     CALL_KEY,
     PRICE_ATOMS_KEY,
     PRICING_KEY,
@@ -20,8 +22,9 @@ from .payment import (
     parse_payment_required,
     payment_required_text,
 )
-from .router import AcceptFunc, AllowFunc, Router, RouterOptions, RouterStats
-from .sender import PMSender, SenderFunc, SendError
+from .transport.conn import Conn
+from .transport.router import AcceptFunc, AllowFunc, Router, RouterOptions, RouterStats
+from .transport.sender import PMSender, SenderFunc, SendError
 from .wire import is_envelope
 
 __all__ = [
@@ -43,3 +46,5 @@ __all__ = [
     "payment_required_text",
 ]
 __version__ = "0.1.0"
+
+_compat.install()

@@ -39,8 +39,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent, Tool
 
 from . import wire
-from ._progress import StepPrinter
-from .payment import CALL_KEY, PRICE_ATOMS_KEY, PRICING_KEY, parse_payment_required
+from ._ops.progress import StepPrinter
+from .protocol.payment import CALL_KEY, PRICE_ATOMS_KEY, PRICING_KEY, parse_payment_required
 from .testing import Fabric, Faults
 
 __all__ = ["DemoError", "DemoOptions", "DemoReport", "run_demo"]
@@ -302,10 +302,9 @@ class _Demo:
     async def run(self, root: Path) -> DemoReport:
         # Imported here: the fake brclient and the example bot are test and
         # example code that the library proper does not need.
-        from brmcp_serve import ServeApp, init_datadir
-
         from .bridge import BridgeDaemon, Settings
         from .clientrpc import write_bot_config
+        from .serve import ServeApp, init_datadir
 
         options = self.options
         printer = self.printer

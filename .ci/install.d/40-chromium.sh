@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Headless Chromium and its WebDriver for the approvals-page browser tests
-# (tests/test_bridge_ui_browser.py). Idempotent: does nothing when both are present.
+# (tests/bridge/test_ui_browser.py). Idempotent: does nothing when both are present.
 set -euo pipefail
 if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
     echo "chromium: $(chromium --version 2>/dev/null | head -1); chromedriver present"

@@ -4,7 +4,7 @@
 # endpoint (README.md, "Stdio-only agents"). mcp-proxy 0.13 needs the MCP SDK 1.x
 # while brmcp uses 2.x, so it gets its own virtual environment in
 # .tools/mcp-proxy, as `pipx install mcp-proxy` or `uv tool install mcp-proxy`
-# would give a user. Idempotent; without it tests/test_mcp_proxy.py skips.
+# would give a user. Idempotent; without it tests/commands/test_mcp_proxy.py skips.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VERSION=0.13.0

@@ -30,7 +30,7 @@ from mcp.types import (
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
 
-from ..eras import LIST_TOOLS_KEY, MODERN_VERSIONS_KEY, TOOLS_KEY
+from ..protocol.eras import LIST_TOOLS_KEY, MODERN_VERSIONS_KEY, TOOLS_KEY
 from ._linkbase import TRANSPORT_ERROR_CODES, ToolListBudget
 from .snapshots import ListedTools
 

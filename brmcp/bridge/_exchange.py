@@ -6,7 +6,7 @@ backoff until a reply comes or its deadline passes (:class:`DeadlineError`).
 for a request on one session (``initialize``).
 
 Each copy's timer starts when the copy left this side (its
-:class:`~brmcp.conn.SendReceipt`: brclient's ``PM`` call returned), and no
+:class:`~brmcp.transport.conn.SendReceipt`: brclient's ``PM`` call returned), and no
 copy is sent while the one before it is still waiting to leave (to be
 dialed, or in brclient's PM queue): copies queued behind each other would
 only add to the queue they wait in.
@@ -25,8 +25,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR
 from pydantic import BaseModel, ValidationError
 
-from ..conn import SendReceipt, send_deadline, send_receipt
-from ..router import Router
+from ..transport.conn import SendReceipt, send_deadline, send_receipt
+from ..transport.router import Router
 from ._linkbase import TRANSPORT_ERROR_CODES, LinkError, _describe, log
 from .retry import RetryPolicy, RttEstimator
 

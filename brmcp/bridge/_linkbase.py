@@ -18,8 +18,8 @@ from mcp import ClientSession
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, ListToolsResult, Tool
 from pydantic import BaseModel
 
-from ..conn import Conn
-from ..payment import MARKS_REFUSALS_KEY
+from ..protocol.payment import MARKS_REFUSALS_KEY
+from ..transport.conn import Conn
 from .snapshots import Era, ListedTools
 
 __all__ = [

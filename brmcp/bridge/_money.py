@@ -9,7 +9,7 @@ from typing import Any
 
 from mcp.types import CallToolResult, TextContent
 
-from ..payment import BALANCE_ATOMS_KEY, PAID_ATOMS_KEY, REFUNDED_ATOMS_KEY, Receipt
+from ..protocol.payment import BALANCE_ATOMS_KEY, PAID_ATOMS_KEY, REFUNDED_ATOMS_KEY, Receipt
 from .budget import CallBudget
 from .funding import Payment
 

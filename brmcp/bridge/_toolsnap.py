@@ -36,8 +36,8 @@ from mcp.types import (
 )
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
 
-from ..eras import CAPABILITIES_META_KEY
-from ..payment import PRICE_ATOMS_KEY
+from ..protocol.eras import CAPABILITIES_META_KEY
+from ..protocol.payment import PRICE_ATOMS_KEY
 from ._eras import _TOOLS_ONLY, _pushes
 from ._linkbase import (
     MAX_TOOL_BYTES,
@@ -158,7 +158,7 @@ class ToolsMixin:
         first-contact ``brmcp/tools`` object's; persisted with the
         snapshot): the bot marks its genuine ``payment_required`` refusals
         with ``brmcp/refusal``, so an unmarked refusal-shaped result from it
-        is tool output (:data:`brmcp.payment.MARKS_REFUSALS_KEY`). It stays
+        is tool output (:data:`brmcp.protocol.payment.MARKS_REFUSALS_KEY`). It stays
         true until a list without the mark replaces the snapshot; a refused
         list (over a bound) changes nothing."""
         return self._marks_refusals

@@ -22,8 +22,8 @@ import anyio.abc
 import anyio.to_thread
 from mcp.types import Implementation
 
-from ..router import Router, RouterOptions
-from ..sender import PMSender
+from ..transport.router import Router, RouterOptions
+from ..transport.sender import PMSender
 from ._command import cli_command
 from ._files import read_text, write_atomic
 from .admin import ConfigSnippet, admin_handler, config_snippet

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..payment import PRICE_ATOMS_KEY, PRICING_DYNAMIC, PRICING_KEY, PaymentRequired
+from ..protocol.payment import PRICE_ATOMS_KEY, PRICING_DYNAMIC, PRICING_KEY, PaymentRequired
 
 __all__ = ["CallBudget", "Judgement", "Listing", "listing_of"]
 

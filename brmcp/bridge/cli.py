@@ -14,7 +14,7 @@ surface").
     brmcp-bridge [--datadir DIR] ui [--open]                   one-time login link to the approvals page
 
 The daemon logs as the logging keys of ``<DIR>/brmcp-bridge.conf`` say
-(:mod:`brmcp.botlog`); ``--log-level`` replaces its ``debug`` key.
+(:mod:`brmcp._ops.botlog`); ``--log-level`` replaces its ``debug`` key.
 
 The subcommands find the daemon through ``<DIR>/brmcp-bridge.runtime.json``
 (a record whose process is gone or was replaced is stale: the daemon is not
@@ -54,8 +54,8 @@ from urllib.parse import quote
 
 import anyio
 
-from .._console import add_version, quiet_broken_pipe
-from ..botlog import LEVEL_CHOICES, LogSetupError, bot_logging
+from .._ops.botlog import LEVEL_CHOICES, LogSetupError, bot_logging
+from .._ops.console import add_version, quiet_broken_pipe
 from ..clientrpc import BotConfig, ClientrpcConfigError
 from ._command import default_datadir
 from .bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN

@@ -48,6 +48,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from .._ops.lockfile import FileLock, acquire_brclient, acquire_datadir
 from ..clientrpc import (
     BotConfig,
     Client,
@@ -61,8 +62,7 @@ from ..clientrpc import (
     load_or_create_bot_config,
 )
 from ..clientrpc._glue import Acker, connection_signals, flush_on_connect
-from ..lockfile import FileLock, acquire_brclient, acquire_datadir
-from ..router import RouterOptions
+from ..transport.router import RouterOptions
 from ._files import read_text, write_atomic
 from .approvals import PendingPayment
 from .bridge import DEFAULT_LISTEN, Bridge, BridgeConfig
@@ -561,7 +561,7 @@ class BridgeDaemon:
         cannot be bound, another daemon runs on the same data directory, or
         another program consumes the same brclient's events (a second
         bridge or a harness: the one-consumer-per-brclient lock of
-        :func:`brmcp.lockfile.acquire_brclient`, taken before any stream
+        :func:`brmcp._ops.lockfile.acquire_brclient`, taken before any stream
         opens; the error names the holder's pid). Runs once."""
         if self._ran:
             raise RuntimeError("BridgeDaemon.run can be called only once")

@@ -34,7 +34,7 @@ from typing import Any
 
 import anyio
 
-from ..payment import (
+from ..protocol.payment import (
     BALANCE_ATOMS_KEY,
     HELD_KEY,
     REFUNDED_ATOMS_KEY,

@@ -67,9 +67,9 @@ from mcp.types import (
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 
-from ..conn import send_receipt
-from ..eras import CAPABILITIES_META_KEY
-from ..router import Router
+from ..protocol.eras import CAPABILITIES_META_KEY
+from ..transport.conn import send_receipt
+from ..transport.router import Router
 from ._eras import _handshake_only, _modern_discover, _offer, _offered_tools, _pushes
 from ._exchange import DeadlineError, ExchangeMixin, ProgressFn, first_answer
 from ._linkbase import (

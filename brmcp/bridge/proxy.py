@@ -76,7 +76,7 @@ from mcp.types import (
     TextContent,
 )
 
-from ..payment import (
+from ..protocol.payment import (
     CALL_KEY,
     CALLER_EPOCH_KEY,
     PAY_ALONGSIDE_KEY,

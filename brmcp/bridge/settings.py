@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import _gojson
+from .._ops import gojson as _gojson
 from ._files import read_text, write_atomic
 from .errors import BridgeError, SettingsError
 

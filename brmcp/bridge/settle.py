@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import anyio
 import anyio.to_thread
 
-from ..payment import PaymentRequired
+from ..protocol.payment import PaymentRequired
 
 if TYPE_CHECKING:
     from ..metrics import BridgeMetrics

@@ -12,7 +12,7 @@ atomically with mode 0600 (the directory 0700)::
 request) or ``"handshake"`` (initialize first: the Go reference and older
 SDKs). ``marks_refusals`` (absent in older files: false) is true when the
 bot's last tool list said ``"brmcp/marksRefusals": true``
-(:data:`brmcp.payment.MARKS_REFUSALS_KEY`). ``rtt`` (absent in older files,
+(:data:`brmcp.protocol.payment.MARKS_REFUSALS_KEY`). ``rtt`` (absent in older files,
 and when nothing was measured) is the round trip last measured to the bot,
 ``SRTT`` and ``RTTVAR`` in seconds: the first guess of the next run's
 re-send timer (BRIDGE.md §Deadlines and re-sends); one that is not two
@@ -76,7 +76,7 @@ class ListedTools(list[Tool]):
     """A bot's tools (a list of :class:`~mcp.types.Tool`) with what its
     list said about itself: ``marks_refusals``, true when the list's
     ``_meta`` carried ``"brmcp/marksRefusals": true``
-    (:data:`brmcp.payment.MARKS_REFUSALS_KEY`)."""
+    (:data:`brmcp.protocol.payment.MARKS_REFUSALS_KEY`)."""
 
     __slots__ = ("marks_refusals",)
 

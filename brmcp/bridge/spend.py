@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 
-from .. import _gojson
+from .._ops import gojson as _gojson
 from ._files import read_text, write_atomic
 from .errors import BridgeError
 

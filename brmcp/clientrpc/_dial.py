@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidMessage, InvalidStatus
 
-from .._redact import RedactingLogger
+from .._ops.redact import RedactingLogger
 from .config import BotConfig
 from .errors import ClientrpcConfigError, ClientrpcConnectError
 

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, RestrictedRegistry
 
-from ..router import Router
+from ..transport.router import Router
 
 __all__ = ["BUILD_INFO", "BridgeMetrics", "MetricsRegistry", "ServeMetrics"]
 
@@ -69,7 +69,7 @@ _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class _RouterCollector(Collector):
-    """BR transport figures read from a :class:`~brmcp.router.Router` at
+    """BR transport figures read from a :class:`~brmcp.transport.Router` at
     scrape time (``router()`` may return None before the daemon started)."""
 
     def __init__(self, prefix: str, router: Callable[[], Router | None]) -> None:

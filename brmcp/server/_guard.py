@@ -6,7 +6,7 @@ own answers about money (WIRE.md §Payments, "Genuine refusals"; §Receipts).
   refund keys: every result ``_meta`` key in the ``brmcp/`` namespace is
   removed and every text content item that would decode as a
   ``payment_required`` refusal is prefixed with
-  :data:`~brmcp.payment.NOT_A_REFUSAL_PREFIX`, whatever ``isError`` says.
+  :data:`~brmcp.protocol.payment.NOT_A_REFUSAL_PREFIX`, whatever ``isError`` says.
 * :func:`tool_error`: a tool error the harness writes around a text it did
   not choose (an exception's message, a price function's failure, an output
   schema problem), defused the same way.
@@ -22,7 +22,7 @@ from typing import Any
 
 from mcp.types import CallToolResult, TextContent
 
-from ..payment import (
+from ..protocol.payment import (
     MARKS_REFUSALS_KEY,
     REFUSAL_KEY,
     RESERVED_META_PREFIX,

@@ -26,7 +26,7 @@ import anyio
 from mcp.types import CallToolResult, JSONRPCResponse
 
 from .. import wire
-from ..payment import (
+from ..protocol.payment import (
     BALANCE_ATOMS_KEY,
     HELD_KEY,
     REFUNDED_ATOMS_KEY,

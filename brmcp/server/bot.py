@@ -32,10 +32,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from .._ops.lockfile import HARNESS, FileLock, acquire_brclient
 from ..clientrpc import Client, ClientrpcError, ReceivedPM, ReceivedTip, Subscription, TipProgressEvent
 from ..clientrpc._glue import Acker, call_hook, connection_signals, flush_on_connect
-from ..lockfile import HARNESS, FileLock, acquire_brclient
-from ..router import Router
+from ..transport.router import Router
 from ..wire import is_envelope
 from .harness import Harness, HarnessError
 from .store import MAX_INT63
@@ -96,7 +96,7 @@ async def run_bot(
     streams and acks are shared by every program on it, so two harnesses
     on one brclient would both credit every tip, each into its own ledger.
     Before subscribing, this takes the lock
-    :func:`brmcp.lockfile.brclient_lock_path` (named after brclient's
+    :func:`brmcp._ops.lockfile.brclient_lock_path` (named after brclient's
     certificate, so it is the same for every program driving that
     brclient; ``brmcp-bridge`` takes it too) and raises
     :class:`HarnessError` saying why and naming the holder's pid when
@@ -123,7 +123,7 @@ async def run_bot(
 
 def lock_brclient(client: Client) -> FileLock:
     """Take the one-consumer-per-brclient lock for ``client``'s brclient (see
-    :func:`run_bot` and :func:`brmcp.lockfile.acquire_brclient`, which a
+    :func:`run_bot` and :func:`brmcp._ops.lockfile.acquire_brclient`, which a
     ``brmcp-bridge`` on the same brclient takes too; blocking file I/O, run
     it in a thread from async code). First asks brclient for its TLS
     certificate: raises :class:`HarnessError` saying that ``servercertpath``

@@ -19,8 +19,8 @@ from typing import Any
 import anyio
 from mcp.types import CallToolResult, TextContent
 
-from ..payment import CALL_KEY
-from ..payment import valid_call_key as _is_valid_key
+from ..protocol.payment import CALL_KEY
+from ..protocol.payment import valid_call_key as _is_valid_key
 from ._guard import recorded_outcome
 
 __all__ = ["REPLAY_WINDOW", "CallKeyRegistry", "Claim", "valid_call_key"]

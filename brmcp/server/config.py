@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..router import RouterOptions
+from ..transport.router import RouterOptions
 from .billing import Billing
 
 __all__ = ["HOLD_SECONDS", "MAX_HELD_CALLS", "HarnessConfig", "HarnessError"]

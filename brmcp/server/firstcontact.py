@@ -38,7 +38,7 @@ from mcp.shared._stream_protocols import ReadStream, WriteStream
 from mcp.shared.message import SessionMessage
 from mcp.types import JSONRPCRequest, JSONRPCResponse
 
-from ..eras import LIST_TOOLS_KEY, MODERN_VERSIONS_KEY, TOOLS_KEY
+from ..protocol.eras import LIST_TOOLS_KEY, MODERN_VERSIONS_KEY, TOOLS_KEY
 
 __all__ = [
     "LIST_TOOLS_KEY",

@@ -37,14 +37,14 @@ from mcp.types import (
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 
 from .. import wire
-from ..conn import Conn
-from ..eras import CAPABILITIES_META_KEY
-from ..payment import MARKS_REFUSALS_KEY, caller_epoch, pay_alongside_atoms
-from ..router import Router
+from ..protocol.eras import CAPABILITIES_META_KEY
+from ..protocol.payment import MARKS_REFUSALS_KEY, caller_epoch, pay_alongside_atoms
+from ..transport.conn import Conn
+from ..transport.router import Router
 
 if TYPE_CHECKING:
     from ..metrics import ServeMetrics
-from ..sender import PMSender
+from ..transport.sender import PMSender
 from . import store
 from ._accounts import Accounts
 from ._catalog_api import CatalogMethods

@@ -22,8 +22,8 @@ import jsonschema
 import pydantic
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
-from .. import _gojson
-from ..payment import PRICE_ATOMS_KEY, PRICING_KEY
+from .._ops import gojson as _gojson
+from ..protocol.payment import PRICE_ATOMS_KEY, PRICING_KEY
 from .context import CallContext
 
 __all__ = ["Handler", "PriceFunc", "ToolArgumentError", "ToolSpec", "spec_from_function", "to_result"]

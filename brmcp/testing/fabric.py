@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ..router import AcceptFunc, AllowFunc, Router, RouterOptions
+from ..transport.router import AcceptFunc, AllowFunc, Router, RouterOptions
 
 __all__ = ["Fabric", "FabricStats", "Faults", "LinkStats", "PMTooLargeError", "uid"]
 

@@ -50,8 +50,7 @@ from mcp.types import (
     Tool,
 )
 
-from ..conn import Conn
-from ..payment import (
+from ..protocol.payment import (
     CALL_KEY,
     MARKS_REFUSALS_KEY,
     PRICE_ATOMS_KEY,
@@ -63,7 +62,8 @@ from ..payment import (
     payment_required_text,
     valid_call_key,
 )
-from ..router import Router
+from ..transport.conn import Conn
+from ..transport.router import Router
 from .fabric import Fabric
 
 __all__ = [

@@ -30,8 +30,8 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from ..conn import Conn
-from ..router import Router, RouterOptions
+from ..transport.conn import Conn
+from ..transport.router import Router, RouterOptions
 
 __all__ = ["AttackReport", "main", "run_attack"]
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import anyio
 import httpx2
-from brmcp_serve.tools import register_tools
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from brmcp.bridge import Bridge, BridgeConfig, ManualClock, Settings
+from brmcp.serve.tools import register_tools
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric, uid
 from brmcp.testing.pipe import PipePeer

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from mcp import ClientSession
 
-from brmcp.payment import REFUSAL_KEY
+from brmcp.protocol.payment import REFUSAL_KEY
 from brmcp.testing import Fabric
 from brmcp.testing.goref import GoRefError, build_reference_command
 
@@ -143,7 +143,7 @@ def test_first_run_files_match_the_reference(tmp_path: Path, goref_binary: Path)
 
     env = {**os.environ, "HOME": str(home)}
     proc = subprocess.run(
-        [sys.executable, "-m", "brmcp_serve", "--datadir", str(datadir)],
+        [sys.executable, "-m", "brmcp.serve", "--datadir", str(datadir)],
         env=env,
         capture_output=True,
         text=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mcp.types import TextContent
 
-from brmcp.payment import BALANCE_ATOMS_KEY, CHARGED_ATOMS_KEY, REFUSAL_KEY, payment_required_text
+from brmcp.protocol.payment import BALANCE_ATOMS_KEY, CHARGED_ATOMS_KEY, REFUSAL_KEY, payment_required_text
 from brmcp.testing import Fabric
 
 from .live import BOT, CLIENT, FORTUNE_PRICE, Tap, agent, go_bridge, go_harness, py_bridge, py_harness

@@ -21,13 +21,13 @@ from typing import Any
 
 import anyio
 import httpx2
-from brmcp_serve import init_datadir
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from brmcp.bridge import Settings
 from brmcp.bridge.daemon import read_runtime
 from brmcp.clientrpc import load_bot_config
+from brmcp.serve import init_datadir
 from brmcp.testing.brnet import BrNet, BrNetUser
 
 TOKEN = "realnet-agent-token-0123456789ab"
@@ -174,7 +174,7 @@ class Stack:
 def start_serve(net: BrNet, bot: BrNetUser, caller: BrNetUser, datadir: Path) -> Daemon:
     conf = bot.install_conf(datadir, "brmcp-serve")
     init_datadir(datadir, bot_config=load_bot_config(conf), allowed_uids=[caller.uid])
-    daemon = Daemon([sys.executable, "-m", "brmcp_serve", "--datadir", str(datadir)], datadir / "serve.out")
+    daemon = Daemon([sys.executable, "-m", "brmcp.serve", "--datadir", str(datadir)], datadir / "serve.out")
     daemon.start()
     return daemon
 

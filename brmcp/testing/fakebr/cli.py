@@ -48,8 +48,8 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from ..._console import add_version
-from ...lockfile import LockHeldError, acquire
+from ..._ops.console import add_version
+from ..._ops.lockfile import LockHeldError, acquire
 from ...metrics.endpoint import cannot_listen
 from .relay import FakeRelay
 from .server import FakeBRClient

@@ -1,0 +1,366 @@
+"""One MCP session over Bison Relay PMs: the SDK transport pair.
+
+A :class:`Conn` is created by a :class:`~brmcp.Router` (``dial`` for the
+client role, ``accept`` for the server role). Its :attr:`Conn.read_stream`
+and :attr:`Conn.write_stream` satisfy the MCP SDK transport protocols, so
+``ClientSession(conn.read_stream, conn.write_stream)`` and
+``server.run(conn.read_stream, conn.write_stream, ...)`` work unmodified.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from contextvars import ContextVar
+from types import TracebackType
+from typing import Any, Protocol
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
+from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
+
+from .. import wire
+from .sender import PMSender, SendError
+
+__all__ = ["Conn", "SendReceipt", "SessionHost", "send_deadline", "send_receipt"]
+
+
+class _SendOptions(Protocol):
+    """The parts of ``RouterOptions`` a session's writes use."""
+
+    @property
+    def ttl(self) -> float: ...
+
+    @property
+    def chunk_size(self) -> int: ...
+
+
+class _SendStats(Protocol):
+    """The ``RouterStats`` counters a session's writes update."""
+
+    pms_sent: int
+    messages_sent: int
+    send_failures: int
+
+
+class SessionHost(Protocol):
+    """What a :class:`Conn` needs from the router that owns it. The
+    :class:`~brmcp.Router` implements it; ``conn`` depends on this protocol,
+    never on ``router`` (no import cycle)."""
+
+    sender: PMSender
+
+    @property
+    def options(self) -> _SendOptions: ...
+
+    @property
+    def stats(self) -> _SendStats: ...
+
+    def _clock(self) -> float: ...
+
+    def _forget(self, conn: Conn) -> None: ...
+
+    def _touch(self, conn: Conn) -> None: ...
+
+
+log = logging.getLogger("brmcp.transport")
+
+#: When set (unix seconds on the router's clock), messages written from this
+#: context carry ``exp`` no later than it, so every re-sent copy of a request
+#: expires with the first one (BRIDGE.md §Deadlines and re-sends): a bot that
+#: comes online after the caller's deadline drops all of them.
+send_deadline: ContextVar[float | None] = ContextVar("brmcp_send_deadline", default=None)
+
+
+class SendReceipt:
+    """When one outbound request left this side. Set it in
+    :data:`send_receipt` before writing the request; the first JSON-RPC
+    request a :class:`Conn` writes in that context *claims* it (later writes
+    there, and notifications or responses, leave it alone) and it records:
+
+    * ``claimed`` / ``started_at``: the write began (its first PM call);
+    * ``left_at``: the PM call of its last part returned, i.e. the host's
+      :class:`~brmcp.PMSender` (brclient) accepted every part;
+    * ``failed``: the write raised or was cancelled before that
+      (``left_at`` stays None);
+    * ``parts``: PMs the message took.
+
+    ``settled`` is set once ``left_at`` or ``failed`` is. Times are
+    :func:`anyio.current_time` seconds (monotonic). A re-send loop starts a
+    copy's retransmission timer at ``left_at`` (BRIDGE.md §Deadlines and
+    re-sends): the time a copy waits in brclient's PM queue is this side's
+    queueing, neither a round trip nor a reason for one more copy."""
+
+    __slots__ = ("claimed", "failed", "left_at", "parts", "settled", "started_at")
+
+    def __init__(self) -> None:
+        self.claimed = False
+        self.failed = False
+        self.started_at: float | None = None
+        self.left_at: float | None = None
+        self.parts = 0
+        self.settled = anyio.Event()
+
+    def _claim(self, parts: int) -> None:
+        self.claimed = True
+        self.parts = parts
+        self.started_at = anyio.current_time()
+
+    def _left(self) -> None:
+        self.left_at = anyio.current_time()
+        self.settled.set()
+
+    def _fail(self) -> None:
+        self.failed = True
+        self.settled.set()
+
+
+#: The :class:`SendReceipt` the next request written from this context fills
+#: (None: no receipt).
+send_receipt: ContextVar[SendReceipt | None] = ContextVar("brmcp_send_receipt", default=None)
+
+
+class _WriteStream:
+    """SDK ``WriteStream[SessionMessage]``: serialize compactly, split into
+    envelope parts and send them in seq order through the host's PMSender."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+
+    async def send(self, item: SessionMessage, /) -> None:
+        await self._conn._write(item)
+
+    async def aclose(self) -> None:
+        self._conn.close()
+
+    async def __aenter__(self) -> _WriteStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class Conn:
+    """One (peer, sid) session.
+
+    Attributes: :attr:`peer` (the remote uid), :attr:`sid` (16 hex for dialed
+    sessions, whatever the peer chose for accepted ones), :attr:`session_id`
+    (``"<peer>/<sid>"``), :attr:`read_stream` (``SessionMessage | Exception``
+    items; inbound messages carry ``ServerMessageMetadata(request_context=peer)``)
+    and :attr:`write_stream`. :meth:`close` is idempotent and sends nothing to
+    the peer: the protocol has no close frame (WIRE.md §Sessions).
+
+    A failed PM send closes the session; the SDK then sees a transport error
+    (``anyio.BrokenResourceError``, reported by the SDK as "Connection
+    closed") and :attr:`error` holds the :class:`~brmcp.SendError`.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_inbox_recv",
+        "_inbox_send",
+        "_meta",
+        "_queued",
+        "_queued_bytes",
+        "_router",
+        "_write_stream",
+        "error",
+        "last_activity",
+        "peer",
+        "sid",
+    )
+
+    def __init__(self, router: SessionHost, peer: str, sid: str, inbox_size: int, now: float) -> None:
+        self._router = router
+        self.peer = peer
+        self.sid = sid
+        self._inbox_send: MemoryObjectSendStream[SessionMessage | Exception]
+        self._inbox_recv: MemoryObjectReceiveStream[SessionMessage | Exception]
+        self._inbox_send, self._inbox_recv = anyio.create_memory_object_stream[SessionMessage | Exception](
+            inbox_size
+        )
+        self._write_stream = _WriteStream(self)
+        self._meta = ServerMessageMetadata(request_context=peer)
+        self._closed = False
+        self.error: BaseException | None = None
+        self.last_activity = now
+        # The costs (brmcp.transport._inbox.message_cost) of the messages still in the
+        # inbox buffer, oldest first; settled lazily against the buffer's size.
+        self._queued: deque[int] = deque()
+        self._queued_bytes = 0
+
+    @property
+    def session_id(self) -> str:
+        """``"<peer>/<sid>"``, unique within a router."""
+        return f"{self.peer}/{self.sid}"
+
+    @property
+    def read_stream(self) -> MemoryObjectReceiveStream[SessionMessage | Exception]:
+        """Inbound JSON-RPC messages, FIFO; ends (EOF) when the session closes."""
+        return self._inbox_recv
+
+    @property
+    def write_stream(self) -> _WriteStream:
+        """Outbound JSON-RPC messages; each becomes one or more PMs."""
+        return self._write_stream
+
+    @property
+    def streams(self) -> tuple[MemoryObjectReceiveStream[SessionMessage | Exception], _WriteStream]:
+        """``(read_stream, write_stream)``, the SDK transport pair."""
+        return self._inbox_recv, self._write_stream
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (explicitly, by idle expiry, inbox
+        overflow, a send failure or the router closing)."""
+        return self._closed
+
+    def close(self) -> None:
+        """Close the session: readers get EOF, writers get
+        ``ClosedResourceError``, the router forgets it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox_send.close()
+        # Unread messages stay reachable only through the receive stream,
+        # which the reader drains or drops; the byte tally no longer counts them.
+        self._queued.clear()
+        self._queued_bytes = 0
+        self._router._forget(self)
+
+    async def __aenter__(self) -> Conn:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def queued_bytes(self) -> int:
+        """The estimated memory (bytes) of the inbound messages waiting in the
+        inbox, not yet read (WIRE.md §Inboxes)."""
+        self._settle()
+        return self._queued_bytes
+
+    def _discard_unread(self) -> int:
+        """Drop every message still waiting in the inbox (an overflowing
+        session is closed and its unread messages must not stay in memory
+        behind a reader that does not read); returns how many."""
+        dropped = 0
+        while True:
+            try:
+                self._inbox_recv.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            dropped += 1
+        self._queued.clear()
+        self._queued_bytes = 0
+        return dropped
+
+    def _settle(self) -> None:
+        """Forget the costs of messages the reader took (the inbox is FIFO)."""
+        queued = self._queued
+        if not queued:
+            return
+        used = self._inbox_send.statistics().current_buffer_used if not self._closed else 0
+        while len(queued) > used:
+            self._queued_bytes -= queued.popleft()
+
+    def _deliver(self, message: SessionMessage | Exception, cost: int = 0) -> bool:
+        """Queue an inbound message of estimated memory ``cost`` without
+        blocking; False when the inbox is full (the router then closes the
+        session). A message handed straight to a waiting reader is not
+        counted. A session whose reader has gone (the read stream was closed)
+        is closed here: nobody can ever read it again, so it must not keep
+        its slot under the per-peer cap."""
+        self._settle()
+        before = self._inbox_send.statistics().current_buffer_used
+        try:
+            self._inbox_send.send_nowait(message)
+        except anyio.WouldBlock:
+            return False
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.close()
+            return True
+        if self._inbox_send.statistics().current_buffer_used > before:
+            self._queued.append(cost)
+            self._queued_bytes += cost
+        return True
+
+    async def _write(self, item: SessionMessage) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        router = self._router
+        now = router._clock()
+        self.last_activity = now
+        router._touch(self)
+        message = item.message
+        payload = message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+        exp = math.floor(now + router.options.ttl)
+        cap = send_deadline.get()
+        if cap is not None:
+            exp = max(1, min(exp, math.floor(cap)))
+        chunk_size = router.options.chunk_size
+        try:
+            parts = wire.encode(payload, sid=self.sid, exp=exp, chunk_size=chunk_size)
+        except wire.TooLargeError:
+            if not isinstance(message, JSONRPCResponse | JSONRPCError) or message.id is None:
+                raise
+            # A response too large for 64 parts becomes a short error
+            # response for the same request, so the caller learns why instead
+            # of waiting for a reply that can never be sent.
+            limit = wire.MAX_PARTS * chunk_size
+            refusal = JSONRPCError(
+                jsonrpc="2.0",
+                id=message.id,
+                error=ErrorData(
+                    code=INTERNAL_ERROR,
+                    message=f"result of {len(payload)} bytes exceeds the transport limit of {limit} bytes",
+                ),
+            )
+            payload = refusal.model_dump_json(by_alias=True, exclude_unset=True).encode()
+            parts = wire.encode(payload, sid=self.sid, exp=exp, chunk_size=chunk_size)
+        sender = router.sender
+        receipt = send_receipt.get()
+        if receipt is not None and (receipt.claimed or not isinstance(message, JSONRPCRequest)):
+            receipt = None
+        if receipt is not None:
+            receipt._claim(len(parts))
+        sent = False
+        try:
+            for text in parts:
+                await sender.send_pm(self.peer, text)
+            sent = True
+        except Exception as exc:  # the host's sender may raise anything
+            failure = SendError(self.peer, exc)
+            failure.__cause__ = exc
+            self.error = failure
+            log.warning("%s; closing session %s", failure, self.sid)
+            router.stats.send_failures += 1
+            self.close()
+            raise anyio.BrokenResourceError(str(failure)) from failure
+        finally:
+            if receipt is not None and sent:
+                receipt._left()
+            elif receipt is not None:
+                # Raised or cancelled: some parts may have left, not all.
+                receipt._fail()
+        router.stats.pms_sent += len(parts)
+        router.stats.messages_sent += 1
+
+    def _make_message(self, message: Any) -> SessionMessage:
+        return SessionMessage(message, metadata=self._meta)

@@ -1,0 +1,399 @@
+"""Demultiplex Bison Relay PMs into per-(peer, sid) MCP sessions.
+
+The :class:`Router` is the I/O shell around the sans-I/O codec in
+:mod:`brmcp.wire`: hosts feed it every inbound PM with :meth:`Router.handle_pm`
+and give it a :class:`~brmcp.PMSender` for outbound parts. Semantics follow
+WIRE.md §Sessions and the Go reference's ``brmcp.Router``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Literal
+
+import anyio
+import anyio.abc
+from mcp.types import jsonrpc_message_adapter
+from pydantic import ValidationError
+
+from .. import wire
+from ._inbox import message_cost
+from .conn import Conn
+from .sender import PMSender
+
+__all__ = ["AcceptFunc", "AllowFunc", "Router", "RouterOptions", "RouterStats"]
+
+log = logging.getLogger("brmcp.transport")
+
+_MIB = 1 << 20
+
+#: Server role: serve one new inbound session; the session closes when it returns.
+AcceptFunc = Callable[[Conn], Awaitable[None]]
+#: Admission check for a peer uid, run before any reassembly or session state.
+AllowFunc = Callable[[str], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class RouterOptions:
+    """Router tuning (WIRE.md §Sessions).
+
+    * ``ttl``: seconds added to the send time and stamped (floored) as
+      ``exp`` on every outgoing part; must be > 0, so ``exp=0`` is never sent.
+    * ``chunk_size``: raw bytes per part before base64.
+    * ``assembler``: reassembly bounds.
+    * ``inbox_size``: decoded messages queued per session; overflow closes
+      the session.
+    * ``inbox_bytes``: estimated memory of the messages queued in one
+      session (:func:`brmcp.transport._inbox.message_cost`, an upper estimate of the
+      decoded form); ``peer_inbox_bytes``: the same across all sessions of
+      one peer. A message that would pass either closes its session, which
+      drops its unread messages; a message whose cost alone passes
+      ``inbox_bytes`` is refused before it is decoded (WIRE.md §Inboxes).
+    * ``idle_timeout``: seconds without a delivered inbound message or a
+      write after which a session is closed. ``"auto"`` selects 600 s in the
+      server role and no expiry in the client role; None disables it.
+    * ``max_sessions_per_peer``: cap on sessions per peer, enforced when an
+      inbound session would be created (dialed sessions count but are never
+      refused); None means unbounded.
+
+    Raises ValueError for out-of-range values.
+    """
+
+    ttl: float = 600.0
+    chunk_size: int = wire.DEFAULT_CHUNK_SIZE
+    assembler: wire.AssemblerConfig = field(default_factory=wire.AssemblerConfig)
+    inbox_size: int = 128
+    inbox_bytes: int = 32 * _MIB
+    peer_inbox_bytes: int = 64 * _MIB
+    idle_timeout: float | Literal["auto"] | None = "auto"
+    max_sessions_per_peer: int | None = 8
+
+    def __post_init__(self) -> None:
+        if not self.ttl > 0:
+            raise ValueError(f"ttl must be > 0 seconds, got {self.ttl!r}")
+        if self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be > 0 bytes, got {self.chunk_size!r}")
+        if self.inbox_size < 1:
+            raise ValueError(f"inbox_size must be >= 1, got {self.inbox_size!r}")
+        for name in ("inbox_bytes", "peer_inbox_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 byte, got {getattr(self, name)!r}")
+        if self.idle_timeout != "auto" and self.idle_timeout is not None and not self.idle_timeout > 0:
+            raise ValueError(f"idle_timeout must be > 0 seconds, None or 'auto', got {self.idle_timeout!r}")
+        if self.max_sessions_per_peer is not None and self.max_sessions_per_peer < 1:
+            raise ValueError(
+                f"max_sessions_per_peer must be >= 1 or None, got {self.max_sessions_per_peer!r}"
+            )
+
+
+@dataclass(slots=True)
+class RouterStats:
+    """Counters for observability and tests. Every inbound PM lands in
+    exactly one of the ``pms_*``/``dropped_*``/``messages_delivered`` buckets
+    or is still partial."""
+
+    pms_received: int = 0
+    pms_ignored: int = 0  #: not an envelope (chat), or arrived after close
+    dropped_denied: int = 0  #: allow(peer) refused
+    dropped_expired: int = 0
+    dropped_too_large: int = 0
+    dropped_buffer_full: int = 0
+    dropped_part_count: int = 0
+    dropped_invalid_jsonrpc: int = 0
+    dropped_unknown_session: int = 0  #: client role: no such sid
+    dropped_session_cap: int = 0
+    inbox_overflows: int = 0  #: sessions closed by a full inbox (count or bytes)
+    dropped_unread: int = 0  #: unread messages dropped with an overflowing session
+    messages_delivered: int = 0
+    sessions_opened: int = 0
+    sessions_closed: int = 0
+    idle_expired: int = 0
+    pms_sent: int = 0
+    messages_sent: int = 0
+    send_failures: int = 0
+
+
+_WIRE_DROPS: dict[type[wire.WireError], str] = {
+    wire.ExpiredError: "dropped_expired",
+    wire.TooLargeError: "dropped_too_large",
+    wire.BufferFullError: "dropped_buffer_full",
+    wire.PartCountError: "dropped_part_count",
+}
+
+
+class Router:
+    """Route PMs to MCP sessions; an async context manager owning its tasks.
+
+    ``accept`` set means the server role: every new inbound (peer, sid)
+    becomes a :class:`Conn` served by ``accept(conn)`` in a task the router
+    owns. Without ``accept`` (client role) sessions come only from
+    :meth:`dial` and inbound parts for unknown sids are dropped. ``allow`` is
+    checked after parsing and before any reassembly or session state.
+    ``clock`` returns unix seconds (default :func:`time.time`).
+
+    Use as ``async with Router(...) as router:``; the server role and idle
+    expiry need the router entered. Leaving the block closes every session
+    and cancels the router's tasks.
+    """
+
+    def __init__(
+        self,
+        sender: PMSender,
+        *,
+        accept: AcceptFunc | None = None,
+        allow: AllowFunc | None = None,
+        options: RouterOptions | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sender = sender
+        self.options = options or RouterOptions()
+        self.stats = RouterStats()
+        self._accept = accept
+        self._allow = allow
+        self._clock = clock
+        idle = self.options.idle_timeout
+        self._idle: float | None = (600.0 if accept is not None else None) if idle == "auto" else idle
+        self._assembler = wire.Assembler(self.options.assembler)
+        self._sessions: OrderedDict[tuple[str, str], Conn] = OrderedDict()
+        self._per_peer: dict[str, int] = {}
+        self._peer_sessions: dict[str, dict[str, Conn]] = {}
+        self._closed = False
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def __aenter__(self) -> Router:
+        if self._tg is not None:
+            raise RuntimeError("Router already entered")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        if self._idle is not None:
+            tg.start_soon(self._sweep, name="brmcp-router-idle-sweeper")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool | None:
+        self.close()
+        tg = self._tg
+        assert tg is not None
+        tg.cancel_scope.cancel()
+        return await tg.__aexit__(exc_type, exc_val, exc_tb)
+
+    def close(self) -> None:
+        """Close every session and refuse further traffic and dials. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in list(self._sessions.values()):
+            conn.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def idle_timeout(self) -> float | None:
+        """The effective idle timeout in seconds (None: no expiry)."""
+        return self._idle
+
+    # -- observation -----------------------------------------------------------
+
+    @property
+    def assembler(self) -> wire.Assembler:
+        """The reassembly state (read its counters; do not feed it)."""
+        return self._assembler
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    def sessions_of(self, peer: str) -> int:
+        """Open sessions (dialed and accepted) with ``peer``."""
+        return self._per_peer.get(peer, 0)
+
+    def session(self, peer: str, sid: str) -> Conn | None:
+        return self._sessions.get((peer, sid))
+
+    # -- traffic ---------------------------------------------------------------
+
+    def dial(self, peer: str) -> Conn:
+        """Open a client session to ``peer`` with a fresh random sid.
+
+        Never limited by ``max_sessions_per_peer``. Raises RuntimeError
+        (``brmcp: router closed``) after :meth:`close`.
+        """
+        if self._closed:
+            raise RuntimeError("brmcp: router closed")
+        sid = wire.new_id()
+        while (peer, sid) in self._sessions:
+            sid = wire.new_id()
+        return self._register(peer, sid, self._clock())
+
+    def handle_pm(self, peer: str, text: str) -> None:
+        """Feed one inbound PM from ``peer`` (a lowercase 64-hex uid).
+
+        Chat and anything else that is not an envelope is ignored. Never
+        blocks and never raises for bad input: refusals are counted in
+        :attr:`stats` and logged at debug level with the peer and the reason.
+        Raises RuntimeError only when a server-role router is used before it
+        was entered.
+        """
+        stats = self.stats
+        stats.pms_received += 1
+        part = wire.parse(text)
+        if part is None or self._closed:
+            stats.pms_ignored += 1
+            return
+        allow = self._allow
+        if allow is not None:
+            try:
+                admitted = bool(allow(peer))
+            except Exception:
+                log.exception("allow(%s) raised; treating the peer as not allowed", peer)
+                admitted = False
+            if not admitted:
+                stats.dropped_denied += 1
+                log.debug("drop part from %s: peer not allowed", peer)
+                return
+        now = self._clock()
+        try:
+            payload = self._assembler.add(peer, part, now)
+        except wire.WireError as exc:
+            name = _WIRE_DROPS.get(type(exc), "dropped_too_large")
+            setattr(stats, name, getattr(stats, name) + 1)
+            log.debug("drop part from %s sid=%s mid=%s: %s", peer, part.sid, part.mid, exc)
+            return
+        if payload is None:
+            return
+        cost = message_cost(payload)
+        opts = self.options
+        if cost > opts.inbox_bytes or cost > opts.peer_inbox_bytes:
+            # No inbox can ever hold it: refused before it is decoded.
+            stats.dropped_too_large += 1
+            log.debug(
+                "drop message from %s sid=%s: %d bytes decoded passes the inbox bound", peer, part.sid, cost
+            )
+            known = self._sessions.get((peer, part.sid))
+            if known is not None:
+                self._overflow(known, "a message larger than the inbox bound")
+            return
+        try:
+            message = jsonrpc_message_adapter.validate_json(payload, by_name=False)
+        except (ValidationError, ValueError) as exc:
+            stats.dropped_invalid_jsonrpc += 1
+            reason = exc.errors()[0]["type"] if isinstance(exc, ValidationError) else type(exc).__name__
+            log.debug("drop message from %s sid=%s: not JSON-RPC (%s)", peer, part.sid, reason)
+            return
+        key = (peer, part.sid)
+        conn = self._sessions.get(key)
+        if conn is None:
+            if self._accept is None:
+                stats.dropped_unknown_session += 1
+                log.debug("drop message from %s: no session sid=%s and no accept", peer, part.sid)
+                return
+            cap = self.options.max_sessions_per_peer
+            if cap is not None and self._per_peer.get(peer, 0) >= cap:
+                stats.dropped_session_cap += 1
+                log.debug("drop message from %s sid=%s: session cap %d reached", peer, part.sid, cap)
+                return
+            if self._tg is None:
+                raise RuntimeError("server-role Router used before 'async with router' entered it")
+            conn = self._register(peer, part.sid, now)
+            # The task first runs after this (sync) method returned, so the
+            # message below is already queued for it.
+            self._tg.start_soon(self._serve, conn, name=f"brmcp-session-{peer[:8]}/{part.sid}")
+        else:
+            conn.last_activity = now
+            self._sessions.move_to_end(key)
+        del payload
+        if conn.queued_bytes + cost > opts.inbox_bytes:
+            self._overflow(conn, f"over {opts.inbox_bytes} bytes queued")
+        elif self._peer_queued(peer) + cost > opts.peer_inbox_bytes:
+            self._overflow(conn, f"over {opts.peer_inbox_bytes} bytes queued across the peer's sessions")
+        elif conn._deliver(conn._make_message(message), cost):
+            stats.messages_delivered += 1
+        else:
+            self._overflow(conn, f"over {opts.inbox_size} messages queued")
+
+    def _overflow(self, conn: Conn, why: str) -> None:
+        """Close an overflowing session and drop what its reader has not read."""
+        self.stats.inbox_overflows += 1
+        self.stats.dropped_unread += conn._discard_unread()
+        log.debug("inbox of session %s/%s overflowed (%s); closing it", conn.peer, conn.sid, why)
+        conn.close()
+
+    def queued_bytes(self, peer: str) -> int:
+        """Estimated memory of the inbound messages of ``peer`` waiting in its
+        sessions' inboxes (bounded by ``RouterOptions.peer_inbox_bytes``)."""
+        return self._peer_queued(peer)
+
+    def _peer_queued(self, peer: str) -> int:
+        return sum(c.queued_bytes for c in self._peer_sessions.get(peer, {}).values())
+
+    # -- internals -------------------------------------------------------------
+
+    def _register(self, peer: str, sid: str, now: float) -> Conn:
+        conn = Conn(self, peer, sid, self.options.inbox_size, now)
+        self._sessions[(peer, sid)] = conn
+        self._peer_sessions.setdefault(peer, {})[sid] = conn
+        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        self.stats.sessions_opened += 1
+        return conn
+
+    def _forget(self, conn: Conn) -> None:
+        key = (conn.peer, conn.sid)
+        if self._sessions.get(key) is not conn:
+            return
+        del self._sessions[key]
+        mine = self._peer_sessions.get(conn.peer)
+        if mine is not None:
+            mine.pop(conn.sid, None)
+            if not mine:
+                del self._peer_sessions[conn.peer]
+        self.stats.sessions_closed += 1
+        count = self._per_peer.get(conn.peer, 0)
+        if count <= 1:
+            self._per_peer.pop(conn.peer, None)
+        else:
+            self._per_peer[conn.peer] = count - 1
+
+    def _touch(self, conn: Conn) -> None:
+        key = (conn.peer, conn.sid)
+        if self._sessions.get(key) is conn:
+            self._sessions.move_to_end(key)
+
+    async def _serve(self, conn: Conn) -> None:
+        accept = self._accept
+        assert accept is not None
+        try:
+            await accept(conn)
+        except Exception:
+            log.exception("session %s/%s: accept handler failed", conn.peer, conn.sid)
+        finally:
+            conn.close()
+
+    async def _sweep(self) -> None:
+        idle = self._idle
+        assert idle is not None
+        interval = min(max(idle / 4, 0.1), 60.0)
+        sessions = self._sessions
+        while True:
+            await anyio.sleep(interval)
+            now = self._clock()
+            while sessions:
+                conn = next(iter(sessions.values()))
+                if now - conn.last_activity <= idle:
+                    break
+                log.debug("session %s/%s idle %.1fs; closing", conn.peer, conn.sid, now - conn.last_activity)
+                self.stats.idle_expired += 1
+                conn.close()

@@ -1,7 +1,0 @@
-"""``python -m brmcp_serve`` runs the ``brmcp-serve`` command."""
-
-import sys
-
-from .cli import main
-
-sys.exit(main())

@@ -1,0 +1,1 @@
+"""brmcp's tests, one folder per package (docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""Tests of brmcp.bridge: the payer's side, its policy, HTTP surface and daemon."""

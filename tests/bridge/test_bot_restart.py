@@ -1,0 +1,177 @@
+"""A bot restarted with other tools, without telling the bridge.
+
+The bridge keeps one BR session and a tools snapshot per bot. A bot that
+restarts (a new brmcp-serve, a gateway with another upstream) forgets that
+session and sends no ``notifications/tools/list_changed``. A tool that is not
+in the snapshot must then be looked up at the bot before it is refused, and a
+tool the bot says it does not know must not stay listed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp.types as types
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from brmcp.bridge.snapshots import SNAPSHOT_DIR
+from brmcp.server import CallContext, Harness, HarnessConfig
+from tests.kit.bridge import BOT, CLIENT, Env, bridge_env, call, until
+
+
+def _restarted_bot(data_dir: Path) -> Harness:
+    """The bot after a restart: ``free`` is gone, ``newer`` (free) and
+    ``pricy`` (300 atoms) are new; ``paid`` is still there."""
+    harness = Harness(HarnessConfig(data_dir=str(data_dir), allowed_peers={CLIENT}))
+
+    async def newer(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
+        return {"newer": True}
+
+    async def pricy(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
+        return {"pricy": True}
+
+    async def paid(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
+        return {"n": 0}
+
+    harness.add_tool("newer", newer, description="new", input_schema={"type": "object"})
+    harness.add_tool(
+        "pricy", pricy, description="new, paid", input_schema={"type": "object"}, price_atoms=300
+    )
+    harness.add_tool(
+        "paid", paid, description="A paid tool", input_schema={"type": "object"}, price_atoms=500
+    )
+    return harness
+
+
+async def _serve(env: Env, restarted: Harness) -> None:
+    router = await restarted.start(env.fabric.sender(BOT))
+    env.fabric.attach(BOT, router.handle_pm)
+
+
+async def test_tool_added_by_a_bot_restart_is_reachable(tmp_path: Path) -> None:
+    with anyio.fail_after(60):
+        async with bridge_env(tmp_path) as env, env.session() as session:
+            listed = {t.name for t in (await session.list_tools()).tools}
+            assert "free" in listed
+            assert "newer" not in listed
+            assert (await call(session, "free")).is_error is False
+            # The bot restarts with other tools under the same uid (the old
+            # harness no longer receives anything).
+            async with _restarted_bot(tmp_path / "bot-restarted") as restarted:
+                await _serve(env, restarted)
+                env.payer.harness = restarted
+
+                result = await call(session, "newer")
+                assert not result.is_error
+                assert result.structured_content == {"newer": True}
+                listed = {t.name for t in (await session.list_tools()).tools}
+                assert {"newer", "pricy", "paid"} <= listed
+                assert "free" not in listed
+                # A paid new tool goes through the payment loop as any other.
+                result = await call(session, "pricy")
+                assert not result.is_error
+                assert result.structured_content == {"pricy": True}
+                assert env.payer.calls == [(BOT, 300)]
+                assert await restarted.balance(CLIENT) == 0
+
+
+async def test_tool_removed_by_a_bot_restart_is_unlisted(tmp_path: Path) -> None:
+    with anyio.fail_after(60):
+        async with bridge_env(tmp_path) as env, env.session() as session:
+            assert "free" in {t.name for t in (await session.list_tools()).tools}
+            async with _restarted_bot(tmp_path / "bot-restarted") as restarted:
+                await _serve(env, restarted)
+
+                with pytest.raises(MCPError, match='unknown tool "free"'):
+                    await call(session, "free")
+                listed = {t.name for t in (await session.list_tools()).tools}
+                assert "free" not in listed
+                assert "newer" in listed
+
+
+async def test_unknown_tool_is_still_refused(tmp_path: Path) -> None:
+    with anyio.fail_after(60):
+        async with bridge_env(tmp_path) as env, env.session() as session:
+            await session.list_tools()
+            link = env.bridge.link(BOT)
+            assert link is not None
+            before = link.refreshes
+            for _ in range(3):
+                with pytest.raises(MCPError, match='unknown tool "nope"'):
+                    await call(session, "nope")
+            # One look-up at the bot for the three (RECHECK_INTERVAL).
+            assert link.refreshes == before + 1
+            assert env.executions == {}
+
+
+async def test_remembered_snapshot_after_both_restart(tmp_path: Path) -> None:
+    """The bridge restarts with the snapshot it saved, and the bot
+    meanwhile restarted with other tools: a call to a new tool is looked up
+    at the bot, not refused from the remembered list."""
+    with anyio.fail_after(60):
+        async with bridge_env(tmp_path) as env:
+            async with env.session() as session:
+                assert "newer" not in {t.name for t in (await session.list_tools()).tools}
+                assert not (await call(session, "free")).is_error
+            saved = env.data_dir / SNAPSHOT_DIR / f"{BOT}.json"
+            await until(saved.exists)
+            await env.bridge.close()
+            async with _restarted_bot(tmp_path / "bot-restarted") as restarted:
+                await _serve(env, restarted)
+                bridge = env.new_bridge(listen="127.0.0.1:0")
+                env.fabric.attach(CLIENT, bridge.handle_pm)
+                await bridge.start()
+                try:
+                    address = bridge.listen_address
+                    assert address is not None
+                    url = f"http://{address[0]}:{address[1]}/mcp/{BOT}"
+                    async with env.session(url=url) as session:
+                        result = await call(session, "newer")
+                        assert not result.is_error
+                        assert result.structured_content == {"newer": True}
+                        listed = {t.name for t in (await session.list_tools()).tools}
+                        assert "newer" in listed
+                        assert "free" not in listed
+                finally:
+                    await bridge.close()
+
+
+async def test_agent_that_only_lists_sees_a_restarted_bots_tools(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent that never calls (so no call fails and nothing is doubted)
+    still learns the restarted bot's tools: a snapshot older than
+    SNAPSHOT_MAX_AGE is served and checked in the background, and the agent
+    gets notifications/tools/list_changed when it differed."""
+    import brmcp.bridge._toolsnap as toolsnap_module  # where the tools snapshot reads them
+
+    monkeypatch.setattr(toolsnap_module, "SNAPSHOT_MAX_AGE", 0.2)
+    monkeypatch.setattr(toolsnap_module, "REFRESH_DELAY", 0.01)
+    changes: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ServerNotification):
+            changes.append(message.method)
+
+    with anyio.fail_after(60):
+        async with bridge_env(tmp_path) as env, env.session(message_handler=on_message) as session:
+            listed = {t.name for t in (await session.list_tools()).tools}
+            assert "free" in listed
+            link = env.bridge.link(BOT)
+            assert link is not None
+            async with _restarted_bot(tmp_path / "bot-restarted") as restarted:
+                await _serve(env, restarted)
+                # Young snapshot: served, nothing asked of the bot.
+                before = link.refreshes
+                assert "free" in {t.name for t in (await session.list_tools()).tools}
+                assert link.refreshes == before
+                await anyio.sleep(0.3)
+                # Old snapshot: still served at once, checked behind it.
+                assert "free" in {t.name for t in (await session.list_tools()).tools}
+                await until(lambda: "notifications/tools/list_changed" in changes)
+                listed = {t.name for t in (await session.list_tools()).tools}
+                assert "newer" in listed
+                assert "free" not in listed

@@ -1,0 +1,1 @@
+"""Tests of brmcp.clientrpc, the brclient client."""

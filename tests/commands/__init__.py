@@ -1,0 +1,1 @@
+"""The commands as users run them: demo, first hour, README flows, agents' tools."""

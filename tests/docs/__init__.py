@@ -1,0 +1,1 @@
+"""The documents checked against the code: citations, WIRE.md's examples."""

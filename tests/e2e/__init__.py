@@ -1,0 +1,1 @@
+"""Paid calls end to end: an agent, the bridge, the relay and a harness, with faults."""

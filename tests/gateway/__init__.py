@@ -1,0 +1,1 @@
+"""Tests of brmcp.gateway: selling an MCP server that already exists."""

@@ -1,0 +1,1 @@
+"""Tests of the operations helpers: logging, locks, secrets kept out of logs."""

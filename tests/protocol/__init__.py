@@ -1,0 +1,1 @@
+"""Tests of brmcp.protocol: the shared _meta keys and payment shapes."""

@@ -1,0 +1,1 @@
+"""Tests of brmcp.serve, the daemon behind brmcp-serve."""

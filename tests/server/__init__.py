@@ -1,0 +1,1 @@
+"""Tests of brmcp.server: the harness, its ledger, journal and tips, run_bot."""

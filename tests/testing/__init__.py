@@ -1,0 +1,1 @@
+"""Tests of brmcp.testing: fabric, fakebr, brnet, goref, pipe."""

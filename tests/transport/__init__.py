@@ -1,0 +1,1 @@
+"""Tests of brmcp.transport: sessions over PMs, inbox bounds, faults."""

@@ -1,0 +1,1 @@
+"""Tests of brmcp.wire, the sans-I/O codec."""
