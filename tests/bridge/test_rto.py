@@ -39,14 +39,12 @@ from brmcp.bridge.link import BotLink
 from brmcp.bridge.retry import SAMPLE_LIMIT, RetryPolicy, RttEstimator, relay_estimator
 from brmcp.bridge.snapshots import BotSnapshot, SnapshotStore
 from brmcp.server import CallContext, Harness, HarnessConfig
-from brmcp.testing import Fabric, Faults, uid
+from brmcp.testing import Fabric, Faults
 from brmcp.transport.conn import SendReceipt, send_receipt
 from brmcp.transport.router import RouterOptions
+from tests.kit import BOT, CLIENT, OTHER_BOT
 from tests.kit.bridge import bridge_env, until
 
-BOT = uid(1)
-CLIENT = uid(2)
-OTHER_BOT = uid(3)
 #: The relay of ``brmcp demo --latency 1500``: 1.5 s per PM, 20 % jitter.
 DEMO_FAULTS = Faults(latency=1.5, jitter=0.3)
 INFO = types.Implementation(name="brmcp-rto-test", version="1")

@@ -26,12 +26,11 @@ from mcp.client.streamable_http import streamable_http_client
 from brmcp.bridge import Bridge, BridgeConfig, ManualClock, Settings
 from brmcp.serve.tools import register_tools
 from brmcp.server import CallContext, Harness, HarnessConfig
-from brmcp.testing import Fabric, uid
+from brmcp.testing import Fabric
 from brmcp.testing.pipe import PipePeer
 from brmcp.wire import parse
+from tests.kit import BOT, CLIENT
 
-BOT = uid(1)
-CLIENT = uid(2)
 TOKEN = "interop-token-0123456789abcdef"
 START = 1_800_000_000
 NAME = "brmcp-bridge"

@@ -1,1 +1,50 @@
-"""The shared test kit: uids, stacks (fabric, harness, bridge, fakebr), waits and paths."""
+"""The shared test kit.
+
+* :func:`until`: wait for a condition the code under test will make true
+  (a counter, a file, a state), failing after ``limit`` seconds; never used
+  to wait for something *not* to happen (drive an injected clock for that:
+  :class:`brmcp.bridge.ManualClock`, or trio's ``MockClock`` for virtual time);
+* the uids every stack uses: :data:`BOT` (the harness), :data:`CLIENT` (the
+  bridge's own uid, the caller the bot sees), :data:`ALICE` and :data:`BOB`
+  (callers of a harness served directly), :data:`OTHER_BOT`;
+* the stacks: :mod:`.harness` (a harness on a fabric), :mod:`.bridge` (a
+  harness, a bridge and its HTTP endpoint), :mod:`.transport` (raw MCP
+  servers over the transport), :mod:`.clientrpc` (fake brclients),
+  :mod:`.serve` (the brmcp-serve app on fakebr), :mod:`.gateway`,
+  :mod:`.soak`, :mod:`.ui`; :mod:`.paths` for the repository's files.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+from brmcp.testing import uid
+
+__all__ = ["ALICE", "BOB", "BOT", "CLIENT", "OTHER_BOT", "until"]
+
+#: The bot (a harness) in every stack.
+BOT = uid(1)
+#: The bridge's uid: the caller a bot sees behind a bridge.
+CLIENT = uid(2)
+#: A caller of a harness served without a bridge (the same uid as CLIENT).
+ALICE = CLIENT
+#: A second caller of a harness.
+BOB = uid(3)
+#: A second bot (the same uid as BOB: no stack has both).
+OTHER_BOT = BOB
+
+
+async def until(predicate: Callable[[], Awaitable[bool] | bool], limit: float = 20.0) -> None:
+    """Poll ``predicate`` (sync or async) every 5 ms until it is true; fail
+    with TimeoutError after ``limit`` seconds."""
+    with anyio.fail_after(limit):
+        while True:
+            value = predicate()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return
+            await anyio.sleep(0.005)

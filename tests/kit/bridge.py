@@ -26,11 +26,11 @@ from mcp.types import CallToolRequest, CallToolRequestParams, CallToolResult, Te
 
 from brmcp.bridge import Bridge, BridgeConfig, ManualClock, Settings
 from brmcp.server import CallContext, Harness, HarnessConfig
-from brmcp.testing import Fabric, uid
+from brmcp.testing import Fabric
+from tests.kit import BOT, CLIENT
+from tests.kit import OTHER_BOT as OTHER_BOT
+from tests.kit import until as until
 
-BOT = uid(1)
-CLIENT = uid(2)
-OTHER_BOT = uid(3)
 TOKEN = "test-token-0123456789abcdef"
 START = 1_800_000_000
 NAME = "brclientd"
@@ -248,12 +248,3 @@ async def bridge_env(
         fabric.attach(CLIENT, bridge.handle_pm)
         await stack.enter_async_context(bridge)
         yield Env(fabric, harness, bridge, payer, clock, data_dir, executions, stack)
-
-
-async def until(predicate: Callable[[], bool], limit: float = 10.0) -> None:
-    """Poll ``predicate`` every few ms until it holds; fail after ``limit`` seconds."""
-    with anyio.fail_after(limit):
-        while True:
-            if predicate():
-                return
-            await anyio.sleep(0.005)

@@ -6,30 +6,18 @@ from __future__ import annotations
 import contextlib
 import json
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 from websockets.asyncio.client import ClientConnection, connect
 
 from brmcp.clientrpc.protojson import frame
 from brmcp.testing.fakebr import FakeBRClient, FakeRelay
+from tests.kit import until as until
 
 #: Client options for tests: quick reconnects, no keepalive unless a test wants it.
 FAST: dict[str, Any] = {"backoff_initial": 0.05, "backoff_max": 0.2, "ping_interval": None}
-
-
-async def until(predicate: Callable[[], Awaitable[bool] | bool], limit: float = 15.0) -> None:
-    """Poll ``predicate`` (sync or async) every 10 ms; fail after ``limit`` seconds."""
-    with anyio.fail_after(limit):
-        while True:
-            value = predicate()
-            if not isinstance(value, bool):
-                value = await value
-            if value:
-                return
-            await anyio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager

@@ -37,6 +37,7 @@ from brmcp.bridge import Bridge, BridgeConfig, Settings
 from brmcp.gateway import Gateway, PriceTable, UpstreamConfig
 from brmcp.server import Harness, HarnessConfig
 from brmcp.testing import Fabric, uid
+from tests.kit import until as until
 from tests.kit.paths import REPO
 
 BOT = uid(0x6A)
@@ -201,11 +202,3 @@ async def call(session: ClientSession, tool: str, arguments: dict[str, Any] | No
 
 def joined(result: CallToolResult) -> str:
     return "\n".join(c.text for c in result.content if isinstance(c, TextContent))
-
-
-async def until(predicate: Any, limit: float = 20.0) -> None:
-    with anyio.fail_after(limit):
-        while True:
-            if predicate():
-                return
-            await anyio.sleep(0.01)

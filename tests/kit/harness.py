@@ -23,10 +23,8 @@ from mcp import ClientSession
 from brmcp import Router
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric, uid
+from tests.kit import ALICE, BOB, BOT
 
-BOT = uid(1)
-ALICE = uid(2)
-BOB = uid(3)
 ADMIN = uid(10)
 MALLORY = uid(14)
 PEERS = (ALICE, BOB, ADMIN, MALLORY)

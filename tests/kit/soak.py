@@ -34,10 +34,9 @@ from mcp.types import CallToolRequest, CallToolRequestParams, CallToolResult, Te
 from brmcp import RouterOptions
 from brmcp.bridge import Bridge, BridgeConfig, RetryPolicy, Settings
 from brmcp.server import CallContext, Harness, HarnessConfig
-from brmcp.testing import Fabric, Faults, uid
+from brmcp.testing import Fabric, Faults
+from tests.kit import BOT, CLIENT
 
-BOT = uid(1)
-CLIENT = uid(2)
 TOKEN = "soak-token-0123456789abcdef"
 PRICE = 500
 #: The bridge's deadline per request to the bot (its message TTL), seconds.

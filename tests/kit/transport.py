@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -22,9 +22,9 @@ from mcp.server import Server, ServerRequestContext
 
 from brmcp import Conn, Router
 from brmcp.testing import Fabric, uid
+from tests.kit import ALICE, BOT
+from tests.kit import until as until
 
-BOT = uid(1)
-ALICE = uid(2)
 MALLORY = uid(14)
 
 TOOLS = [
@@ -137,15 +137,6 @@ async def call(
     block = result.content[0]
     assert isinstance(block, types.TextContent)
     return block.text
-
-
-async def until(predicate: Callable[[], bool], limit: float = 5.0) -> None:
-    """Poll ``predicate`` every few ms until it holds; fail after ``limit`` seconds."""
-    with anyio.fail_after(limit):
-        while True:
-            if predicate():
-                return
-            await anyio.sleep(0.005)
 
 
 def echoed(text: str) -> dict[str, Any]:
