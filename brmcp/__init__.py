@@ -14,6 +14,7 @@ The public surface is small and re-exported here:
 """
 
 from . import _compat
+from ._ops.clock import Clock, ManualClock, SystemClock
 from .protocol.payment import (
     CALL_KEY,
     PRICE_ATOMS_KEY,
@@ -33,7 +34,9 @@ __all__ = [
     "PRICING_KEY",
     "AcceptFunc",
     "AllowFunc",
+    "Clock",
     "Conn",
+    "ManualClock",
     "PMSender",
     "PaymentRequired",
     "Router",
@@ -41,6 +44,7 @@ __all__ = [
     "RouterStats",
     "SendError",
     "SenderFunc",
+    "SystemClock",
     "is_envelope",
     "parse_payment_required",
     "payment_required_text",

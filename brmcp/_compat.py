@@ -29,6 +29,7 @@ MOVED: dict[str, str] = {
     "brmcp.eras": "brmcp.protocol.eras",
     "brmcp.botlog": "brmcp._ops.botlog",
     "brmcp.lockfile": "brmcp._ops.lockfile",
+    "brmcp.bridge.clock": "brmcp._ops.clock",
 }
 
 

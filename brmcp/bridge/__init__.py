@@ -19,10 +19,10 @@ from the Go reference.
 * :class:`Clock`, :class:`SystemClock`, :class:`ManualClock`, :func:`go_duration`.
 """
 
+from .._ops.clock import Clock, ManualClock, SystemClock, go_duration
 from .admin import ConfigSnippet
 from .approvals import PendingPayment
 from .bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN, Bridge, BridgeConfig
-from .clock import Clock, ManualClock, SystemClock, go_duration
 from .daemon import BridgeDaemon, TipPayer, TipPaymentError
 from .errors import BridgeError, SettingsError
 from .listener import ListenerLimits

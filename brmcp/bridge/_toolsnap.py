@@ -36,6 +36,7 @@ from mcp.types import (
 )
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
 
+from .._ops.clock import Clock
 from ..protocol.eras import CAPABILITIES_META_KEY
 from ..protocol.payment import PRICE_ATOMS_KEY
 from ._eras import _TOOLS_ONLY, _pushes
@@ -53,7 +54,6 @@ from ._linkbase import (
     log,
     no_answer_hint,
 )
-from .clock import Clock
 from .retry import RetryPolicy
 from .snapshots import ERA_HANDSHAKE, ERA_MODERN, BotSnapshot, Era, ListedTools, SnapshotStore
 from .subscriptions import Subscriptions

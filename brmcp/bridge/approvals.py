@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import anyio
 
-from .clock import Clock, go_duration
+from .._ops.clock import Clock, go_duration
 
 __all__ = [
     "MAX_ARGUMENT_CHARS",

@@ -22,13 +22,13 @@ import anyio.abc
 import anyio.to_thread
 from mcp.types import Implementation
 
+from .._ops.clock import Clock, SystemClock
 from ..transport.router import Router, RouterOptions
 from ..transport.sender import PMSender
 from ._command import cli_command
 from ._files import read_text, write_atomic
 from .admin import ConfigSnippet, admin_handler, config_snippet
 from .approvals import PendingPayment
-from .clock import Clock, SystemClock
 from .errors import BridgeError
 from .funding import Funding
 from .http import MAX_BODY_BYTES, BridgeApp

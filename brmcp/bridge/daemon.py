@@ -48,6 +48,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from .._ops.clock import Clock, SystemClock, go_duration
 from .._ops.lockfile import FileLock, acquire_brclient, acquire_datadir
 from ..clientrpc import (
     BotConfig,
@@ -66,7 +67,6 @@ from ..transport.router import RouterOptions
 from ._files import read_text, write_atomic
 from .approvals import PendingPayment
 from .bridge import DEFAULT_LISTEN, Bridge, BridgeConfig
-from .clock import Clock, SystemClock, go_duration
 from .errors import BridgeError
 from .listener import parse_listen_address
 from .settings import Settings

@@ -67,6 +67,7 @@ from mcp.types import (
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 
+from .._ops.clock import Clock
 from ..protocol.eras import CAPABILITIES_META_KEY
 from ..transport.conn import send_receipt
 from ..transport.router import Router
@@ -82,7 +83,6 @@ from ._linkbase import (
     no_answer_hint,
 )
 from ._toolsnap import ToolsMixin
-from .clock import Clock
 from .relay import Relay
 from .retry import RetryPolicy, RttEstimator, relay_estimator
 from .snapshots import ERA_HANDSHAKE, ERA_MODERN, BotSnapshot, Era, SnapshotStore

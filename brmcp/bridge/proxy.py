@@ -76,6 +76,7 @@ from mcp.types import (
     TextContent,
 )
 
+from .._ops.clock import Clock, go_duration
 from ..protocol.payment import (
     CALL_KEY,
     CALLER_EPOCH_KEY,
@@ -90,7 +91,6 @@ from ._money import already, charged, spent, with_money
 from ._money import refunded as refunded_of
 from .approvals import PendingPayment, call_arguments
 from .budget import CallBudget, listing_of
-from .clock import Clock, go_duration
 from .funding import Funding, Payment
 from .link import BotLink, DeadlineError, LinkError
 from .mirror import Mirror, MirrorServer

@@ -48,8 +48,8 @@ from ..protocol.payment import PaymentRequired
 
 if TYPE_CHECKING:
     from ..metrics import BridgeMetrics
+from .._ops.clock import Clock, go_duration
 from .approvals import ApprovalQueue, PendingPayment
-from .clock import Clock, go_duration
 from .errors import BridgeError
 from .relay import AgentGone
 from .settings import Settings

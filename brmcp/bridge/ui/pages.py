@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from ..._ops.clock import go_duration
 from ..approvals import EndedPayment, PendingPayment
-from ..clock import go_duration
 from ..settings import (
     DEFAULT_APPROVAL_TIMEOUT_SECS,
     DEFAULT_TIP_WAIT_SECS,

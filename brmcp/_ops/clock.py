@@ -1,10 +1,12 @@
-"""Time for the bridge: the wall clock, a controllable test clock, and Go's
-duration text.
+"""Time, for every role: the wall clock, a controllable test clock, and
+Go's duration text.
 
-The bridge reads the time (spend-log timestamps, the rolling 24-hour window,
-approval ``created``) and waits (the 3 s credit polls, the approval timeout)
-only through a :class:`Clock`, so tests can move time forward instead of
-sleeping (BRIDGE.md §Embedding the library in another daemon, ``clock``).
+The bridge reads the time (spend-log timestamps, the rolling 24-hour
+window, approval ``created``) and waits (the 3 s credit polls, the approval
+timeout) only through a :class:`Clock`, so tests can move time forward
+instead of sleeping (BRIDGE.md §Embedding the library in another daemon,
+``clock``); the router, the bot links and the harness's pipeline take the
+same protocol.
 """
 
 from __future__ import annotations
