@@ -10,9 +10,9 @@ and ``fortune`` (10 000 atoms per call), as the Go reference's
 * :func:`main`: the ``brmcp-serve`` console entry point.
 """
 
-from brmcp_serve.app import IMPLEMENTATION_NAME, IMPLEMENTATION_VERSION, ServeApp
-from brmcp_serve.cli import main
-from brmcp_serve.config import (
+from .app import IMPLEMENTATION_NAME, IMPLEMENTATION_VERSION, ServeApp
+from .cli import main
+from .config import (
     BOT_CONFIG_NAME,
     DEFAULT_CALLS_PER_MINUTE,
     SERVE_CONFIG_FILE,
@@ -25,7 +25,7 @@ from brmcp_serve.config import (
     load_serve_config,
     write_serve_config,
 )
-from brmcp_serve.tools import (
+from .tools import (
     ECHO_DESCRIPTION,
     FORTUNE_DESCRIPTION,
     FORTUNE_PRICE_ATOMS,
