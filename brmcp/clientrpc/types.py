@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, Self, TypeVar
 
+from ..protocol.units import ATOMS_PER_DCR, MILLIATOMS_PER_ATOM, atoms_from_milliatoms
 from .protojson import (
     ProtojsonError,
     decode_bool,
@@ -73,8 +74,8 @@ MESSAGE_MODE_NORMAL = "MESSAGE_MODE_NORMAL"
 MESSAGE_MODE_ME = "MESSAGE_MODE_ME"
 _MESSAGE_MODES = {0: MESSAGE_MODE_NORMAL, 1: MESSAGE_MODE_ME}
 
-ATOMS_PER_DCR = 100_000_000
-MATOMS_PER_ATOM = 1000
+#: Milliatoms in one atom; it and ``ATOMS_PER_DCR`` are :mod:`brmcp.protocol.units`' constants.
+MATOMS_PER_ATOM = MILLIATOMS_PER_ATOM
 
 
 def atoms_to_dcr(atoms: int) -> float:
@@ -197,8 +198,10 @@ class ReceivedTip:
 
     @property
     def atoms(self) -> int:
-        """The amount in atoms, floored (``amount_matoms // 1000``; WIRE.md §Payments)."""
-        return self.amount_matoms // MATOMS_PER_ATOM
+        """The amount in whole atoms, floored, as the harness credits it
+        (:func:`brmcp.protocol.units.atoms_from_milliatoms`: 0 for an amount
+        <= 0; WIRE.md §Payments)."""
+        return atoms_from_milliatoms(self.amount_matoms)
 
     @classmethod
     def from_wire(cls, params: Any) -> Self:

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+from ..protocol.units import atoms_from_milliatoms
 from . import store
 from ._executor import GroupCommitExecutor
 from .billing import Billing, InsufficientBalance
@@ -139,7 +140,7 @@ class Accounts:
             )
         for seq, peer, matoms, credited in await db.run(store.pending_tips):
             if credited > 0:
-                await billing.credit(peer, credited, ref=store._tip_ref(seq, peer, matoms))
+                await billing.credit(peer, credited, ref=store.tip_ref(seq, peer, matoms))
             await db.run(
                 functools.partial(store.finish_tip, sequence_id=seq, peer=peer, amount_matoms=matoms, ts=now)
             )
@@ -273,8 +274,10 @@ class Accounts:
     async def credit_tip(
         self, *, peer: str, amount_matoms: int, sequence_id: int, allowed: bool
     ) -> tuple[bool, int]:
-        """Returns (new, atoms credited). Milliatoms are floored to atoms."""
-        atoms = amount_matoms // 1000 if amount_matoms > 0 else 0
+        """Returns (new, atoms credited). Milliatoms are floored to atoms
+        (:func:`~brmcp.protocol.units.atoms_from_milliatoms`; none for an
+        amount <= 0)."""
+        atoms = atoms_from_milliatoms(amount_matoms)
         now = self._clock()
         db = self._db
         key = (sequence_id, peer, amount_matoms)
@@ -286,7 +289,7 @@ class Accounts:
                 self._seen_tips.popitem(last=False)
             if allowed and atoms > 0:
                 assert self._billing is not None
-                await self._billing.credit(peer, atoms, ref=store._tip_ref(sequence_id, peer, amount_matoms))
+                await self._billing.credit(peer, atoms, ref=store.tip_ref(sequence_id, peer, amount_matoms))
                 return True, atoms
             if atoms > 0:
                 self._hold_in_memory(key, atoms)
@@ -313,7 +316,7 @@ class Accounts:
                 store.MAX_BALANCE_ATOMS,
             )
         if new and credited and self._billing is not None:
-            await self._billing.credit(peer, credited, ref=store._tip_ref(sequence_id, peer, amount_matoms))
+            await self._billing.credit(peer, credited, ref=store.tip_ref(sequence_id, peer, amount_matoms))
             await db.run(
                 lambda c: store.finish_tip(
                     c, sequence_id=sequence_id, peer=peer, amount_matoms=amount_matoms, ts=now
@@ -366,7 +369,7 @@ class Accounts:
             assert billing is not None
             for key in [k for k in self._held_memory if k[1] == peer]:
                 atoms = self._held_memory[key]
-                await billing.credit(peer, atoms, ref=store._tip_ref(*key))
+                await billing.credit(peer, atoms, ref=store.tip_ref(*key))
                 self._held_memory.pop(key, None)
                 total += atoms
             return total
@@ -374,7 +377,7 @@ class Accounts:
         for tip in await db.run(lambda c: store.held_tips(c, peer)):
             if billing is not None:
                 await billing.credit(
-                    peer, tip.atoms, ref=store._tip_ref(tip.sequence_id, tip.peer, tip.amount_matoms)
+                    peer, tip.atoms, ref=store.tip_ref(tip.sequence_id, tip.peer, tip.amount_matoms)
                 )
             try:
                 total += await db.run(

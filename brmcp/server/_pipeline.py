@@ -13,12 +13,17 @@ an exception, goes through :func:`._guard.tool_output` or
 :func:`._guard.tool_error` before a receipt or refund key is added, so it
 can never decode as a refusal nor carry a ``brmcp/`` key the harness did
 not write.
+
+A refusal before execution travels as a typed :class:`~._refusal.Refusal`
+(reason, tool, price, balance) and is rendered once, at the edge
+(:meth:`CallPipeline.call`); the pay-alongside hold and the caller epochs
+live in :mod:`._holds`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,23 +31,18 @@ import anyio
 from mcp.types import CallToolResult, JSONRPCResponse
 
 from .. import wire
-from ..protocol.payment import (
-    BALANCE_ATOMS_KEY,
-    HELD_KEY,
-    REFUNDED_ATOMS_KEY,
-    Receipt,
-    marked_payment_required_result,
-    parse_payment_required,
-)
+from ..protocol.payment import BALANCE_ATOMS_KEY, HELD_KEY, REFUNDED_ATOMS_KEY, Receipt
 
 if TYPE_CHECKING:
     from ..metrics import ServeMetrics
 from ._accounts import Accounts
 from ._guard import tool_error, tool_output
+from ._holds import CallerEpochs, HeldCalls
+from ._refusal import DROPPED_TEXT, Refusal, Refused
 from .callkeys import REPLAY_WINDOW, CallKeyRegistry, Claim, error_result
 from .config import HarnessConfig
 from .context import CallContext
-from .ratelimit import RATE_LIMITED_TEXT, RateLimiter
+from .ratelimit import RateLimiter
 from .tools import ToolSpec, to_result
 
 __all__ = [
@@ -62,80 +62,8 @@ OUTCOME_CAP = 64 * 1024
 #: The JSON-RPC id assumed when the request's own is unknown (a direct
 #: :meth:`Harness.call`): the longest an int64 id prints.
 _WORST_ID = -(2**63)
-#: While holding, the balance is re-read at least this often (seconds), so a
-#: credit made outside the harness (an external ``Billing``) is seen too.
-_HOLD_RECHECK = 1.0
-#: The answer of a held call dropped because its caller's process changed
-#: (WIRE.md §Pay alongside): a tool error, never a refusal, so nobody pays for it.
-DROPPED_TEXT = (
-    "call dropped while held for its payment: the caller restarted (its brmcp/callerEpoch changed); "
-    "nothing was charged; retry with the same callKey"
-)
 #: Bytes a refund's ``_meta`` keys may add to a result's JSON (both values int64).
 _REFUND_META_ROOM = 96
-
-
-class _Refused(Exception):
-    """A refusal before execution; the claim is released."""
-
-    def __init__(self, result: CallToolResult, reason: str) -> None:
-        super().__init__(reason)
-        self.result = result
-        self.reason = reason
-
-
-class CallerEpochs:
-    """The latest ``brmcp/callerEpoch`` seen per caller uid
-    (WIRE.md §Pay alongside), with the few epochs it replaced (``retired`` per caller),
-    for at most ``capacity`` callers (least recently seen forgotten first).
-
-    :meth:`observe` says whether an epoch is news: a caller's first, or one
-    neither current nor retired. A retired epoch (a late message of a
-    process already replaced) is not news, so it cannot drop the calls of
-    the process that replaced it."""
-
-    def __init__(self, capacity: int = 4096, retired: int = 8) -> None:
-        self.capacity = capacity
-        self._retired = retired
-        self._seen: OrderedDict[str, tuple[str, deque[str]]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._seen)
-
-    def latest(self, peer: str) -> str | None:
-        """The latest epoch seen from ``peer`` (None: none remembered)."""
-        entry = self._seen.get(peer)
-        return entry[0] if entry is not None else None
-
-    def observe(self, peer: str, epoch: str) -> bool:
-        """Record ``epoch`` from ``peer``; True when it is news (see the class)."""
-        entry = self._seen.get(peer)
-        if entry is None:
-            self._seen[peer] = (epoch, deque(maxlen=self._retired))
-            while len(self._seen) > self.capacity:
-                self._seen.popitem(last=False)
-            return True
-        self._seen.move_to_end(peer)
-        latest, retired = entry
-        if epoch == latest or epoch in retired:
-            return False
-        retired.append(latest)
-        self._seen[peer] = (epoch, retired)
-        return True
-
-
-class _Hold:
-    """One call held for a pay-alongside credit: its claim (None when
-    unkeyed), the caller epoch it came under, whether a debit is in flight
-    for it (then it cannot be dropped) and whether it was dropped."""
-
-    __slots__ = ("charging", "claim", "dropped", "epoch")
-
-    def __init__(self, claim: Claim | None, epoch: str | None) -> None:
-        self.claim = claim
-        self.epoch = epoch
-        self.charging = False
-        self.dropped = False
 
 
 class CallPipeline:
@@ -144,7 +72,8 @@ class CallPipeline:
     chunk size), ledger (``accounts``), rate ``limiter`` and callKey
     registry (``calls``); ``clock`` gives unix seconds for journal expiry.
     ``metrics`` (a :class:`brmcp.metrics.ServeMetrics` or None) is set
-    through ``Harness.metrics``."""
+    through ``Harness.metrics``. The pay-alongside hold is :attr:`held`
+    (:class:`._holds.HeldCalls`)."""
 
     def __init__(
         self,
@@ -161,17 +90,34 @@ class CallPipeline:
         self._clock = clock
         #: Prometheus metrics to update, or None.
         self.metrics: ServeMetrics | None = None
-        #: Per caller: an event set (and replaced) on every credit, for held calls.
-        self._credit_events: dict[str, anyio.Event] = {}
-        #: Per caller: calls held right now waiting for a pay-alongside credit.
-        self._held: dict[str, list[_Hold]] = {}
-        #: The latest caller epoch per caller (bounded).
-        self.epochs = CallerEpochs()
-        #: Held calls dropped because their caller's epoch changed.
-        self.dropped = 0
-        #: Calls that were held at least once (observability and tests).
-        self.holds = 0
+        #: The calls held for a pay-alongside credit, and the caller epochs.
+        self.held = HeldCalls(config, calls)
         self.executions = 0  #: handler invocations (for tests and metrics)
+
+    @property
+    def epochs(self) -> CallerEpochs:
+        """The latest caller epoch per caller (bounded; :class:`._holds.CallerEpochs`)."""
+        return self.held.epochs
+
+    @property
+    def holds(self) -> int:
+        """Calls that were held at least once (observability and tests)."""
+        return self.held.holds
+
+    @property
+    def dropped(self) -> int:
+        """Held calls dropped because their caller's epoch changed."""
+        return self.held.dropped
+
+    def observe_epoch(self, peer: str, epoch: str | None) -> int:
+        """Drop the calls of ``peer`` held under an epoch other than the new
+        ``epoch``: :meth:`._holds.HeldCalls.observe_epoch`. Returns how many."""
+        return self.held.observe_epoch(peer, epoch)
+
+    def credited(self, peer: str) -> None:
+        """Wake the calls of ``peer`` held for a pay-alongside credit (the
+        harness calls it after every credit to ``peer``)."""
+        self.held.credited(peer)
 
     async def call(
         self,
@@ -210,11 +156,14 @@ class CallPipeline:
             )
             if result.is_error:
                 outcome = "error"
-        except _Refused as refusal:
-            outcome = _REFUSAL_OUTCOMES.get(refusal.reason, "refused")
+        except Refused as refused:
+            # The edge: the one place a refusal becomes the caller's answer.
+            refusal = refused.refusal
+            outcome = refusal.reason.metric_outcome
+            result = refusal.result()
             if claim is not None:
-                self._calls.release(claim, refusal.reason, refusal.result)
-            return refusal.result
+                self._calls.release(claim, refusal.reason.value, result)
+            return result
         except BaseException:
             outcome = "error"
             if claim is not None and not claim.finished:
@@ -240,20 +189,26 @@ class CallPipeline:
         epoch: str | None = None,
     ) -> CallToolResult:
         if not self._limiter.take(peer):
-            raise _Refused(error_result(RATE_LIMITED_TEXT), "rate limited")
+            raise Refused(Refusal.rate_limited())
         base = CallContext(peer=peer, tool=spec.name, call_key=call_key, request=request)
         try:
             price = await spec.price_for(base, arguments)
         except Exception as exc:
-            reason = str(exc) or type(exc).__name__
-            raise _Refused(tool_error(reason), "price function failed") from None
+            raise Refused(Refusal.price_failed(str(exc) or type(exc).__name__)) from None
         call_id = wire.new_id() + wire.new_id()
         charged = 0
         receipt: Receipt | None = None
         held = False
         if price > 0:
-            balance, held = await self._charge_or_hold(
-                call_id, peer, call_key, spec.name, price, alongside, claim=claim, epoch=epoch
+            balance, held = await self.held.charge_or_hold(
+                functools.partial(self._charge_once, call_id, peer, call_key, spec.name, price),
+                call_id=call_id,
+                peer=peer,
+                tool=spec.name,
+                price=price,
+                alongside=alongside,
+                claim=claim,
+                epoch=epoch,
             )
             charged = price
             receipt = Receipt(charged_atoms=price, balance_atoms=balance)
@@ -299,11 +254,11 @@ class CallPipeline:
         return result
 
     async def _charge_once(
-        self, call_id: str, peer: str, call_key: str | None, tool: str, price: int, *, quiet: bool = False
+        self, call_id: str, peer: str, call_key: str | None, tool: str, price: int, quiet: bool = False
     ) -> int:
         """Debit ``price``; returns the balance after the charge, or raises
-        :class:`_Refused` (payment_required with the balance, or a ledger
-        failure). A negative return value never escapes: an unknown
+        :class:`._refusal.Refused` (payment_required with the balance, or a
+        ledger failure). A negative return value never escapes: an unknown
         balance (external billing) is read again. ``quiet``: no log line
         for a payment_required refusal (a call that may be held logs what
         happens to it instead)."""
@@ -318,14 +273,12 @@ class CallPipeline:
             log.error("charge of %s atoms to %s failed: %s", f"{price:,}", peer, exc)
             if self.metrics is not None:
                 self.metrics.errors.labels("ledger").inc()
-            raise _Refused(
-                error_result("payment could not be recorded; nothing was charged; retry later"),
-                "ledger unavailable",
-            ) from None
+            raise Refused(Refusal.ledger_unavailable()) from None
         if not ok:
+            refusal = Refusal.payment_required(tool, price, balance)
             if not quiet:
-                _log_payment_required(peer, tool, price, balance)
-            raise _Refused(marked_payment_required_result(tool, price, balance), "payment required")
+                refusal.log_payment_required(peer)
+            raise Refused(refusal)
         if self.metrics is not None:
             self.metrics.charged_atoms.labels(tool).inc(price)
         log.info(
@@ -338,117 +291,6 @@ class CallPipeline:
             f"{balance:,}" if balance >= 0 else "kept by the billing store",
         )
         return balance
-
-    async def _charge_or_hold(
-        self,
-        call_id: str,
-        peer: str,
-        call_key: str | None,
-        tool: str,
-        price: int,
-        alongside: int,
-        *,
-        claim: Claim | None = None,
-        epoch: str | None = None,
-    ) -> tuple[int, bool]:
-        """Charge ``price``; with a pay-alongside mark, hold an underfunded
-        call until a credit covers it (WIRE.md §Pay alongside): at most
-        ``hold_seconds``, at most ``max_held_calls`` per caller, and only
-        when the balance plus the announced tip could cover the price.
-        Returns the balance after the charge and whether the call was
-        held (WIRE.md §Pay alongside rule 7); raises :class:`_Refused` with
-        the ordinary ``payment_required`` refusal when it is not held or
-        the hold ends unfunded, and with :data:`DROPPED_TEXT` when
-        :meth:`observe_epoch` dropped it (``claim`` and ``epoch`` are the
-        call's callKey claim and caller epoch, for that)."""
-        config = self.config
-        holdable = alongside > 0 and config.hold_seconds > 0 and config.max_held_calls > 0
-        event = self._credit_event(peer) if holdable else None
-        try:
-            return await self._charge_once(
-                call_id, peer, call_key, tool, price, quiet=event is not None
-            ), False
-        except _Refused as refusal:
-            if event is None or refusal.reason != "payment required":
-                raise
-            balance = _refusal_balance(refusal)
-            waiting = sum(1 for other in self._held.get(peer, ()) if not other.dropped)
-            if balance + alongside < price or waiting >= config.max_held_calls:
-                _log_payment_required(peer, tool, price, balance)
-                raise
-            first = refusal
-        log.info(
-            "holding call %s of %s to %s for %s atoms until the tip of %s atoms sent alongside arrives "
-            "(balance %s; at most %s s)",
-            call_id,
-            peer,
-            tool,
-            f"{price:,}",
-            f"{alongside:,}",
-            f"{balance:,}",
-            f"{config.hold_seconds:g}",
-        )
-        hold = _Hold(claim, epoch)
-        self._held.setdefault(peer, []).append(hold)
-        self.holds += 1
-        deadline = anyio.current_time() + config.hold_seconds
-        try:
-            while True:
-                if hold.dropped:
-                    raise _Refused(error_result(DROPPED_TEXT), _DROPPED_REASON)
-                remaining = deadline - anyio.current_time()
-                if remaining <= 0:
-                    log.info("the tip sent alongside call %s did not arrive in time", call_id)
-                    _log_payment_required(peer, tool, price, _refusal_balance(first))
-                    raise first
-                # Only the wait is bounded: a charge never runs under a
-                # deadline that could interrupt it after the debit.
-                with anyio.move_on_after(min(remaining, _HOLD_RECHECK)):
-                    await event.wait()
-                event = self._credit_event(peer)
-                if hold.dropped:
-                    raise _Refused(error_result(DROPPED_TEXT), _DROPPED_REASON)
-                # A debit in flight cannot be dropped: its outcome decides.
-                hold.charging = True
-                try:
-                    return await self._charge_once(call_id, peer, call_key, tool, price, quiet=True), True
-                except _Refused as refusal:
-                    if refusal.reason != "payment required":
-                        raise
-                    first = refusal
-                finally:
-                    hold.charging = False
-        finally:
-            holds = self._held[peer]
-            holds.remove(hold)
-            if not holds:
-                del self._held[peer]
-
-    def observe_epoch(self, peer: str, epoch: str | None) -> int:
-        """Note a ``tools/call`` of ``peer`` under caller epoch ``epoch``
-        (a validated ``brmcp/callerEpoch``; None, a caller without epochs,
-        changes nothing). When the epoch is news (:class:`CallerEpochs`),
-        every call of ``peer`` held right now under another epoch, and not
-        in the middle of a debit, is dropped at once: its callKey claim is
-        released here, synchronously, so the call that brought the news
-        claims the key afresh and runs (and is charged) once; the held call
-        ends uncharged with the tool error :data:`DROPPED_TEXT` (WIRE.md
-        §Pay alongside, rule 6). Returns how many calls were dropped."""
-        if epoch is None or not self.epochs.observe(peer, epoch):
-            return 0
-        dropped = 0
-        for hold in self._held.get(peer, ()):
-            if hold.epoch is None or hold.epoch == epoch or hold.charging or hold.dropped:
-                continue
-            hold.dropped = True
-            dropped += 1
-            if hold.claim is not None:
-                self._calls.release(hold.claim, _DROPPED_REASON, error_result(DROPPED_TEXT))
-        if dropped:
-            self.dropped += dropped
-            log.info("dropped %d held call(s) of %s: its caller process changed", dropped, peer)
-            self.credited(peer)  # wake them
-        return dropped
 
     def _check_deliverable(self, text: str, request_id: Any = None) -> None:
         """Raise ValueError when a result's JSON cannot fit in one transport
@@ -542,19 +384,6 @@ class CallPipeline:
             self._calls.finish(claim, result, len(text.encode()), text)
         return result
 
-    def credited(self, peer: str) -> None:
-        """Wake the calls of ``peer`` held for a pay-alongside credit (the
-        harness calls it after every credit to ``peer``)."""
-        event = self._credit_events.pop(peer, None)
-        if event is not None:
-            event.set()
-
-    def _credit_event(self, peer: str) -> anyio.Event:
-        event = self._credit_events.get(peer)
-        if event is None:
-            event = self._credit_events[peer] = anyio.Event()
-        return event
-
 
 def response_overhead(request_id: Any) -> int:
     """Bytes the JSON-RPC response wrapper adds around a result's JSON for a
@@ -574,10 +403,6 @@ def _with_receipt(result: CallToolResult, receipt: Receipt, *, held: bool = Fals
     return result.model_copy(update={"meta": meta})
 
 
-#: The :class:`_Refused` reason of a held call dropped by :meth:`CallPipeline.observe_epoch`.
-_DROPPED_REASON = "caller restarted"
-
-
 def _with_refund(result: CallToolResult, refunded: int, balance: int | None) -> CallToolResult:
     """``result`` with the refund keys in its ``_meta`` (WIRE.md §Receipts):
     ``brmcp/refundedAtoms`` = ``refunded`` and, when known, ``brmcp/balanceAtoms``
@@ -594,20 +419,6 @@ def _dump(result: CallToolResult) -> str:
     return result.model_dump_json(by_alias=True, exclude_none=True)
 
 
-#: Metric outcomes of the refusal reasons of :class:`_Refused`.
-def _log_payment_required(peer: str, tool: str, price: int, balance: int) -> None:
-    log.info(
-        "payment required: %s called %s for %s atoms with a balance of %s",
-        peer,
-        tool,
-        f"{price:,}",
-        f"{balance:,}",
-    )
-
-
-_REFUSAL_OUTCOMES = {"payment required": "payment_required", "rate limited": "rate_limited"}
-
-
 def _first_text(result: CallToolResult, limit: int = 200) -> str:
     """The first text item of ``result`` (shortened), for a log line."""
     for item in result.content:
@@ -615,12 +426,6 @@ def _first_text(result: CallToolResult, limit: int = 200) -> str:
         if isinstance(text, str):
             return text if len(text) <= limit else text[:limit] + "…"
     return "no text"
-
-
-def _refusal_balance(refusal: _Refused) -> int:
-    """The ``balanceAtoms`` of a payment_required refusal (0 when unreadable)."""
-    found = parse_payment_required(refusal.result)
-    return found.balance_atoms if found is not None else 0
 
 
 def _result_json(result: CallToolResult) -> str:

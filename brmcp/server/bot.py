@@ -87,10 +87,11 @@ async def run_bot(
     Hooks may be plain functions or coroutines; they run inline (a slow
     hook delays the events behind it) and their exceptions are logged, never
     fatal. ``on_pm(uid, text)`` gets plain chat; ``on_tip_received(uid,
-    atoms)`` fires once per new tip (atoms = milliatoms // 1000), after it was
-    recorded and acked; ``on_tip_progress(event)`` gets every tip-progress
-    event before its ack; ``on_connected()`` runs after every (re)connect,
-    once acks that failed while disconnected were re-sent.
+    atoms)`` fires once per new tip (atoms: :attr:`ReceivedTip.atoms`, the
+    milliatoms floored), after it was recorded and acked;
+    ``on_tip_progress(event)`` gets every tip-progress event before its
+    ack; ``on_connected()`` runs after every (re)connect, once acks that
+    failed while disconnected were re-sent.
 
     One harness per brclient (``exclusive``, the default): brclient's
     streams and acks are shared by every program on it, so two harnesses
@@ -313,7 +314,7 @@ def _uncredited_reason(harness: Harness, tip: ReceivedTip) -> str:
             "the sender is not an allowed caller: held, and credited once its uid is allowed "
             "(brmcp-serve balances lists held tips)"
         )
-    if tip.amount_matoms < 1000:
+    if tip.atoms == 0:
         return "under 1 atom (1,000 matoms)"
     return "nothing to credit"
 

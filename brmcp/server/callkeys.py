@@ -19,11 +19,10 @@ from typing import Any
 import anyio
 from mcp.types import CallToolResult, TextContent
 
-from ..protocol.payment import CALL_KEY
-from ..protocol.payment import valid_call_key as _is_valid_key
+from ..protocol.payment import CALL_KEY, valid_call_key
 from ._guard import recorded_outcome
 
-__all__ = ["REPLAY_WINDOW", "CallKeyRegistry", "Claim", "valid_call_key"]
+__all__ = ["REPLAY_WINDOW", "CallKeyRegistry", "Claim", "call_key_from_meta"]
 
 #: Seconds a completed outcome is replayed to duplicates.
 REPLAY_WINDOW = 30 * 60.0
@@ -32,13 +31,15 @@ NOT_RETAINED_TEXT = "duplicate call: outcome not retained across a restart"
 _EVICTED_TEXT = "duplicate call: outcome no longer retained"
 
 
-def valid_call_key(meta: Any) -> str | None:
-    """The ``brmcp/callKey`` of a request's ``_meta`` when it is a string of
-    8..128 UTF-8 bytes, else None: the call runs unkeyed (WIRE.md §callKey)."""
+def call_key_from_meta(meta: Any) -> str | None:
+    """The ``brmcp/callKey`` of a ``tools/call`` request's ``_meta`` (a
+    dict) when it is a string of 8..128 UTF-8 bytes
+    (:func:`brmcp.protocol.payment.valid_call_key`), else None: the call
+    runs unkeyed (WIRE.md §callKey)."""
     if not isinstance(meta, dict):
         return None
     key = meta.get(CALL_KEY)
-    return key if _is_valid_key(key) else None
+    return key if valid_call_key(key) else None
 
 
 def error_result(text: str) -> CallToolResult:

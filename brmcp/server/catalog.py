@@ -19,14 +19,21 @@ once per connection) yields a :class:`SessionState`: a connection that
 used resources or prompts is remembered there until it closes, so the
 operator can notify it (:meth:`Catalog.notify_resource_updated`,
 :meth:`Catalog.notify_list_changed`).
+
+A :class:`~.harness.Harness` owns one :class:`Catalog` and exposes its
+registration methods (:meth:`Catalog.resource`, :meth:`Catalog.add_resource`,
+..., :meth:`Catalog.add_completion`) as its own, each a one-line delegation;
+their keyword fields are declared once per kind
+(:class:`~.resources.ResourceFields`, :class:`~.resources.ResourceTemplateFields`,
+:class:`~.prompts.PromptFields`, :class:`~.completions.CompletionFields`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, Unpack
 
 import anyio
 from mcp.server import Server, ServerRequestContext
@@ -46,6 +53,7 @@ from mcp.types import (
     ListResourcesResult,
     ListResourceTemplatesResult,
     PaginatedRequestParams,
+    PromptArgument,
     PromptListChangedNotification,
     PromptReference,
     ReadResourceRequestParams,
@@ -59,11 +67,33 @@ from mcp.types import (
     UnsubscribeRequestParams,
 )
 
-from .completions import CompletionSpec, to_completion
+from ._fields import spec_fields
+from .completions import Completer, CompletionFields, CompletionSpec, completion_spec, to_completion
 from .context import PeerContext, peer_of
-from .prompts import PromptArgumentError, PromptSpec, to_prompt_result
+from .prompts import (
+    PromptArgumentError,
+    PromptFields,
+    PromptHandler,
+    PromptSpec,
+    prompt_from_function,
+    prompt_spec,
+    to_prompt_result,
+)
 from .ratelimit import RATE_LIMITED_TEXT, RateLimiter
-from .resources import ResourceSpec, ResourceTemplateSpec, TemplateVariables, to_read_result
+from .resources import (
+    ResourceFields,
+    ResourceHandler,
+    ResourceSpec,
+    ResourceTemplateFields,
+    ResourceTemplateSpec,
+    TemplateHandler,
+    TemplateVariables,
+    resource_from_function,
+    resource_spec,
+    template_from_function,
+    template_spec,
+    to_read_result,
+)
 
 __all__ = ["MAX_SUBSCRIBED_URI_BYTES", "MAX_SUBSCRIPTIONS", "NOTIFY_TIMEOUT", "Catalog", "SessionState"]
 
@@ -78,6 +108,7 @@ MAX_SUBSCRIBED_URI_BYTES = 2048
 NOTIFY_TIMEOUT = 30.0
 
 _T = TypeVar("_T")
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
 class SessionState:
@@ -120,38 +151,163 @@ class Catalog:
             self._sessions.discard(state)
 
     # -- registration ----------------------------------------------------------------
+    #
+    # Registering the first item of a kind makes new sessions declare its
+    # capability (resources: subscribe + listChanged; prompts: listChanged;
+    # completions); a harness with tools only declares ``{"tools": ...}`` alone.
 
-    def add_resource(self, spec: ResourceSpec) -> None:
+    def resource(
+        self, uri: str, *, name: str | None = None, **fields: Unpack[ResourceFields]
+    ) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx: PeerContext)`` as the
+        resource at ``uri``; its value becomes the read result (str → text,
+        bytes → blob, dict → JSON text; see :func:`~.resources.to_read_result`).
+        The name defaults to the function's name; ``fields`` are
+        :class:`~.resources.ResourceFields`. Raises TypeError for a bad
+        signature or keyword, ValueError for a duplicate or invalid uri."""
+        spec_fields(fields, ResourceFields, "resource")
+
+        def register(fn: F) -> F:
+            self.add_resource_spec(resource_from_function(fn, uri, name=name, **fields))
+            return fn
+
+        return register
+
+    def add_resource(
+        self, uri: str, handler: ResourceHandler, *, name: str, **fields: Unpack[ResourceFields]
+    ) -> None:
+        """Register the resource at ``uri``: ``handler(ctx)`` returns its
+        contents (see :meth:`resource`); ``fields`` are
+        :class:`~.resources.ResourceFields`. Raises ValueError for a
+        duplicate or invalid uri or an empty name."""
+        self.add_resource_spec(resource_spec(uri, handler, name=name, **fields))
+
+    def resource_template(
+        self, uri_template: str, *, name: str | None = None, **fields: Unpack[ResourceTemplateFields]
+    ) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx: PeerContext, **variables)``
+        for the URIs matching the RFC 6570 ``uri_template`` (e.g.
+        ``"notes://{folder}/{id}"``); the parameters after ``ctx`` must be
+        the template's variables; ``fields`` are
+        :class:`~.resources.ResourceTemplateFields`. Raises TypeError for a
+        bad signature or keyword, ValueError for a duplicate or invalid
+        template."""
+        spec_fields(fields, ResourceTemplateFields, "resource_template")
+
+        def register(fn: F) -> F:
+            self.add_template_spec(template_from_function(fn, uri_template, name=name, **fields))
+            return fn
+
+        return register
+
+    def add_resource_template(
+        self,
+        uri_template: str,
+        handler: TemplateHandler,
+        *,
+        name: str,
+        **fields: Unpack[ResourceTemplateFields],
+    ) -> None:
+        """Register a resource template: ``handler(ctx, variables)`` gets
+        the variables matched in the URI read (``ctx.target``); ``fields``
+        are :class:`~.resources.ResourceTemplateFields`. Raises ValueError
+        for a duplicate or invalid template or an empty name."""
+        self.add_template_spec(template_spec(uri_template, handler, name=name, **fields))
+
+    def prompt(self, name: str | None = None, **fields: Unpack[PromptFields]) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx: PeerContext, arg: str, ...)``
+        as a prompt; the str parameters after ``ctx`` are its arguments
+        (required unless defaulted). The value becomes the messages (str →
+        one user message; see :func:`~.prompts.to_prompt_result`); ``fields``
+        are :class:`~.prompts.PromptFields`. Raises TypeError for a bad
+        signature or keyword, ValueError for a duplicate name."""
+        spec_fields(fields, PromptFields, "prompt")
+
+        def register(fn: F) -> F:
+            self.add_prompt_spec(prompt_from_function(fn, name=name, **fields))
+            return fn
+
+        return register
+
+    def add_prompt(
+        self,
+        name: str,
+        handler: PromptHandler,
+        *,
+        arguments: Iterable[PromptArgument] = (),
+        **fields: Unpack[PromptFields],
+    ) -> None:
+        """Register a prompt: ``handler(ctx, args)`` gets the string
+        arguments, checked against ``arguments`` (unknown or missing
+        required ones are refused with -32602 first); ``fields`` are
+        :class:`~.prompts.PromptFields`. Raises ValueError for a duplicate or
+        empty name."""
+        self.add_prompt_spec(prompt_spec(name, handler, arguments=arguments, **fields))
+
+    def completion(self, **fields: Unpack[CompletionFields]) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx: PeerContext, value: str,
+        context: dict[str, str]) -> list[str]`` to complete ``argument`` of
+        ``prompt`` (a prompt name) or of ``resource_template`` (a URI
+        template, ``ref/resource``): :class:`~.completions.CompletionFields`;
+        see :meth:`add_completion`."""
+        spec_fields(fields, CompletionFields, "completion")
+
+        def register(fn: F) -> F:
+            self.add_completion(fn, **fields)
+            return fn
+
+        return register
+
+    def add_completion(self, handler: Completer, **fields: Unpack[CompletionFields]) -> None:
+        """Register a completer for ``argument`` of exactly one of
+        ``prompt`` or ``resource_template`` (:class:`~.completions.CompletionFields`).
+        It returns suggestions for the partial ``value``: a list of strings
+        (the first 100 are sent, with ``total`` and ``hasMore``) or a
+        ``Completion``. An argument without a completer completes to
+        nothing; an unknown prompt or template is refused with -32602.
+        Raises ValueError for a duplicate or when not exactly one of
+        ``prompt``/``resource_template`` is given."""
+        self.add_completion_spec(completion_spec(handler, **fields))
+
+    def add_resource_spec(self, spec: ResourceSpec) -> None:
+        """Register a prepared :class:`~.resources.ResourceSpec`; ValueError for a duplicate uri."""
         if spec.uri in self._resources:
             raise ValueError(f'resource "{spec.uri}" is already registered')
         self._resources[spec.uri] = spec
         self._enable("resources")
 
-    def add_template(self, spec: ResourceTemplateSpec) -> None:
+    def add_template_spec(self, spec: ResourceTemplateSpec) -> None:
+        """Register a prepared :class:`~.resources.ResourceTemplateSpec`; ValueError for a
+        duplicate template."""
         if spec.uri_template in self._templates:
             raise ValueError(f'resource template "{spec.uri_template}" is already registered')
         self._templates[spec.uri_template] = spec
         self._enable("resources")
 
-    def add_prompt(self, spec: PromptSpec) -> None:
+    def add_prompt_spec(self, spec: PromptSpec) -> None:
+        """Register a prepared :class:`~.prompts.PromptSpec`; ValueError for a duplicate name."""
         if spec.name in self._prompts:
             raise ValueError(f'prompt "{spec.name}" is already registered')
         self._prompts[spec.name] = spec
         self._enable("prompts")
 
-    def add_completion(self, spec: CompletionSpec) -> None:
+    def add_completion_spec(self, spec: CompletionSpec) -> None:
+        """Register a prepared :class:`~.completions.CompletionSpec`; ValueError for a duplicate."""
         if spec.key in self._completions:
             raise ValueError(f'a completion for {spec.kind} "{spec.ref}" argument "{spec.argument}" exists')
         self._completions[spec.key] = spec
         self._enable("completions")
 
     def resources(self) -> list[ResourceSpec]:
+        """The registered resources, in registration order."""
         return list(self._resources.values())
 
     def templates(self) -> list[ResourceTemplateSpec]:
+        """The registered resource templates, in registration order."""
         return list(self._templates.values())
 
     def prompts(self) -> list[PromptSpec]:
+        """The registered prompts, in registration order."""
         return list(self._prompts.values())
 
     def _enable(self, kind: str) -> None:

@@ -6,19 +6,28 @@ one variable of one resource template (``ref/resource``, named by its URI
 template): ``async def complete(ctx: PeerContext, value: str, context:
 dict[str, str]) -> list[str]``. ``value`` is what the user typed so far,
 ``context`` the arguments already chosen. Completions are free.
+:class:`CompletionFields` declares, once, what a registration names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 from mcp.types import CompleteResult, Completion
 
+from ._fields import spec_fields
 from .context import PeerContext
 
-__all__ = ["MAX_COMPLETION_VALUES", "Completer", "CompletionSpec", "to_completion"]
+__all__ = [
+    "MAX_COMPLETION_VALUES",
+    "Completer",
+    "CompletionFields",
+    "CompletionSpec",
+    "completion_spec",
+    "to_completion",
+]
 
 #: The most values one completion result may carry (MCP "Completion": at most 100).
 MAX_COMPLETION_VALUES = 100
@@ -50,6 +59,43 @@ class CompletionSpec:
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.kind, self.ref, self.argument)
+
+
+class _CompletionRef(TypedDict, total=False):
+    """What a completion belongs to: one of a prompt or a URI template."""
+
+    prompt: str | None
+    resource_template: str | None
+
+
+class CompletionFields(_CompletionRef):
+    """What a completer completes, declared once: the keyword parameters of
+    :meth:`Harness.completion <brmcp.server.Harness.completion>` and
+    :meth:`Harness.add_completion <brmcp.server.Harness.add_completion>`.
+
+    * ``argument`` (required): the argument (or template variable) completed;
+    * ``prompt``: the name of the prompt it belongs to, or
+    * ``resource_template``: the URI template it belongs to (``ref/resource``);
+
+    exactly one of ``prompt`` and ``resource_template`` is given.
+    """
+
+    argument: str
+
+
+def completion_spec(handler: Completer, **fields: Unpack[CompletionFields]) -> CompletionSpec:
+    """The :class:`CompletionSpec` of ``handler`` for ``fields``
+    (:class:`CompletionFields`). Raises ValueError when not exactly one of
+    ``prompt``/``resource_template`` is given or for an empty ref or
+    argument, TypeError for an unknown or missing keyword."""
+    given = spec_fields(fields, CompletionFields, "add_completion")
+    prompt, resource_template = given.get("prompt"), given.get("resource_template")
+    if (prompt is None) == (resource_template is None):
+        raise ValueError("add_completion: give exactly one of prompt= or resource_template=")
+    if prompt is not None:
+        return CompletionSpec(kind="prompt", ref=prompt, argument=given["argument"], handler=handler)
+    assert resource_template is not None
+    return CompletionSpec(kind="resource", ref=resource_template, argument=given["argument"], handler=handler)
 
 
 def to_completion(value: Any) -> CompleteResult:

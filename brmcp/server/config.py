@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from .._ops.clock import Clock
 from ..transport.router import RouterOptions
 from .billing import Billing
 
@@ -44,6 +45,10 @@ class HarnessConfig:
     * ``router_options``: transport settings (ttl, chunk size, ...).
     * ``name``/``version``: the MCP server implementation info.
     * ``clock``: unix seconds, for journal expiry.
+    * ``timer``: the :class:`brmcp.Clock` the harness's bounded waits run on
+      (the pay-alongside hold's ``hold_seconds`` and re-checks, the
+      first-contact linger); None (the default) is anyio's monotonic clock.
+      Tests pass a :class:`brmcp.ManualClock` and move it instead of sleeping.
     * ``tools_list_changed``: declare ``tools: {"listChanged": true}``
       (for tool sets that change at run time, e.g. brmcp/gateway).
     * ``hold_seconds`` / ``max_held_calls``: the pay-alongside hold (WIRE.md
@@ -69,3 +74,4 @@ class HarnessConfig:
     tools_list_changed: bool = False
     hold_seconds: float = HOLD_SECONDS
     max_held_calls: int = MAX_HELD_CALLS
+    timer: Clock | None = None

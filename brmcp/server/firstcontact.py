@@ -19,7 +19,8 @@ on with the handshake exactly as the reference does: never a PM more.
 
 The client either continues the session (``notifications/initialized``) or
 abandons the sid and uses the modern era on a new one; the server closes an
-offered session that hears nothing more within :data:`OFFER_LINGER` seconds.
+offered session that hears nothing more within :data:`OFFER_LINGER` seconds
+(:func:`close_abandoned_offer`).
 
 This module is a tap on the SDK transport pair of one session: it watches
 inbound requests for the mark and adds the keys to the matching outbound
@@ -38,7 +39,10 @@ from mcp.shared._stream_protocols import ReadStream, WriteStream
 from mcp.shared.message import SessionMessage
 from mcp.types import JSONRPCRequest, JSONRPCResponse
 
+from .._ops.clock import Clock
 from ..protocol.eras import LIST_TOOLS_KEY, MODERN_VERSIONS_KEY, TOOLS_KEY
+from ..transport.conn import Conn
+from ._timer import wait_event
 
 __all__ = [
     "LIST_TOOLS_KEY",
@@ -46,6 +50,7 @@ __all__ = [
     "OFFER_LINGER",
     "TOOLS_KEY",
     "FirstContactTap",
+    "close_abandoned_offer",
 ]
 
 log = logging.getLogger("brmcp.server")
@@ -176,3 +181,16 @@ class _TapWrite:
         exc_tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+async def close_abandoned_offer(tap: FirstContactTap, conn: Conn, timer: Clock | None = None) -> None:
+    """Close ``conn``, the session ``tap`` watches, when its marked
+    ``initialize`` was answered and the client says nothing more on it
+    within :data:`OFFER_LINGER` seconds on ``timer`` (``HarnessConfig.timer``;
+    None: anyio's clock): it went to the modern era on another sid (WIRE.md
+    §Eras). Returns at once once the client speaks again."""
+    await tap.offered.wait()
+    if await wait_event(tap.heard, OFFER_LINGER, timer):
+        return
+    log.debug("session %s: first contact went elsewhere; closing it", conn.session_id)
+    conn.close()

@@ -5,12 +5,14 @@ resources, prompts and completions (:mod:`.catalog`, not in the Go harness).
 
 This module holds :class:`Harness` itself: admission, the tool registry,
 the lifecycle (serving sessions, first contact), the money entry points
-(balances, credits, tips) and the MCP handlers. The rest lives beside it:
-:mod:`.config` (:class:`HarnessConfig`, :class:`HarnessError`),
-:mod:`._pipeline` (each call's claim, charge, hold, execution and
-settlement), :mod:`._catalog_api` (the resource, prompt and completion
-methods), :mod:`.firstcontact`, :mod:`.catalog` and :mod:`._accounts`.
-Every name once defined here is still importable from here.
+(balances, credits, tips) and the MCP handlers. The rest lives beside it,
+owned by the harness: :mod:`.config` (:class:`HarnessConfig`,
+:class:`HarnessError`), :mod:`._pipeline` (each call's claim, charge,
+execution and settlement; the pay-alongside hold is :mod:`._holds`),
+:mod:`.catalog` (resources, prompts and completions: the harness's
+catalog methods delegate to its :class:`~.catalog.Catalog`),
+:mod:`.firstcontact` and :mod:`._accounts`. Every name once defined here is
+still importable from here.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import anyio
 from mcp.server import NotificationOptions, Server, ServerRequestContext
@@ -32,7 +34,7 @@ from mcp.types import (
     CallToolResult,
     ListToolsResult,
     PaginatedRequestParams,
-    ToolAnnotations,
+    PromptArgument,
 )
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 
@@ -47,17 +49,28 @@ if TYPE_CHECKING:
 from ..transport.sender import PMSender
 from . import store
 from ._accounts import Accounts
-from ._catalog_api import CatalogMethods
 from ._guard import tool_error
 from ._pipeline import OUTCOME_CAP, CallPipeline, outcome_json_for_error, response_overhead
-from .callkeys import REPLAY_WINDOW, CallKeyRegistry, valid_call_key
-from .catalog import Catalog
+from ._received_tips import ReceivedTips
+from ._toolset import Toolset
+from .callkeys import REPLAY_WINDOW, CallKeyRegistry, call_key_from_meta
+from .catalog import Catalog, SessionState
+from .completions import Completer, CompletionFields
 from .config import HOLD_SECONDS, MAX_HELD_CALLS, HarnessConfig, HarnessError
 from .context import peer_of
-from .firstcontact import MODERN_VERSIONS_KEY, OFFER_LINGER, TOOLS_KEY, FirstContactTap
+from .firstcontact import MODERN_VERSIONS_KEY, OFFER_LINGER, TOOLS_KEY, FirstContactTap, close_abandoned_offer
+from .prompts import PromptFields, PromptHandler, PromptSpec
 from .ratelimit import RATE_LIMITED_TEXT, RateLimiter
+from .resources import (
+    ResourceFields,
+    ResourceHandler,
+    ResourceSpec,
+    ResourceTemplateFields,
+    ResourceTemplateSpec,
+    TemplateHandler,
+)
 from .store import HeldTip, JournalEntry, StatementEntry, StoreError
-from .tools import Handler, PriceFunc, ToolArgumentError, ToolSpec, spec_from_function
+from .tools import Handler, ToolArgumentError, ToolFields, ToolSpec
 
 __all__ = [
     "HOLD_SECONDS",
@@ -69,7 +82,6 @@ __all__ = [
     "HarnessConfig",
     "HarnessError",
     "response_overhead",
-    "valid_call_key",
 ]
 
 log = logging.getLogger("brmcp.server")
@@ -81,11 +93,12 @@ _DENIED_WARN_INTERVAL = 600.0
 _DENIED_WARN_MEMORY = 1024
 
 
-class Harness(CatalogMethods):
+class Harness:
     """Serve MCP tools to allowed BR peers and charge per call; optionally
     also free resources, resource templates, prompts and completions
     (:meth:`resource`, :meth:`resource_template`, :meth:`prompt`,
-    :meth:`completion` and their ``add_*`` forms; brmcp/server/catalog.py).
+    :meth:`completion` and their ``add_*`` forms, delegated to the harness's
+    :class:`~.catalog.Catalog`; brmcp/server/catalog.py).
 
     Construction opens (or creates) the database and reconciles it: every
     paid call interrupted by a crash is refunded exactly once, and completed
@@ -111,7 +124,8 @@ class Harness(CatalogMethods):
         self._allowed = frozenset(config.allowed_peers)
         self._allow_fn = config.allow
         self._denied_warned: dict[str, float] = {}
-        self._tools: dict[str, ToolSpec] = {}
+        #: The tools (registration and what each caller sees of them).
+        self._tools = Toolset(config)
         self._calls = CallKeyRegistry(window=REPLAY_WINDOW, clock=config.clock)
         self._catalog = Catalog(self._limiter)
         self._server: Server[Any] = Server(
@@ -135,9 +149,8 @@ class Harness(CatalogMethods):
             self._accounts.close()
             raise HarnessError(f"cannot reconcile the ledger database: {exc}") from exc
         self._load_journal(loaded)
-        #: Senders with tips held because they were not allowed (WIRE.md
-        #: §Payments, "Tips from senders not allowed"); loaded on entry.
-        self._held_peers: set[str] = set()
+        #: Received tips, and those held for senders not allowed.
+        self._tips = ReceivedTips(self._accounts, self.allowed, self._pipeline.credited, lambda: self.metrics)
 
     def _load_journal(self, entries: Iterable[JournalEntry]) -> None:
         for entry in entries:
@@ -229,39 +242,14 @@ class Harness(CatalogMethods):
     # -- tools -----------------------------------------------------------------------
 
     def tool(
-        self,
-        name: str | None = None,
-        *,
-        description: str | None = None,
-        price_atoms: int = 0,
-        price: PriceFunc | None = None,
-        output_schema: dict[str, Any] | None = None,
-        annotations: ToolAnnotations | None = None,
-        title: str | None = None,
-        meta: dict[str, Any] | None = None,
+        self, name: str | None = None, *, description: str | None = None, **fields: Unpack[ToolFields]
     ) -> Callable[[F], F]:
-        """Decorator registering ``async def f(ctx: CallContext, ...)``; the
-        input schema comes from the type hints (see
-        :func:`~.tools.spec_from_function`). ``price_atoms`` is a fixed price
-        in atoms; ``price(ctx, args) -> atoms`` makes it dynamic."""
-
-        def register(fn: F) -> F:
-            self._add(
-                spec_from_function(
-                    fn,
-                    name=name,
-                    description=description,
-                    price_atoms=price_atoms,
-                    price=price,
-                    output_schema=output_schema,
-                    annotations=annotations,
-                    title=title,
-                    meta=meta,
-                )
-            )
-            return fn
-
-        return register
+        """Decorator registering ``async def f(ctx: CallContext, ...)`` as a
+        tool: input schema from the type hints, name and description from
+        the function unless given (:meth:`._toolset.Toolset.tool`).
+        ``fields`` (:class:`~.tools.ToolFields`): ``price_atoms`` is a fixed
+        price in atoms; ``price(ctx, args) -> atoms`` makes it dynamic."""
+        return self._tools.tool(name, description=description, **fields)
 
     def add_tool(
         self,
@@ -270,54 +258,147 @@ class Harness(CatalogMethods):
         *,
         description: str | None,
         input_schema: dict[str, Any],
-        output_schema: dict[str, Any] | None = None,
-        price_atoms: int = 0,
-        price: PriceFunc | None = None,
-        annotations: ToolAnnotations | None = None,
-        title: str | None = None,
-        meta: dict[str, Any] | None = None,
+        **fields: Unpack[ToolFields],
     ) -> None:
         """Register a tool with an explicit JSON Schema; ``handler(ctx,
         args)`` returns a dict (structured result), a str, or a
-        CallToolResult. Raises ValueError for an invalid schema, a negative
-        price or a duplicate name."""
-        self._add(
-            ToolSpec(
-                name=name,
-                handler=handler,
-                description=description,
-                input_schema=input_schema,
-                output_schema=output_schema,
-                price_atoms=price_atoms,
-                price=price,
-                annotations=annotations,
-                title=title,
-                meta=dict(meta or {}),
-            )
-        )
-
-    def _add(self, spec: ToolSpec) -> None:
-        if spec.name in self._tools:
-            raise ValueError(f'tool "{spec.name}" is already registered')
-        self._tools[spec.name] = spec
+        CallToolResult; ``fields`` are :class:`~.tools.ToolFields`. Raises
+        ValueError for an invalid schema, a negative price or a duplicate
+        name."""
+        self._tools.add_tool(name, handler, description=description, input_schema=input_schema, **fields)
 
     def add_tool_spec(self, spec: ToolSpec, *, replace: bool = False) -> None:
         """Register a prepared :class:`~.tools.ToolSpec`; with ``replace``
         an existing tool of that name is replaced (calls already running
         finish with the old spec). Raises ValueError for a duplicate name
         without ``replace``."""
-        if replace:
-            self._tools[spec.name] = spec
-        else:
-            self._add(spec)
+        self._tools.add_spec(spec, replace=replace)
 
     def remove_tool(self, name: str) -> bool:
         """Unregister ``name`` (absent from the next tools/list, unknown to
         the next tools/call; running calls finish). Returns whether it existed."""
-        return self._tools.pop(name, None) is not None
+        return self._tools.remove(name)
 
     def tools(self) -> list[ToolSpec]:
-        return list(self._tools.values())
+        """The registered tools, in registration order."""
+        return self._tools.specs()
+
+    # -- the free catalog: delegated to the harness's Catalog (brmcp/server/catalog.py) --
+
+    def resource(
+        self, uri: str, *, name: str | None = None, **fields: Unpack[ResourceFields]
+    ) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx: PeerContext)`` as the
+        resource at ``uri``; its value becomes the read result. ``fields``
+        are :class:`~.resources.ResourceFields`. Raises TypeError for a bad
+        signature or keyword, ValueError for a duplicate or invalid uri
+        (:meth:`.catalog.Catalog.resource`)."""
+        return self._catalog.resource(uri, name=name, **fields)
+
+    def add_resource(
+        self, uri: str, handler: ResourceHandler, *, name: str, **fields: Unpack[ResourceFields]
+    ) -> None:
+        """Register the resource at ``uri`` served by ``handler(ctx)``.
+        Raises ValueError for a duplicate or invalid uri or an empty name
+        (:meth:`.catalog.Catalog.add_resource`)."""
+        self._catalog.add_resource(uri, handler, name=name, **fields)
+
+    def resource_template(
+        self, uri_template: str, *, name: str | None = None, **fields: Unpack[ResourceTemplateFields]
+    ) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx: PeerContext, **variables)``
+        for the URIs matching the RFC 6570 ``uri_template``; ``fields`` are
+        :class:`~.resources.ResourceTemplateFields`. Raises TypeError for a
+        bad signature or keyword, ValueError for a duplicate or invalid
+        template (:meth:`.catalog.Catalog.resource_template`)."""
+        return self._catalog.resource_template(uri_template, name=name, **fields)
+
+    def add_resource_template(
+        self,
+        uri_template: str,
+        handler: TemplateHandler,
+        *,
+        name: str,
+        **fields: Unpack[ResourceTemplateFields],
+    ) -> None:
+        """Register a resource template served by ``handler(ctx, variables)``.
+        Raises ValueError for a duplicate or invalid template or an empty
+        name (:meth:`.catalog.Catalog.add_resource_template`)."""
+        self._catalog.add_resource_template(uri_template, handler, name=name, **fields)
+
+    def prompt(self, name: str | None = None, **fields: Unpack[PromptFields]) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx: PeerContext, arg: str, ...)``
+        as a prompt whose arguments are the str parameters after ``ctx``;
+        ``fields`` are :class:`~.prompts.PromptFields`. Raises TypeError for
+        a bad signature or keyword, ValueError for a duplicate name
+        (:meth:`.catalog.Catalog.prompt`)."""
+        return self._catalog.prompt(name, **fields)
+
+    def add_prompt(
+        self,
+        name: str,
+        handler: PromptHandler,
+        *,
+        arguments: Iterable[PromptArgument] = (),
+        **fields: Unpack[PromptFields],
+    ) -> None:
+        """Register a prompt served by ``handler(ctx, args)``, its string
+        arguments checked against ``arguments`` first. Raises ValueError for
+        a duplicate or empty name (:meth:`.catalog.Catalog.add_prompt`)."""
+        self._catalog.add_prompt(name, handler, arguments=arguments, **fields)
+
+    def completion(self, **fields: Unpack[CompletionFields]) -> Callable[[F], F]:
+        """Decorator registering ``async def f(ctx, value, context) -> list[str]``
+        to complete ``argument`` of one prompt or resource template
+        (:class:`~.completions.CompletionFields`; :meth:`.catalog.Catalog.completion`)."""
+        return self._catalog.completion(**fields)
+
+    def add_completion(self, handler: Completer, **fields: Unpack[CompletionFields]) -> None:
+        """Register a completer for ``argument`` of exactly one of ``prompt``
+        or ``resource_template``. Raises ValueError for a duplicate or when
+        not exactly one is given (:meth:`.catalog.Catalog.add_completion`)."""
+        self._catalog.add_completion(handler, **fields)
+
+    def resources(self) -> list[ResourceSpec]:
+        """The registered resources, in registration order."""
+        return self._catalog.resources()
+
+    def resource_templates(self) -> list[ResourceTemplateSpec]:
+        """The registered resource templates, in registration order."""
+        return self._catalog.templates()
+
+    def prompts(self) -> list[PromptSpec]:
+        """The registered prompts, in registration order."""
+        return self._catalog.prompts()
+
+    async def notify_resource_updated(self, uri: str) -> int:
+        """Tell every open session subscribed to ``uri`` (exact match) that
+        it changed (``notifications/resources/updated``, one PM each).
+        Returns the number of sessions notified; failures are logged."""
+        return await self._catalog.notify_resource_updated(uri)
+
+    async def notify_resource_list_changed(self) -> int:
+        """Send ``notifications/resources/list_changed`` to every open
+        session that has used resources or prompts; returns how many."""
+        return await self._catalog.notify_list_changed("resources")
+
+    async def notify_tool_list_changed(self) -> int:
+        """Send ``notifications/tools/list_changed`` to every open session
+        that listed tools (needs ``tools_list_changed`` in the config) or
+        used resources or prompts; returns how many."""
+        return await self._catalog.notify_list_changed("tools")
+
+    async def notify_prompt_list_changed(self) -> int:
+        """Send ``notifications/prompts/list_changed`` to every open session
+        that has used resources or prompts; returns how many."""
+        return await self._catalog.notify_list_changed("prompts")
+
+    def track_session(self, ctx: ServerRequestContext[Any]) -> SessionState | None:
+        """Remember the session of a request for later notifications (what
+        the built-in catalog handlers do); returns its per-connection state
+        (``state.uris`` holds its resource subscriptions), or None when the
+        connection has none."""
+        return self._catalog.remember(ctx)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -395,7 +476,7 @@ class Harness(CatalogMethods):
         # initialize is answered with the modern versions and the tools.
         tap = FirstContactTap(conn.read_stream, conn.write_stream, lambda: self._first_contact(conn.peer))
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_close_abandoned_offer, tap, conn)
+            tg.start_soon(close_abandoned_offer, tap, conn, self.config.timer)
             await server.run(tap.read_stream, tap.write_stream, options)
             tg.cancel_scope.cancel()
 
@@ -403,7 +484,7 @@ class Harness(CatalogMethods):
         """The ``_meta`` entries of a marked ``initialize`` answer for ``peer``;
         its ``brmcp/tools`` says ``brmcp/marksRefusals`` as ``tools/list``
         does (WIRE.md §Payments, "Genuine refusals")."""
-        tools = [spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
+        tools = self._tools.listed(peer)
         listed = ListToolsResult(tools=tools, _meta={MARKS_REFUSALS_KEY: True}).model_dump(
             by_alias=True, mode="json", exclude_none=True
         )
@@ -457,34 +538,7 @@ class Harness(CatalogMethods):
         amount is recorded, never credited); a tip that would
         push the built-in ledger's balance past ``MAX_BALANCE_ATOMS`` is
         recorded as seen, not credited, and logged as an error."""
-        for name, value, low in (
-            ("sequence id", sequence_id, 0),
-            ("amount", amount_matoms, -store.MAX_INT63 - 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= store.MAX_INT63:
-                raise ValueError(f"tip {name} {value!r} out of range (a signed 64-bit integer, ids >= 0)")
-        allowed = self.allowed(peer)
-        with anyio.CancelScope(shield=True):
-            outcome = await self._accounts.credit_tip(
-                peer=peer, amount_matoms=int(amount_matoms), sequence_id=int(sequence_id), allowed=allowed
-            )
-        new, credited = outcome
-        if new and not allowed and amount_matoms >= 1000:
-            self._held_peers.add(peer)
-            log.info(
-                "holding %s atoms of tip %d from %s, a sender not allowed, until it is allowed",
-                f"{amount_matoms // 1000:,}",
-                sequence_id,
-                peer,
-            )
-        if credited > 0:
-            self._pipeline.credited(peer)
-        if allowed and peer in self._held_peers:
-            try:
-                await self.release_held_tips(peer)
-            except Exception as exc:  # this tip is recorded; the held ones stay held
-                log.error("tips held for %s not credited now: %s", peer, exc)
-        return outcome
+        return await self._tips.record(peer, amount_matoms, sequence_id)
 
     async def release_held_tips(self, peer: str | None = None) -> int:
         """Credit the tips held for senders not allowed when they arrived
@@ -497,27 +551,7 @@ class Harness(CatalogMethods):
         on entry, before a ``tools/call`` of a sender with held tips and
         after a tip from such a sender. Raises what the ledger raises
         (nothing is lost: the tips stay held)."""
-        if peer is None:
-            peers = await self._accounts.held_peers()
-            self._held_peers.update(peers)  # a union: a tip held meanwhile stays known
-        else:
-            peers = [peer] if peer in self._held_peers else []
-        total = 0
-        for who in peers:
-            if not self.allowed(who):
-                continue
-            with anyio.CancelScope(shield=True):
-                atoms = await self._accounts.release_held(who)
-                if not await self._accounts.held_tips(who):
-                    self._held_peers.discard(who)
-            if atoms > 0:
-                log.info("credited %s atoms of tips held for %s, which is allowed now", f"{atoms:,}", who)
-                metrics = self.metrics
-                if metrics is not None:
-                    metrics.tip_atoms.inc(atoms)
-                self._pipeline.credited(who)
-            total += atoms
-        return total
+        return await self._tips.release(peer)
 
     async def held_tips(self, peer: str | None = None) -> list[HeldTip]:
         """The tips held now for senders not allowed (of ``peer``, or of
@@ -536,17 +570,13 @@ class Harness(CatalogMethods):
 
     # -- MCP handlers ----------------------------------------------------------------------
 
-    def _visible(self, peer: str, name: str) -> bool:
-        fn = self.config.tool_visible
-        return fn is None or bool(fn(peer, name))
-
     async def _on_list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
     ) -> ListToolsResult:
         peer = peer_of(ctx)
         if self.config.tools_list_changed:
             self._catalog.remember(ctx)
-        tools = [spec.to_tool() for spec in self._tools.values() if self._visible(peer, spec.name)]
+        tools = self._tools.listed(peer)
         # Every answer says that this harness marks its genuine refusals
         # (WIRE.md §Payments, "Genuine refusals").
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
@@ -569,20 +599,16 @@ class Harness(CatalogMethods):
         # (WIRE.md §Pay alongside), whatever this call turns out to be.
         epoch = caller_epoch(params.meta)
         self._pipeline.observe_epoch(peer, epoch)
-        spec = self._tools.get(params.name)
-        if spec is None or not self._visible(peer, params.name):
+        spec = self._tools.lookup(peer, params.name)
+        if spec is None:
             raise MCPError(code=INVALID_PARAMS, message=f'unknown tool "{params.name}"')
         arguments = params.arguments or {}
         try:
             prepared = spec.validate(arguments)
         except ToolArgumentError as exc:
             return tool_error(str(exc))
-        if peer in self._held_peers:
-            try:
-                await self.release_held_tips(peer)
-            except Exception as exc:  # the call goes on; the tips stay held
-                log.error("tips held for %s not credited now: %s", peer, exc)
-        key = valid_call_key(params.meta)
+        await self._tips.release_before_call(peer)
+        key = call_key_from_meta(params.meta)
         alongside = pay_alongside_atoms(params.meta)
         return await self.call(
             peer, spec, arguments, prepared, key, request=ctx, alongside=alongside, epoch=epoch
@@ -614,15 +640,3 @@ class Harness(CatalogMethods):
         return await self._pipeline.call(
             peer, spec, arguments, prepared, call_key, request=request, alongside=alongside, epoch=epoch
         )
-
-
-async def _close_abandoned_offer(tap: FirstContactTap, conn: Conn) -> None:
-    """Close a session whose marked ``initialize`` was answered when the
-    client says nothing more on it within ``OFFER_LINGER`` seconds (it went
-    to the modern era on another sid; WIRE.md §Eras)."""
-    await tap.offered.wait()
-    with anyio.move_on_after(OFFER_LINGER):
-        await tap.heard.wait()
-        return
-    log.debug("session %s: first contact went elsewhere; closing it", conn.session_id)
-    conn.close()

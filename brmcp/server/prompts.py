@@ -12,6 +12,7 @@ Two ways to register, as for tools:
 * :class:`PromptSpec` built directly, with a handler ``async (ctx, args: dict[str, str])``.
 
 A handler's value becomes the result (:func:`to_prompt_result`).
+:class:`PromptFields` declares, once, the keyword fields both ways share.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from mcp.types import (
     AudioContent,
@@ -35,9 +36,18 @@ from mcp.types import (
     TextContent,
 )
 
+from ._fields import spec_fields
 from .context import PeerContext
 
-__all__ = ["PromptArgumentError", "PromptHandler", "PromptSpec", "prompt_from_function", "to_prompt_result"]
+__all__ = [
+    "PromptArgumentError",
+    "PromptFields",
+    "PromptHandler",
+    "PromptSpec",
+    "prompt_from_function",
+    "prompt_spec",
+    "to_prompt_result",
+]
 
 #: ``async (ctx, arguments) -> value`` (see :func:`to_prompt_result`).
 PromptHandler = Callable[[PeerContext, dict[str, str]], Awaitable[Any]]
@@ -47,6 +57,24 @@ _CONTENT = (TextContent, ImageContent, AudioContent, ResourceLink, EmbeddedResou
 
 class PromptArgumentError(ValueError):
     """The arguments of a ``prompts/get`` do not fit the prompt."""
+
+
+class PromptFields(TypedDict, total=False):
+    """A prompt's optional catalog fields, declared once: the keyword
+    parameters of :meth:`Harness.prompt <brmcp.server.Harness.prompt>`,
+    :meth:`Harness.add_prompt <brmcp.server.Harness.add_prompt>` and
+    :func:`prompt_from_function`, stored as the :class:`PromptSpec` fields
+    of the same names.
+
+    * ``description``: what the prompt is for (default None; a decorated
+      function's docstring), also set on the results built from its values;
+    * ``title``: the MCP ``Prompt`` field;
+    * ``meta``: ``_meta`` entries of the ``prompts/list`` entry.
+    """
+
+    description: str | None
+    title: str | None
+    meta: dict[str, Any] | None
 
 
 @dataclass(eq=False)
@@ -148,14 +176,16 @@ def prompt_from_function(
     fn: Callable[..., Awaitable[Any]],
     *,
     name: str | None = None,
-    description: str | None = None,
-    title: str | None = None,
-    meta: dict[str, Any] | None = None,
+    **fields: Unpack[PromptFields],
 ) -> PromptSpec:
-    """Build a :class:`PromptSpec` from ``async def fn(ctx: PeerContext, ...)``.
-    The name defaults to the function's name, the description to its
-    docstring. Raises TypeError for a non-async function, a missing ``ctx``
-    parameter, ``*args``/``**kwargs`` or a parameter that is not a string."""
+    """Build a :class:`PromptSpec` from ``async def fn(ctx: PeerContext, ...)``;
+    ``fields`` are :class:`PromptFields`. The name defaults to the
+    function's name, the description to its docstring. Raises TypeError for
+    a non-async function, a missing ``ctx`` parameter, ``*args``/``**kwargs``,
+    a parameter that is not a string or an unknown keyword."""
+    stored = spec_fields(fields, PromptFields, "prompt")
+    if stored.get("description") is None:
+        stored["description"] = inspect.getdoc(fn)
     if not inspect.iscoroutinefunction(fn):
         raise TypeError(f"prompt handler {fn.__name__!r} must be an async function")
     params = list(inspect.signature(fn).parameters.values())
@@ -190,11 +220,20 @@ def prompt_from_function(
     async def handler(ctx: PeerContext, values: dict[str, str]) -> Any:
         return await fn(ctx, **values)
 
-    return PromptSpec(
-        name=name or fn.__name__,
-        handler=handler,
-        description=description if description is not None else inspect.getdoc(fn),
-        arguments=arguments,
-        title=title,
-        meta=dict(meta or {}),
-    )
+    return PromptSpec(name=name or fn.__name__, handler=handler, arguments=arguments, **stored)
+
+
+def prompt_spec(
+    name: str,
+    handler: PromptHandler,
+    *,
+    arguments: Iterable[PromptArgument] = (),
+    **fields: Unpack[PromptFields],
+) -> PromptSpec:
+    """The :class:`PromptSpec` :meth:`Harness.add_prompt
+    <brmcp.server.Harness.add_prompt>` registers: ``arguments`` are
+    advertised and checked before ``handler`` runs; ``fields`` are
+    :class:`PromptFields`. Raises ValueError for an empty name or duplicate
+    argument names, TypeError for an unknown keyword."""
+    stored = spec_fields(fields, PromptFields, "add_prompt")
+    return PromptSpec(name=name, handler=handler, arguments=list(arguments), **stored)

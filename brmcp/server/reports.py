@@ -4,7 +4,7 @@ balances``, ``statement``, ``stats``).
 The database is opened with a SQLite read-only connection (``mode=ro``,
 ``query_only``), so a report is safe while the bot runs: it never writes,
 and WAL readers do not block the bot's writes. Every figure comes from the
-``balances`` and ``movements`` tables (brmcp/server/store.py): atoms are
+``balances`` and ``movements`` tables (brmcp/server/store/_schema.py): atoms are
 signed in movements (tips and credits positive, charges negative, refunds
 positive). With the built-in ledger the sum of all balances equals the sum
 of all movements (:attr:`LedgerStats.reconciles`); with an external

@@ -12,6 +12,8 @@ Two ways to register each, as for tools:
 
 A handler's value becomes the ``resources/read`` result (:func:`to_read_result`).
 Resources cost nothing: they are never priced or charged.
+:class:`ResourceFields` and :class:`ResourceTemplateFields` declare, once,
+the keyword fields both ways share.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 from base64 import b64encode
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import pydantic
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
@@ -34,16 +36,21 @@ from mcp.types import (
     TextResourceContents,
 )
 
+from ._fields import spec_fields
 from .context import PeerContext
 
 __all__ = [
+    "ResourceFields",
     "ResourceHandler",
     "ResourceSpec",
+    "ResourceTemplateFields",
     "ResourceTemplateSpec",
     "TemplateHandler",
     "TemplateVariables",
     "resource_from_function",
+    "resource_spec",
     "template_from_function",
+    "template_spec",
     "to_read_result",
 ]
 
@@ -55,6 +62,42 @@ ResourceHandler = Callable[[PeerContext], Awaitable[Any]]
 TemplateHandler = Callable[[PeerContext, TemplateVariables], Awaitable[Any]]
 
 _Contents = TextResourceContents | BlobResourceContents
+
+
+class ResourceTemplateFields(TypedDict, total=False):
+    """A resource template's optional catalog fields, declared once: the
+    keyword parameters of :meth:`Harness.resource_template
+    <brmcp.server.Harness.resource_template>`, :meth:`Harness.add_resource_template
+    <brmcp.server.Harness.add_resource_template>` and
+    :func:`template_from_function`, stored as the
+    :class:`ResourceTemplateSpec` fields of the same names (a resource's
+    are these and ``size``: :class:`ResourceFields`).
+
+    * ``description``: what the items are (default None; a decorated
+      function's docstring);
+    * ``mime_type``: advertised, and the type of a str or bytes value read
+      (defaults: ``text/plain``, ``application/octet-stream``,
+      ``application/json`` for other JSON values; :func:`to_read_result`);
+    * ``title``, ``annotations``: the MCP fields of those names;
+    * ``meta``: ``_meta`` entries of the listed entry.
+    """
+
+    description: str | None
+    mime_type: str | None
+    title: str | None
+    annotations: Annotations | None
+    meta: dict[str, Any] | None
+
+
+class ResourceFields(ResourceTemplateFields, total=False):
+    """A resource's optional catalog fields: those of
+    :class:`ResourceTemplateFields` and ``size``, the raw content size in
+    bytes when known (a whole number >= 0; default None), as the keyword
+    parameters of :meth:`Harness.resource <brmcp.server.Harness.resource>`,
+    :meth:`Harness.add_resource <brmcp.server.Harness.add_resource>` and
+    :func:`resource_from_function`."""
+
+    size: int | None
 
 
 def _check_text(value: Any, what: str) -> None:
@@ -233,17 +276,15 @@ def resource_from_function(
     uri: str,
     *,
     name: str | None = None,
-    description: str | None = None,
-    mime_type: str | None = None,
-    title: str | None = None,
-    size: int | None = None,
-    annotations: Annotations | None = None,
-    meta: dict[str, Any] | None = None,
+    **fields: Unpack[ResourceFields],
 ) -> ResourceSpec:
-    """Build a :class:`ResourceSpec` from ``async def fn(ctx: PeerContext)``.
-    The name defaults to the function's name, the description to its
-    docstring. Raises TypeError when ``fn`` is not async, lacks ``ctx`` or
-    takes other parameters without defaults."""
+    """Build a :class:`ResourceSpec` from ``async def fn(ctx: PeerContext)``;
+    ``fields`` are :class:`ResourceFields`. The name defaults to the
+    function's name, the description to its docstring. Raises TypeError
+    when ``fn`` is not async, lacks ``ctx`` or takes other parameters
+    without defaults, or for an unknown keyword; ValueError for an invalid
+    uri."""
+    stored = _with_doc(spec_fields(fields, ResourceFields, "resource"), fn)
     rest = _parameters(fn, "resource")
     required = [p.name for p in rest if p.default is inspect.Parameter.empty]
     if required:
@@ -255,17 +296,18 @@ def resource_from_function(
     async def handler(ctx: PeerContext) -> Any:
         return await fn(ctx)
 
-    return ResourceSpec(
-        uri=uri,
-        handler=handler,
-        name=name or fn.__name__,
-        description=description if description is not None else inspect.getdoc(fn),
-        mime_type=mime_type,
-        title=title,
-        size=size,
-        annotations=annotations,
-        meta=dict(meta or {}),
-    )
+    return ResourceSpec(uri=uri, handler=handler, name=name or fn.__name__, **stored)
+
+
+def resource_spec(
+    uri: str, handler: ResourceHandler, *, name: str, **fields: Unpack[ResourceFields]
+) -> ResourceSpec:
+    """The :class:`ResourceSpec` :meth:`Harness.add_resource
+    <brmcp.server.Harness.add_resource>` registers; ``fields`` are
+    :class:`ResourceFields`. Raises ValueError for an invalid uri, an empty
+    name or a negative size, TypeError for an unknown keyword."""
+    stored = spec_fields(fields, ResourceFields, "add_resource")
+    return ResourceSpec(uri=uri, handler=handler, name=name, **stored)
 
 
 def template_from_function(
@@ -273,18 +315,17 @@ def template_from_function(
     uri_template: str,
     *,
     name: str | None = None,
-    description: str | None = None,
-    mime_type: str | None = None,
-    title: str | None = None,
-    annotations: Annotations | None = None,
-    meta: dict[str, Any] | None = None,
+    **fields: Unpack[ResourceTemplateFields],
 ) -> ResourceTemplateSpec:
-    """Build a :class:`ResourceTemplateSpec` from ``async def fn(ctx, **variables)``.
+    """Build a :class:`ResourceTemplateSpec` from ``async def fn(ctx, **variables)``;
+    ``fields`` are :class:`ResourceTemplateFields`.
 
     The parameters after ``ctx`` must be exactly the template's variables;
     a variable missing from a URI (an optional ``{?query}`` one) leaves its
     parameter at its default. Raises TypeError for a signature that does
-    not fit the template and ValueError for an invalid template."""
+    not fit the template or an unknown keyword, and ValueError for an
+    invalid template."""
+    stored = _with_doc(spec_fields(fields, ResourceTemplateFields, "resource_template"), fn)
     rest = _parameters(fn, "resource template")
     parsed = _parse_template(uri_template)
     variables = parsed.variable_names
@@ -307,12 +348,23 @@ def template_from_function(
         return await fn(ctx, **{n: v for n, v in values.items() if n in variables})
 
     return ResourceTemplateSpec(
-        uri_template=uri_template,
-        handler=handler,
-        name=name or fn.__name__,
-        description=description if description is not None else inspect.getdoc(fn),
-        mime_type=mime_type,
-        title=title,
-        annotations=annotations,
-        meta=dict(meta or {}),
+        uri_template=uri_template, handler=handler, name=name or fn.__name__, **stored
     )
+
+
+def template_spec(
+    uri_template: str, handler: TemplateHandler, *, name: str, **fields: Unpack[ResourceTemplateFields]
+) -> ResourceTemplateSpec:
+    """The :class:`ResourceTemplateSpec` :meth:`Harness.add_resource_template
+    <brmcp.server.Harness.add_resource_template>` registers; ``fields`` are
+    :class:`ResourceTemplateFields`. Raises ValueError for an invalid
+    template or an empty name, TypeError for an unknown keyword."""
+    stored = spec_fields(fields, ResourceTemplateFields, "add_resource_template")
+    return ResourceTemplateSpec(uri_template=uri_template, handler=handler, name=name, **stored)
+
+
+def _with_doc(stored: dict[str, Any], fn: Callable[..., Any]) -> dict[str, Any]:
+    """``stored`` with the description defaulting to ``fn``'s docstring."""
+    if stored.get("description") is None:
+        stored["description"] = inspect.getdoc(fn)
+    return stored

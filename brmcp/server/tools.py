@@ -7,6 +7,8 @@ Two ways to register (WIRE.md §Payments "Prices in tools/list" for the
   hints: ``async def fortune(ctx: CallContext, topic: str = "") -> dict``;
 * :class:`ToolSpec` built directly from a JSON Schema and a handler
   ``async (ctx, args: dict) -> dict | str | CallToolResult``.
+
+:class:`ToolFields` declares, once, the keyword fields both ways share.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import jsonschema
 import pydantic
@@ -24,9 +26,19 @@ from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
 from .._ops import gojson as _gojson
 from ..protocol.payment import PRICE_ATOMS_KEY, PRICING_KEY
+from ._fields import spec_fields
 from .context import CallContext
 
-__all__ = ["Handler", "PriceFunc", "ToolArgumentError", "ToolSpec", "spec_from_function", "to_result"]
+__all__ = [
+    "Handler",
+    "PriceFunc",
+    "ToolArgumentError",
+    "ToolFields",
+    "ToolSpec",
+    "spec_from_function",
+    "to_result",
+    "tool_spec",
+]
 
 #: ``async (ctx, args) -> dict | str | CallToolResult | JSON value``
 Handler = Callable[[CallContext, dict[str, Any]], Awaitable[Any]]
@@ -36,6 +48,37 @@ PriceFunc = Callable[[CallContext, dict[str, Any]], "int | Awaitable[int]"]
 
 class ToolArgumentError(ValueError):
     """Arguments do not satisfy the tool's input schema."""
+
+
+class ToolFields(TypedDict, total=False):
+    """A tool's optional catalog fields, declared once: the keyword
+    parameters of :meth:`Harness.tool <brmcp.server.Harness.tool>`,
+    :meth:`Harness.add_tool <brmcp.server.Harness.add_tool>` and
+    :func:`spec_from_function`, stored as the :class:`ToolSpec` fields of the
+    same names.
+
+    * ``output_schema``: a JSON Schema (an object) that a successful
+      result's ``structuredContent`` must match; a result that does not is
+      a tool error (refunded when paid). Default None: unchecked.
+    * ``price_atoms``: the fixed price per call, whole atoms >= 0 (default
+      0: free), advertised as ``_meta["brmcp/priceAtoms"]`` (WIRE.md
+      §Payments "Prices in tools/list"); ignored when ``price`` is set.
+    * ``price``: ``(ctx, args) -> atoms`` (may be async), run after the rate
+      limit and before the charge; the tool is advertised with
+      ``"brmcp/pricing": "dynamic"`` unless ``meta`` names a price key.
+    * ``annotations``, ``title``: the MCP ``Tool`` fields of those names.
+    * ``meta``: more ``_meta`` entries for the ``tools/list`` entry.
+
+    Registration raises ValueError for a negative or non-integer
+    ``price_atoms`` or an invalid ``output_schema`` (see :class:`ToolSpec`).
+    """
+
+    output_schema: dict[str, Any] | None
+    price_atoms: int
+    price: PriceFunc | None
+    annotations: ToolAnnotations | None
+    title: str | None
+    meta: dict[str, Any] | None
 
 
 @dataclass(eq=False)
@@ -199,22 +242,19 @@ def spec_from_function(
     *,
     name: str | None = None,
     description: str | None = None,
-    price_atoms: int = 0,
-    price: PriceFunc | None = None,
-    output_schema: dict[str, Any] | None = None,
-    annotations: ToolAnnotations | None = None,
-    title: str | None = None,
-    meta: dict[str, Any] | None = None,
+    **fields: Unpack[ToolFields],
 ) -> ToolSpec:
     """Build a :class:`ToolSpec` from ``async def fn(ctx: CallContext, ...)``.
 
     Parameters after ``ctx`` become the input schema's properties (those
     without defaults are required; unknown arguments are rejected:
     ``additionalProperties: false``). Arguments are converted to the
-    annotated types before the call. The description defaults to the
-    docstring. Raises TypeError for a non-async function or a missing
-    ``ctx`` parameter.
+    annotated types before the call. The name defaults to the function's
+    name, the description to its docstring; ``fields`` are
+    :class:`ToolFields`. Raises TypeError for a non-async function, a
+    missing ``ctx`` parameter or an unknown keyword.
     """
+    stored = spec_fields(fields, ToolFields, "spec_from_function")
     if not inspect.iscoroutinefunction(fn):
         raise TypeError(f"tool handler {fn.__name__!r} must be an async function")
     signature = inspect.signature(fn)
@@ -225,28 +265,28 @@ def spec_from_function(
     ):
         raise TypeError(f"tool handler {fn.__name__!r} must take the CallContext as its first parameter")
     hints = typing.get_type_hints(fn, include_extras=True)
-    fields: dict[str, Any] = {}
+    arguments: dict[str, Any] = {}
     for param in params[1:]:
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             raise TypeError(f"tool handler {fn.__name__!r}: *args/**kwargs are not supported")
         annotation = hints.get(param.name, Any)
         default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[param.name] = (annotation, default)
+        arguments[param.name] = (annotation, default)
     model = pydantic.create_model(
         f"{fn.__name__}_arguments",
         __config__=pydantic.ConfigDict(extra="forbid"),
-        **fields,
+        **arguments,
     )
     schema = _strip_titles(model.model_json_schema())
     if not schema.get("properties"):
         schema.pop("properties", None)
         schema.pop("required", None)
     schema["additionalProperties"] = False
-    names = list(fields)
+    names = list(arguments)
 
-    def convert(arguments: dict[str, Any]) -> dict[str, Any]:
+    def convert(given: dict[str, Any]) -> dict[str, Any]:
         try:
-            parsed = model.model_validate(arguments)
+            parsed = model.model_validate(given)
         except pydantic.ValidationError as exc:
             first = exc.errors()[0]
             where = "/".join(str(p) for p in first.get("loc", ()))
@@ -264,11 +304,22 @@ def spec_from_function(
         handler=handler,
         description=description if description is not None else doc,
         input_schema=schema,
-        output_schema=output_schema,
-        price_atoms=price_atoms,
-        price=price,
-        annotations=annotations,
-        title=title,
-        meta=dict(meta or {}),
         converter=convert,
+        **stored,
     )
+
+
+def tool_spec(
+    name: str,
+    handler: Handler,
+    *,
+    description: str | None,
+    input_schema: dict[str, Any],
+    **fields: Unpack[ToolFields],
+) -> ToolSpec:
+    """A :class:`ToolSpec` from a JSON Schema and a handler ``(ctx, args)``
+    (what :meth:`Harness.add_tool <brmcp.server.Harness.add_tool>`
+    registers); ``fields`` are :class:`ToolFields`. Raises ValueError for an
+    invalid schema or a negative price, TypeError for an unknown keyword."""
+    stored = spec_fields(fields, ToolFields, "add_tool")
+    return ToolSpec(name=name, handler=handler, description=description, input_schema=input_schema, **stored)

@@ -1,6 +1,6 @@
-"""``brmcp.parse_payment_required`` on Go-shaped results (issue 4;
-WIRE.md §Payments, "Recognising a refusal": scan every text content, first
-match wins, Go decoding rules)."""
+"""``brmcp.parse_payment_required`` on Go-shaped results (WIRE.md
+§Payments, "Recognising a refusal": scan every text content, first match
+wins, Go decoding rules)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Billing configuration: the built-in SQLite ledger or an operator's own
-Billing store (issue 4; the Go reference's ``Billing``, karamble/brmcp
+Billing store (the Go reference's ``Billing``, karamble/brmcp
 ``server/harness.go``, and ``server/billing_test.go`` TestLedgerOpensOnlyWithoutBilling)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """callKey idempotency and concurrency through the SDK client over the
-fabric (issue 4; WIRE.md §callKey; the Go reference's ``server/harness_test.go``
+fabric (WIRE.md §callKey; the Go reference's ``server/harness_test.go``
 TestCallKeyIdempotency)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 
 from brmcp import parse_payment_required
 from brmcp.server import CallContext, Harness, HarnessConfig
+from tests.kit import until
 from tests.kit.harness import (
     ALICE,
     BOB,
@@ -27,6 +28,7 @@ from tests.kit.harness import (
     standard_harness,
     text_of,
 )
+from tests.server.test_epoch import waiting_on
 
 
 async def test_call_key_idempotency_sequence(tmp_path: Path) -> None:
@@ -189,9 +191,9 @@ async def test_fifty_concurrent_duplicates_execute_and_charge_once(tmp_path: Pat
                 async with anyio.create_task_group() as tg:
                     for i in range(50):
                         tg.start_soon(one, i)
-                    # Hold the original until all 50 requests reached the bot.
+                    # Hold the original until the other 49 wait on its claim.
                     await srv.wait_pms(before + 50)
-                    await anyio.sleep(0.05)
+                    await until(lambda: waiting_on(harness, key) == 49)
                     release.set()
         assert len(texts) == 50
         assert set(texts) == {'{"n":1,"charged":500}'}
@@ -241,3 +243,22 @@ async def test_concurrent_distinct_calls_race_the_balance(tmp_path: Path) -> Non
         for entry in statement:
             running += entry.atoms
             assert entry.balance_after == running
+
+
+def test_the_call_key_of_a_request_meta_and_its_former_name() -> None:
+    """``call_key_from_meta`` reads the callKey of a ``tools/call``
+    ``_meta`` (None for an invalid one: the call runs unkeyed);
+    ``brmcp.server.valid_call_key`` is its former name, still importable,
+    warning that it goes away. ``brmcp.protocol.payment.valid_call_key``
+    stays the yes/no check of a value."""
+    from brmcp.protocol.payment import valid_call_key as is_valid_key
+    from brmcp.server import call_key_from_meta, valid_call_key
+
+    meta = {"brmcp/callKey": "k" * 16}
+    assert call_key_from_meta(meta) == "k" * 16
+    for bad in ({"brmcp/callKey": "short"}, {"brmcp/callKey": 12345678}, {}, None, ["k" * 16]):
+        assert call_key_from_meta(bad) is None
+    with pytest.warns(DeprecationWarning, match="call_key_from_meta"):
+        assert valid_call_key(meta) == "k" * 16
+    assert is_valid_key("k" * 16) is True
+    assert is_valid_key("short") is False

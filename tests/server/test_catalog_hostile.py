@@ -1,14 +1,16 @@
-"""Hostile-input review of the free catalog (brmcp/server/catalog.py) and its
-mirroring through the bridge (brmcp/bridge/mirror.py, subscriptions.py,
-link.py, http.py): each test pins a bug found in review.
+"""The free catalog (brmcp/server/catalog.py) and its mirroring through the
+bridge (brmcp/bridge/mirror.py, subscriptions.py, link.py, http.py) under
+hostile input:
 
-* an unknown-resource error echoed the caller's whole URI in ``data``: a
-  16 MiB URI of control characters came back several times larger;
+* an unknown-resource error does not echo the caller's whole URI in
+  ``data`` (a 16 MiB URI of control characters would come back several
+  times larger);
 * a bot flooding ``notifications/resources/updated`` for URIs nobody
-  subscribed to queued one unsubscribe task per URI, without bound, each
-  waiting its turn on the subscription lock;
-* a DELETE the SDK refused still made the bridge forget that (live)
-  session's subscriptions and unsubscribe the bot.
+  subscribed to gets a bounded number of unsubscribes queued, not one task
+  per URI each waiting its turn on the subscription lock;
+* a DELETE the SDK refuses leaves that live session's subscriptions, and
+  the bot's, in place;
+* a subscription table holds at most 2 KiB per URI.
 """
 
 from __future__ import annotations
@@ -114,7 +116,12 @@ async def test_an_update_flood_for_unwatched_uris_queues_few_unsubscribes(tmp_pa
             await inbox.wait_for("notifications/prompts/list_changed", round_)
         assert bot.sent == 200
         await until(lambda: len(bot.unsubs) == 1)  # the first unsubscribe is stalled at the bot
-        await anyio.sleep(0.1)
+        # The rest of the pending set waits behind it on the subscription
+        # lock, so none of them can reach the bot while it is stalled.
+        link = env.bridge.link(BOT)
+        assert link is not None
+        lock = link.subscriptions.lock
+        await until(lambda: lock.statistics().tasks_waiting == MAX_PENDING_DROPS - 1)
         assert len(bot.unsubs) == 1
         bot.unsub_gate.set()
         # The subscription lock is fair: once this subscribe is through,
@@ -148,7 +155,11 @@ async def test_a_refused_delete_keeps_the_session_subscriptions(tmp_path: Path) 
 
             refused = await http.delete(url, headers={**headers, "mcp-protocol-version": "1999-01-01"})
             assert refused.status_code >= 400
-            await anyio.sleep(0.1)
+            # The bridge decides on a DELETE as soon as the SDK has answered
+            # it, without waiting on anything; a later request of the same
+            # session, answered, comes after that decision.
+            ping = {"jsonrpc": "2.0", "id": 3, "method": "ping"}
+            assert (await http.post(url, json=ping, headers=headers)).status_code == 200
             assert link.subscriptions.uris() == ["w://1"]
             assert bot.unsubs == []
 

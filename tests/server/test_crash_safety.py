@@ -1,4 +1,4 @@
-"""Crash safety of the harness (issue 4): a harness under paid keyed load in
+"""Crash safety of the harness: a harness under paid keyed load in
 a child process (tests/server/crash_worker.py) is killed with SIGKILL at seeded
 random points, restarted on the same data_dir, and after every restart the
 ledger must agree with what durably happened:

@@ -7,7 +7,6 @@ epoch (the Go bridge) see no difference."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,8 @@ from brmcp.protocol.payment import (
     parse_payment_required,
 )
 from brmcp.server import Harness
-from brmcp.server._pipeline import DROPPED_TEXT, CallerEpochs, _Hold
+from brmcp.server._holds import DROPPED_TEXT, CallerEpochs, _Hold
+from tests.kit import until
 from tests.kit.harness import ALICE, BOB, query, served, standard_harness
 
 EPOCH_A = "a" * 16
@@ -36,20 +36,15 @@ EPOCH_B = "b" * 16
 KEY = "k" * 32
 
 
-async def _until(predicate: Callable[[], bool]) -> None:
-    with anyio.fail_after(10):
-        while not predicate():  # noqa: ASYNC110  (counters and claims, no event to wait on)
-            await anyio.sleep(0.001)
-
-
 async def _paid(harness: Harness, key: str | None, epoch: str | None, alongside: int = 500) -> Any:
     spec = next(t for t in harness.tools() if t.name == "paid")
     return await harness.call(ALICE, spec, {}, {}, key, alongside=alongside, epoch=epoch)
 
 
-def _waiting_on(harness: Harness, key: str) -> int:
-    """How many duplicates wait on the claim of ``key`` right now."""
-    claim = harness._calls._claims.get((ALICE, key))
+def waiting_on(harness: Harness, key: str, peer: str = ALICE) -> int:
+    """How many duplicates wait on ``peer``'s claim of ``key`` right now
+    (what a test waits for instead of sleeping while duplicates arrive)."""
+    claim = harness._calls._claims.get((peer, key))
     return 0 if claim is None else claim.event.statistics().tasks_waiting
 
 
@@ -74,10 +69,10 @@ async def test_a_new_epoch_drops_the_held_call_and_its_retry_runs_once(tmp_path:
                 results[name] = await _paid(harness, KEY, epoch)
 
             tg.start_soon(send, "old", EPOCH_A)
-            await _until(lambda: harness.holds == 1)
+            await until(lambda: harness.holds == 1)
             # The bridge restarted: the same call, same key, new epoch.
             tg.start_soon(send, "new", EPOCH_B)
-            await _until(lambda: "old" in results and harness.holds == 2)
+            await until(lambda: "old" in results and harness.holds == 2)
             old = results["old"]
             assert old.is_error
             assert _text(old) == DROPPED_TEXT
@@ -117,9 +112,9 @@ async def test_the_same_epoch_or_none_changes_nothing(
                 results.append(await _paid(harness, KEY, epoch))
 
             tg.start_soon(send, first)
-            await _until(lambda: harness.holds == 1)
+            await until(lambda: harness.holds == 1)
             tg.start_soon(send, second)
-            await _until(lambda: _waiting_on(harness, KEY) == 1)
+            await until(lambda: waiting_on(harness, KEY) == 1)
             assert results == []
             await harness.credit(ALICE, 500)
         assert len(results) == 2
@@ -142,9 +137,9 @@ async def test_a_late_message_of_a_replaced_process_drops_nothing(tmp_path: Path
                 results[name] = await _paid(harness, key, epoch)
 
             tg.start_soon(send, "a", "1" * 32, EPOCH_A)
-            await _until(lambda: harness.holds == 1)
+            await until(lambda: harness.holds == 1)
             tg.start_soon(send, "b", "2" * 32, EPOCH_B)
-            await _until(lambda: "a" in results and harness.holds == 2)
+            await until(lambda: "a" in results and harness.holds == 2)
             assert _text(results["a"]) == DROPPED_TEXT
             # A's message arriving late: A is retired, so B's call stays held.
             assert harness._pipeline.observe_epoch(ALICE, EPOCH_A) == 0
@@ -158,13 +153,14 @@ async def test_a_late_message_of_a_replaced_process_drops_nothing(tmp_path: Path
 async def test_a_held_call_in_the_middle_of_its_debit_is_not_dropped(tmp_path: Path) -> None:
     harness, _ = standard_harness(tmp_path)
     pipeline = harness._pipeline
+    held = pipeline.held
     claim, _ = harness._calls.claim(ALICE, KEY)
     charging = _Hold(claim, EPOCH_A)
     charging.charging = True
     waiting = _Hold(None, EPOCH_A)
     without = _Hold(None, None)
-    pipeline._held[ALICE] = [charging, waiting, without]
-    pipeline._held[BOB] = [other := _Hold(None, EPOCH_A)]
+    held._held[ALICE] = [charging, waiting, without]
+    held._held[BOB] = [other := _Hold(None, EPOCH_A)]
     assert pipeline.observe_epoch(ALICE, EPOCH_B) == 1
     assert (charging.dropped, waiting.dropped, without.dropped, other.dropped) == (False, True, False, False)
     # The in-flight debit keeps its claim: a retry waits for its outcome.
@@ -189,14 +185,14 @@ async def test_the_epoch_travels_in_params_meta(tmp_path: Path) -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(send, old, "old", EPOCH_A)
-            await _until(lambda: harness.holds == 1)
+            await until(lambda: harness.holds == 1)
             # Malformed epochs are ignored: nothing is dropped.
             for bad in ("short", "x" * 129, 12345678, None):
                 tg.start_soon(send, new, f"bad-{bad!r}", bad)
-            await _until(lambda: _waiting_on(harness, KEY) == 4)
+            await until(lambda: waiting_on(harness, KEY) == 4)
             assert harness._pipeline.dropped == 0
             tg.start_soon(send, new, "new", EPOCH_B)
-            await _until(lambda: "old" in results)
+            await until(lambda: "old" in results)
             assert _text(results["old"]) == DROPPED_TEXT
             await harness.credit(ALICE, 500)
         assert runs.n == 1
@@ -259,7 +255,7 @@ async def test_a_held_call_logs_its_hold_not_a_refusal(
                 results.append(await _paid(harness, KEY, EPOCH_A))
 
             tg.start_soon(send)
-            await _until(lambda: harness.holds == 1)
+            await until(lambda: harness.holds == 1)
             await harness.credit(ALICE, 500)
         assert not results[0].is_error
         assert runs.n == 1

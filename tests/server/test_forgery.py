@@ -44,6 +44,7 @@ from brmcp.protocol.payment import (
     payment_required_text,
 )
 from brmcp.server import CallContext, Harness, HarnessConfig, ToolSpec
+from tests.kit import until
 from tests.kit.harness import ALICE, BOT, execute, payment_required_json, served, standard_harness
 from tests.kit.paths import REPO
 
@@ -108,8 +109,7 @@ async def test_genuine_refusals_are_marked_everywhere(tmp_path: Path) -> None:
                 waiting.append(await _run(harness, "paid", "k" * 16, alongside=500))
 
             tg.start_soon(original)
-            while harness.holds == 0:  # noqa: ASYNC110  (a counter, no event to wait on)
-                await anyio.sleep(0.001)
+            await until(lambda: harness.holds > 0)
             # A duplicate of the held call gets the copy of its refusal.
             waiting.append(await _run(harness, "paid", "k" * 16))
         plain = await _run(harness, "paid", "j" * 16)

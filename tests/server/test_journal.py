@@ -1,6 +1,7 @@
-"""The durable ledger and paid-call journal across restarts (issue 4;
-WIRE.md §callKey, across restarts; the Go reference's ``server/journal_test.go``,
-``ledger_test.go``, ``replay_test.go``). A restart is a new Harness on the same data_dir."""
+"""The durable ledger and paid-call journal across restarts (WIRE.md
+§callKey, across restarts; the Go reference's ``server/journal_test.go``,
+``ledger_test.go``, ``replay_test.go``). A restart is a new Harness on the
+same data_dir."""
 
 from __future__ import annotations
 

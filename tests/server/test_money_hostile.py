@@ -1,5 +1,6 @@
-"""Security review: the harness's money paths under hostile input and odd
-handler behaviour (each test pins a bug found in review; see its docstring).
+"""The harness's money paths under hostile input and odd handler behaviour:
+each test's docstring names the failure it rules out (a double execution, a
+lost refund, a charge for an answer the caller never gets).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 
 from brmcp import RouterOptions
 from brmcp.server import CallContext, Harness, HarnessConfig
+from tests.kit import until
 from tests.kit.harness import ALICE, call, err_text, served
 
 
@@ -42,12 +44,12 @@ async def test_unserializable_paid_result_is_refunded_and_replayed(tmp_path: Pat
     with anyio.fail_after(20):
         async with served(harness) as srv, srv.client(ALICE) as s:
             await harness.credit(ALICE, 1_000)
-            first = await call(s, "odd", key="review-key-0001")
+            first = await call(s, "odd", key="hostile-key-0001")
             assert err_text(first).startswith("tool returned a value that is not JSON")
             assert await harness.balance(ALICE) == 1_000
-            again = await call(s, "odd", key="review-key-0001")
+            again = await call(s, "odd", key="hostile-key-0001")
             assert again.is_error
-            assert runs == ["review-key-0001"]
+            assert runs == ["hostile-key-0001"]
             kinds = [e.kind for e in await harness.statement(ALICE)]
             assert kinds == ["credit", "charge", "refund"]
 
@@ -58,11 +60,11 @@ async def test_unserializable_free_keyed_result_runs_once(tmp_path: Path) -> Non
     harness = _unserializable_harness(tmp_path, runs)
     with anyio.fail_after(20):
         async with served(harness) as srv, srv.client(ALICE) as s:
-            first = await call(s, "odd_free", key="review-key-0002")
+            first = await call(s, "odd_free", key="hostile-key-0002")
             assert first.is_error
-            second = await call(s, "odd_free", key="review-key-0002")
+            second = await call(s, "odd_free", key="hostile-key-0002")
             assert second.is_error
-            assert runs == ["review-key-0002"]
+            assert runs == ["hostile-key-0002"]
 
 
 async def test_client_cancel_mid_call_refunds_once_and_never_reruns(tmp_path: Path) -> None:
@@ -84,18 +86,19 @@ async def test_client_cancel_mid_call_refunds_once_and_never_reruns(tmp_path: Pa
         async with served(harness) as srv, srv.client(ALICE) as s:
             await harness.credit(ALICE, 1_000)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(call, s, "slow", None, "review-key-0003")
+                tg.start_soon(call, s, "slow", None, "hostile-key-0003")
                 await entered.wait()
                 assert await harness.balance(ALICE) == 700
                 tg.cancel_scope.cancel()
-            for _ in range(1000):  # the refund lands once the bot has seen the cancellation
-                if [e.kind for e in await harness.statement(ALICE)] == ["credit", "charge", "refund"]:
-                    break
-                await anyio.sleep(0.01)
+
+            async def refunded() -> bool:  # once the bot has seen the cancellation
+                return [e.kind for e in await harness.statement(ALICE)] == ["credit", "charge", "refund"]
+
+            await until(refunded)
             assert await harness.balance(ALICE) == 1_000
-            again = await call(s, "slow", key="review-key-0003")
+            again = await call(s, "slow", key="hostile-key-0003")
             assert again.is_error
-            assert runs == ["review-key-0003"]
+            assert runs == ["hostile-key-0003"]
             assert await harness.balance(ALICE) == 1_000
 
 
@@ -118,13 +121,13 @@ async def test_result_too_large_for_the_transport_is_refunded(tmp_path: Path) ->
     with anyio.fail_after(20):
         async with served(harness) as srv, srv.client(ALICE) as s:
             await harness.credit(ALICE, 1_000)
-            result = await call(s, "big", key="review-key-0004")
+            result = await call(s, "big", key="hostile-key-0004")
             assert "transport limit" in err_text(result)
             assert await harness.balance(ALICE) == 1_000
             assert [e.kind for e in await harness.statement(ALICE)] == ["credit", "charge", "refund"]
-            again = await call(s, "big", key="review-key-0004")
+            again = await call(s, "big", key="hostile-key-0004")
             assert "transport limit" in err_text(again)
-            assert runs == ["review-key-0004"]
+            assert runs == ["hostile-key-0004"]
 
 
 def test_fractional_or_non_integer_fixed_price_is_refused(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import anyio
 from brmcp.protocol.payment import BALANCE_ATOMS_KEY, CHARGED_ATOMS_KEY, REFUNDED_ATOMS_KEY
 from brmcp.server import CallContext, Harness, HarnessConfig, InsufficientBalance
 from brmcp.server._pipeline import OUTCOME_CAP
+from tests.kit import until
 from tests.kit.harness import ALICE, query, standard_harness
 
 
@@ -101,9 +102,7 @@ async def test_the_balance_named_is_the_one_the_refund_left(tmp_path: Path) -> N
         async with anyio.create_task_group() as tg:
             for _ in range(5):
                 tg.start_soon(lambda: _collect(harness, results))
-            with anyio.fail_after(10):
-                while harness.executions < 5:  # noqa: ASYNC110  (a counter, no event to wait on)
-                    await anyio.sleep(0.001)
+            await until(lambda: harness.executions >= 5)
             assert await harness.balance(ALICE) == 500
             await harness.credit(ALICE, 7)
             release.set()

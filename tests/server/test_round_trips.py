@@ -1,4 +1,4 @@
-"""Harness features that save relay round trips (issue 15): receipts on paid
+"""Harness features that save relay round trips: receipts on paid
 results, both MCP eras over BR with the SDK, and the pay-alongside hold
 (WIRE.md §Receipts, §Eras, §Pay alongside)."""
 
@@ -14,6 +14,7 @@ import pytest
 from mcp import ClientSession
 from mcp_types.version import LATEST_MODERN_VERSION
 
+from brmcp import ManualClock
 from brmcp.protocol.payment import (
     BALANCE_ATOMS_KEY,
     CHARGED_ATOMS_KEY,
@@ -24,6 +25,9 @@ from brmcp.protocol.payment import (
     parse_receipt,
     pay_alongside_atoms,
 )
+from brmcp.server._holds import HOLD_RECHECK
+from brmcp.server.firstcontact import OFFER_LINGER
+from tests.kit import until
 from tests.kit.harness import (
     ALICE,
     BOB,
@@ -35,6 +39,7 @@ from tests.kit.harness import (
     served,
     standard_harness,
 )
+from tests.server.test_epoch import waiting_on
 
 
 def _pms(srv: Served, peer: str = ALICE) -> int:
@@ -186,8 +191,7 @@ async def test_marked_call_is_held_until_the_credit(tmp_path: Path) -> None:
                 results.append(await _raw_call(s, "paid", meta))
 
             tg.start_soon(go)
-            while harness.holds == 0:  # noqa: ASYNC110  (a counter, no event to wait on)
-                await anyio.sleep(0.01)
+            await until(lambda: harness.holds > 0)
             assert not results
             assert runs.n == 0
             # The tip lands: a redelivered tip credits once and wakes the call once.
@@ -211,11 +215,25 @@ async def test_marked_call_is_held_until_the_credit(tmp_path: Path) -> None:
 
 
 async def test_hold_times_out_with_the_ordinary_refusal(tmp_path: Path) -> None:
-    harness, runs = standard_harness(tmp_path, hold_seconds=0.3)
+    """The tip never comes: once ``hold_seconds`` passed on the harness's
+    timer the held call gets the refusal it would have got at once."""
+    clock = ManualClock()
+    harness, runs = standard_harness(tmp_path, hold_seconds=30.0, timer=clock)
     async with served(harness) as srv, srv.client(ALICE) as s:
         await harness.credit(ALICE, 100)
-        result = await _raw_call(s, "paid", {PAY_ALONGSIDE_KEY: 400, "brmcp/callKey": "t" * 32})
-        assert harness.holds == 1
+        results: list[types.CallToolResult] = []
+        async with anyio.create_task_group() as tg:
+
+            async def go() -> None:
+                meta = {PAY_ALONGSIDE_KEY: 400, "brmcp/callKey": "t" * 32}
+                results.append(await _raw_call(s, "paid", meta))
+
+            tg.start_soon(go)
+            await until(lambda: clock.sleepers == 1)  # held: re-checking every HOLD_RECHECK
+            assert harness.holds == 1
+            assert clock.sleeps == [HOLD_RECHECK]
+            clock.advance(30.0)
+        (result,) = results
         assert err_text(result) == payment_required_json("paid", 500, 100)
         assert runs.n == 0
         assert await harness.balance(ALICE) == 100
@@ -244,8 +262,7 @@ async def test_hold_bounds_and_ignored_marks(tmp_path: Path) -> None:
                 results.append(await _raw_call(s, "paid", {"brmcp/callKey": key, PAY_ALONGSIDE_KEY: 500}))
 
             tg.start_soon(go, "a" * 32)
-            while harness.holds == 0:  # noqa: ASYNC110  (a counter, no event to wait on)
-                await anyio.sleep(0.01)
+            await until(lambda: harness.holds > 0)
             # Past the per-caller bound: refused at once, not held.
             over = await _raw_call(s, "paid", {"brmcp/callKey": "b" * 32, PAY_ALONGSIDE_KEY: 500})
             assert err_text(over) == payment_required_json("paid", 500, 0)
@@ -267,10 +284,9 @@ async def test_duplicate_of_a_held_call_waits_and_is_charged_once(tmp_path: Path
                 results.append(await _raw_call(s, "paid", meta))
 
             tg.start_soon(go)
-            while harness.holds == 0:  # noqa: ASYNC110  (a counter, no event to wait on)
-                await anyio.sleep(0.01)
+            await until(lambda: harness.holds > 0)
             tg.start_soon(go)  # the bridge's reissue with the same key
-            await anyio.sleep(0.05)
+            await until(lambda: waiting_on(harness, "d" * 32) == 1)
             await harness.credit(ALICE, 1000)
         assert len(results) == 2
         assert all(not r.is_error for r in results)
@@ -330,16 +346,13 @@ async def test_plain_initialize_is_unchanged(tmp_path: Path) -> None:
                 assert result.meta is None or not ({"brmcp/tools", "brmcp/modernVersions"} & set(result.meta))
 
 
-async def test_abandoned_first_contact_session_is_closed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_abandoned_first_contact_session_is_closed(tmp_path: Path) -> None:
     """A client that went to the modern era elsewhere never sends
     initialized: the offered session is closed after OFFER_LINGER of
-    silence, so it holds no session slot; one that goes on is kept."""
-    import brmcp.server.harness as harness_module
-
-    monkeypatch.setattr(harness_module, "OFFER_LINGER", 0.3)
-    harness, _ = standard_harness(tmp_path)
+    silence (on the harness's timer, moved by hand here), so it holds no
+    session slot; one that goes on is kept however long it stays quiet."""
+    clock = ManualClock()
+    harness, _ = standard_harness(tmp_path, timer=clock)
     async with served(harness) as srv:
 
         def sessions() -> int:
@@ -349,15 +362,20 @@ async def test_abandoned_first_contact_session_is_closed(
         async with ClientSession(conn.read_stream, conn.write_stream, read_timeout_seconds=10) as s:
             await _marked_initialize(s, {"brmcp/listTools": True})
             assert sessions() == 1
-            with anyio.fail_after(10):
-                while sessions():  # noqa: ASYNC110 (the router has no event for it)
-                    await anyio.sleep(0.05)
+            await until(lambda: clock.sleepers == 1)  # the linger is timed
+            clock.advance(OFFER_LINGER / 2)
+            assert clock.sleepers == 1  # not yet due
+            clock.advance(OFFER_LINGER / 2)
+            await until(lambda: sessions() == 0)
         kept = srv.clients[ALICE].dial(BOT)
         async with ClientSession(kept.read_stream, kept.write_stream, read_timeout_seconds=10) as s:
             result = await _marked_initialize(s, {"brmcp/listTools": True})
             s.adopt(result)
             await s.send_notification(types.InitializedNotification())
             await s.list_tools()
-            await anyio.sleep(0.6)
+            # The client spoke again: the linger ended without a close and
+            # nothing waits on the timer any more, so no time can close it.
+            await until(lambda: clock.sleepers == 0)
+            clock.advance(10 * OFFER_LINGER)
             assert sessions() == 1
             assert not (await call(s, "free", {"text": "still here"})).is_error

@@ -24,6 +24,7 @@ from mcp import ClientSession
 from brmcp import wire
 from brmcp.clientrpc import Client, ClientrpcConnectionError, TipProgressEvent
 from brmcp.server import CallContext, Harness, HarnessConfig, run_bot
+from brmcp.server import bot as bot_module
 from brmcp.testing.fakebr import KIND_PM, KIND_TIP_PROGRESS, KIND_TIP_RECEIVED, FakeBRClient
 from brmcp.transport.router import Router
 from tests.kit.clientrpc import FAST, fake_network, until
@@ -112,8 +113,9 @@ async def test_pm_is_acked_only_after_the_hook_or_router_took_it(tmp_path: Path)
                 chat = bot.emit_pm(alice.uid, "hello bot")
                 with anyio.fail_after(5):
                     await rec.pm_entered.wait()
-                # The hook holds the PM: it is still in brclient's log.
-                await anyio.sleep(0.05)
+                # The hook holds the PM: it is still in brclient's log. An ack
+                # is a request run_bot awaits, so one sent before the hook
+                # ran would be in brclient's log of requests by now.
                 assert bot.pending_events(KIND_PM) == [chat]
                 assert acks(bot, ACK_PM) == []
                 rec.pm_gate.set()
@@ -161,10 +163,12 @@ async def test_ack_waits_for_the_credit(tmp_path: Path) -> None:
         async with fake_network(tmp_path, "bot", "alice") as (_, (bot, alice)):
             harness = make_harness(tmp_path / "h", alice.uid)
             gate = anyio.Event()
+            recording = anyio.Event()
             real_record = harness.record_tip
             committed: list[int] = []
 
             async def slow_record(peer: str, amount_matoms: int, sequence_id: int) -> tuple[bool, int]:
+                recording.set()
                 await gate.wait()
                 outcome = await real_record(peer, amount_matoms, sequence_id)
                 committed.append(sequence_id)
@@ -174,7 +178,9 @@ async def test_ack_waits_for_the_credit(tmp_path: Path) -> None:
             rec = Recorder()
             async with running_bot(harness, bot, rec):
                 tip = bot.emit_received_tip(alice.uid, 2_000_000)
-                await anyio.sleep(0.2)
+                # The tip loop is inside record_tip; an ack sent before it
+                # (an awaited request) would be in brclient's log by now.
+                await recording.wait()
                 assert acks(bot, ACK_TIP) == []
                 assert bot.pending_events(KIND_TIP_RECEIVED) == [tip]
                 gate.set()
@@ -430,8 +436,19 @@ async def test_credits_past_the_maximum_balance_are_refused_and_logged(
 
 
 async def test_new_data_dir_credits_the_replay_backlog_and_says_from_whom(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    trackers: list[object] = []
+
+    class _CountedBacklog(bot_module._Backlog):
+        """The backlog tracker run_bot makes when there is no tip history
+        (before it reports started): counted, otherwise unchanged."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            trackers.append(self)
+
+    monkeypatch.setattr(bot_module, "_Backlog", _CountedBacklog)
     with anyio.fail_after(30), caplog.at_level(logging.INFO, logger="brmcp.server.bot"):
         async with fake_network(tmp_path, "bot", "alice", "carol") as (_, (bot, alice, carol)):
             # Tips waiting in brclient's replay log before any harness ran.
@@ -457,12 +474,15 @@ async def test_new_data_dir_credits_the_replay_backlog_and_says_from_whom(
                 "no tip history: 3 tips already waiting in brclient's replay log, from "
                 f"{alice.uid} (2 tips, 5000 atoms credited), {carol.uid} (1 tip, 0 atoms credited)"
             )
-            # A restart on the same data directory has tip history: no backlog report.
+            assert len(trackers) == 1
+            # A restart on the same data directory has tip history: run_bot
+            # makes no backlog tracker (decided before it reports started),
+            # so no backlog report can follow.
             caplog.clear()
             later = bot.emit_received_tip(alice.uid, 1_000_000)
             async with running_bot(make_harness(tmp_path / "h", alice.uid), bot, Recorder()):
                 await bot.wait_for(lambda: cleared(bot, KIND_TIP_RECEIVED, later.sequence_id))
-                await anyio.sleep(1.5)
+                assert len(trackers) == 1
             assert "replay log" not in caplog.text
 
 

@@ -1,5 +1,5 @@
 """The tip journal: each received tip credits once, in the same transaction
-that records it (issue 4; SECURITY.md §5; WIRE.md §Payments; the Go reference's
+that records it (SECURITY.md §5; WIRE.md §Payments; the Go reference's
 ``server/tipjournal_test.go`` TestTipJournal)."""
 
 from __future__ import annotations
