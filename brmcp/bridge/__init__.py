@@ -23,7 +23,7 @@ from .._ops.clock import Clock, ManualClock, SystemClock, go_duration
 from .admin import ConfigSnippet
 from .approvals import PendingPayment
 from .bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN, Bridge, BridgeConfig
-from .daemon import BridgeDaemon, TipPayer, TipPaymentError
+from .daemon import BridgeDaemon
 from .errors import BridgeError, SettingsError
 from .listener import ListenerLimits
 from .retry import RetryPolicy
@@ -31,6 +31,7 @@ from .settings import MODE_APPROVAL, MODE_AUTOPAY, SETTINGS_FILE, Settings
 from .settle import Payer
 from .spend import SPEND_FILE, SpendEntry, SpendSummary
 from .tipmatcher import TipMatcher, TipWaiter
+from .tippayer import TipPayer, TipPaymentError
 
 __all__ = [
     "ADMIN_TOKEN_FILE",

@@ -1,9 +1,10 @@
 """A bot link's re-send loop (WIRE.md §Deadlines; :mod:`.retry`): one
 request sent to the bot and sent again, same params, on an RTT-sized
 backoff until a reply comes or its deadline passes (:class:`DeadlineError`).
-:class:`ExchangeMixin` gives :class:`~.link.BotLink` its
-:meth:`~ExchangeMixin.exchange`; :func:`first_answer` is the same timing
-for a request on one session (``initialize``).
+:class:`Resender` is that loop, a component each :class:`~.link.BotLink`
+owns (:meth:`BotLink.exchange` is its :meth:`Resender.exchange`);
+:func:`first_answer` is the same timing for a request on one session
+(``initialize``).
 
 Each copy's timer starts when the copy left this side (its
 :class:`~brmcp.transport.conn.SendReceipt`: brclient's ``PM`` call returned), and no
@@ -15,11 +16,9 @@ only add to the queue they wait in.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import anyio
-from mcp import ClientSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR
@@ -27,10 +26,10 @@ from pydantic import BaseModel, ValidationError
 
 from ..transport.conn import SendReceipt, send_deadline, send_receipt
 from ..transport.router import Router
-from ._linkbase import TRANSPORT_ERROR_CODES, LinkError, _describe, log
+from ._linkbase import TRANSPORT_ERROR_CODES, LinkError, LinkSessions, _describe, log
 from .retry import RetryPolicy, RttEstimator
 
-__all__ = ["DeadlineError", "ExchangeMixin", "ProgressFn", "first_answer"]
+__all__ = ["DeadlineError", "ProgressFn", "Resender", "first_answer"]
 
 _T = TypeVar("_T", bound=BaseModel)
 _R = TypeVar("_R")
@@ -174,26 +173,44 @@ class DeadlineError(LinkError):
         self.seconds = seconds
 
 
-class ExchangeMixin:
-    """The re-send loop of :class:`~.link.BotLink`, which sets the state
-    declared here and defines the methods declared under TYPE_CHECKING."""
+def _nothing() -> None:
+    return None
 
-    uid: str
-    resends: int
-    rtt: RttEstimator
-    _router: Router
-    _retry: RetryPolicy
-    _closed: bool
 
-    if TYPE_CHECKING:
+class Resender:
+    """The re-send loop of one bot link. ``uid`` is the bot's (it names the
+    bot in errors); ``sessions`` the link's sessions (:class:`LinkSessions`:
+    every copy leases the shared session, a transport failure resets it, an
+    era refusal switches the link's era); ``router`` the bridge's router,
+    whose message TTL is a request's deadline and whose unix clock caps
+    each copy's ``exp``; ``rtt`` the link's estimator, which paces the
+    copies; ``retry`` gives the least gap after a failed copy
+    (``minimum``); ``on_sample`` is called after a reply that was a
+    round-trip sample (the link may persist the RTT)."""
 
-        def _rtt_sampled(self) -> None: ...
+    def __init__(
+        self,
+        uid: str,
+        sessions: LinkSessions,
+        router: Router,
+        rtt: RttEstimator,
+        retry: RetryPolicy,
+        *,
+        on_sample: Callable[[], None] = _nothing,
+    ) -> None:
+        self.uid = uid
+        self.rtt = rtt
+        self._sessions = sessions
+        self._router = router
+        self._retry = retry
+        self._on_sample = on_sample
+        #: Copies sent again because no reply came in time (observability),
+        #: here and by the link's ``initialize`` (:meth:`count_resend`).
+        self.resends = 0
 
-        def lease(self) -> AbstractAsyncContextManager[tuple[ClientSession, int]]: ...
-
-        def reset(self, gen: int | None = None) -> bool: ...
-
-        def era_refused(self, exc: BaseException, gen: int, *, probe: bool = False) -> bool: ...
+    def count_resend(self) -> None:
+        """One more copy was sent again (the ``on_resend`` of :func:`first_answer`)."""
+        self.resends += 1
 
     async def exchange(
         self,
@@ -260,7 +277,7 @@ class ExchangeMixin:
             token = send_deadline.set(cap)
             receipt_token = send_receipt.set(copy.receipt)
             try:
-                async with self.lease() as (session, gen):
+                async with self._sessions.lease() as (session, gen):
                     sends += 1
                     copy.handed()
                     try:
@@ -271,11 +288,11 @@ class ExchangeMixin:
                         )
                     except MCPError as exc:
                         if exc.error.code in TRANSPORT_ERROR_CODES:
-                            self.reset(gen)
+                            self._sessions.reset(gen)
                             last.append(exc)
                             wakes[-1].set()
                             return
-                        if self.era_refused(exc, gen):
+                        if self._sessions.era_refused(exc, gen):
                             # The bot wants the handshake era: the next copy
                             # (same request, same callKey) initializes first.
                             last.append(exc)
@@ -284,7 +301,7 @@ class ExchangeMixin:
                         bot_errors += 1
                         if bot_errors == 1:
                             log.info("bot %s answered %s; trying a fresh session", self.uid[:8], exc)
-                            self.reset(gen)
+                            self._sessions.reset(gen)
                             last.append(exc)
                             wakes[-1].set()
                             return
@@ -307,12 +324,12 @@ class ExchangeMixin:
                         done.set()
                         return
                     if not replies and copy.answered(self.rtt):
-                        self._rtt_sampled()
+                        self._on_sample()
                     replies.append(reply)
                     done.set()
             except LinkError as exc:
                 last.append(exc)
-                if self._closed:
+                if self._sessions.closed:
                     replies.append(exc)  # type: ignore[arg-type]
                     done.set()
             finally:

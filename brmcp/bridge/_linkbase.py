@@ -1,17 +1,20 @@
 """What every part of a bot link shares (:mod:`.link`, :mod:`._exchange`,
 :mod:`._toolsnap`, :mod:`._eras`, :mod:`.relay`, :mod:`.subscriptions`): its
 error (:class:`LinkError`), the hint given when a bot does not answer, the
-record of one BR session (:class:`_Session`), the transport error codes and
-the connect limit, and the bounds on what a bot sends (SECURITY.md "The
-bridge against a hostile bot"): the tool-list bounds
-(:class:`ToolListBudget`, :class:`ToolListTooLarge`) and the rate bound on
-relayed notifications (:class:`RateGate`).
+record of one BR session (:class:`_Session`), what the link's components
+use of its sessions (:class:`LinkSessions`, :class:`SnapshotSessions`), the
+transport error codes and the connect limit, and the bounds on what a bot
+sends (SECURITY.md "The bridge against a hostile bot"): the tool-list
+bounds (:class:`ToolListBudget`, :class:`ToolListTooLarge`) and the rate
+bound on relayed notifications (:class:`RateGate`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
 
 import anyio
 from mcp import ClientSession
@@ -30,7 +33,9 @@ __all__ = [
     "MAX_TOOL_PAGES",
     "TRANSPORT_ERROR_CODES",
     "LinkError",
+    "LinkSessions",
     "RateGate",
+    "SnapshotSessions",
     "ToolListBudget",
     "ToolListTooLarge",
     "json_bytes",
@@ -208,6 +213,64 @@ def no_answer_hint(bot: str, seconds: float, own_uid: str | None) -> str:
         f"no answer from bot {bot} in {seconds:g} s: "
         f"is it online, and is your uid {mine} on its allowed_uids?"
     )
+
+
+class LinkSessions(Protocol):
+    """What the re-send loop (:class:`~._exchange.Resender`) uses of the
+    sessions of its bot link (:class:`~.link.BotLink` provides it)."""
+
+    @property
+    def closed(self) -> bool:
+        """True once the link is closed for good."""
+        ...
+
+    def lease(self) -> AbstractAsyncContextManager[tuple[ClientSession, int]]:
+        """Use the shared session (dialing it first when needed): yields
+        ``(session, generation)``; raises :class:`LinkError`."""
+        ...
+
+    def reset(self, gen: int | None = None) -> bool:
+        """Drop session ``gen`` (the current one when None) so the next use
+        dials afresh; True when something was reset."""
+        ...
+
+    def era_refused(self, exc: BaseException, gen: int, *, probe: bool = False) -> bool:
+        """True when ``exc`` (the bot's answer on session ``gen``) says the
+        request needs the handshake era; the link then switches to it."""
+        ...
+
+
+class SnapshotSessions(LinkSessions, Protocol):
+    """What the tool snapshot (:class:`~._toolsnap.ToolSnapshot`) uses of
+    the sessions of its bot link, beyond :class:`LinkSessions`."""
+
+    @property
+    def own_uid(self) -> str | None:
+        """This bridge's own uid, named in :func:`no_answer_hint` (None: unknown)."""
+        ...
+
+    @property
+    def connected(self) -> bool:
+        """True while an initialized session is current."""
+        ...
+
+    def session_era(self, gen: int) -> Era | None:
+        """The era of session ``gen`` (None when it is gone)."""
+        ...
+
+    def is_current(self, gen: int) -> bool:
+        """True while session ``gen`` is the link's current one."""
+        ...
+
+    def take_prefetched(self, gen: int) -> list[Tool] | None:
+        """The tools the first contact of session ``gen`` brought (a
+        :class:`~.snapshots.ListedTools`), handed over once; None when
+        there are none (or ``gen`` is not current)."""
+        ...
+
+    def require_handshake(self, gen: int | None = None) -> None:
+        """Use the handshake era with the bot from now on and reset session ``gen``."""
+        ...
 
 
 class _Session:

@@ -3,7 +3,10 @@ snapshots): served to agents without a PM when it is known, fetched with
 ``tools/list`` when it is not, refreshed in the background when it is stale
 or old or the bot said its tools changed, looked up again when an agent's
 call disagrees with it, and persisted per bot (:mod:`.snapshots`).
-:class:`ToolsMixin` gives :class:`~.link.BotLink` these methods.
+:class:`ToolSnapshot` is that snapshot, a component each
+:class:`~.link.BotLink` owns: it also holds what else is persisted of the
+bot (its era and capabilities), and reaches the bot through the link's
+sessions (:class:`~._linkbase.SnapshotSessions`).
 
 Every bot is a stranger (SECURITY.md "The bridge against a hostile bot"): a
 tool list over :data:`MAX_TOOL_PAGES`, :data:`MAX_TOOLS`,
@@ -16,9 +19,8 @@ most one more queued, and at most one per :data:`RELIST_INTERVAL` seconds.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -46,16 +48,16 @@ from ._linkbase import (
     MAX_TOOL_PAGES,
     MAX_TOOLS,
     LinkError,
+    SnapshotSessions,
     ToolListBudget,
     ToolListTooLarge,
     _describe,
-    _Session,
     json_bytes,
     log,
     no_answer_hint,
 )
 from .retry import RetryPolicy
-from .snapshots import ERA_HANDSHAKE, ERA_MODERN, BotSnapshot, Era, ListedTools, SnapshotStore
+from .snapshots import ERA_HANDSHAKE, ERA_MODERN, BotSnapshot, Era, ListedTools
 from .subscriptions import Subscriptions
 
 __all__ = [
@@ -68,7 +70,7 @@ __all__ = [
     "RELIST_INTERVAL",
     "SNAPSHOT_MAX_AGE",
     "ToolListTooLarge",
-    "ToolsMixin",
+    "ToolSnapshot",
 ]
 
 #: Seconds a remembered snapshot's background refresh waits after the
@@ -92,59 +94,98 @@ SNAPSHOT_MAX_AGE = 300.0
 RELIST_INTERVAL = 10.0
 
 
-class ToolsMixin:
-    """The tools snapshot of :class:`~.link.BotLink`, which sets the state
-    declared here (in its constructor) and defines the methods declared
-    under TYPE_CHECKING."""
+def _nothing() -> None:
+    return None
 
-    uid: str
-    #: Refreshes of the tool snapshot that reached the bot.
-    refreshes: int
-    subscriptions: Subscriptions
-    _tg: anyio.abc.TaskGroup
-    _store: SnapshotStore | None
-    _clock: Callable[[], float]
-    _timer_clock: Clock | None
-    _retry: RetryPolicy
-    _connect_timeout: float
-    _own_uid: str | None
-    _current: _Session | None
-    _snapshot_lock: anyio.Lock
-    _tools: list[Tool] | None
-    _by_name: dict[str, Tool]
-    _stale: bool
-    _closed: bool
-    _capabilities: ServerCapabilities | None
-    _era: Era | None
-    _era_confirmed: bool
-    _refresh_wanted: bool
-    _refreshing: bool
-    _announce: bool
-    _changed: bool
-    _doubted_at: float | None
-    _fetched_at: float | None
-    #: Set by :meth:`_install_tools` (defaults until the first snapshot).
-    _marks_refusals: bool = False
-    _tools_bytes: int = 0
-    #: When the last background refresh asked the bot (link clock, s).
-    _relisted_at: float | None = None
-    #: :meth:`doubt_tools` asked for a look-up that has not happened yet.
-    _doubted: bool = False
 
-    if TYPE_CHECKING:
+class ToolSnapshot:
+    """The tools snapshot of one bot link, with the rest of what is known
+    (and persisted) of the bot: its era and capabilities.
 
-        def lease(self) -> AbstractAsyncContextManager[tuple[ClientSession, int]]: ...
+    ``uid`` is the bot's; ``sessions`` the link's sessions
+    (:class:`~._linkbase.SnapshotSessions`), through which ``tools/list`` is
+    asked; ``task_group`` owns the background refreshes; ``subscriptions``
+    are told ``notifications/tools/list_changed`` when the tools changed;
+    ``clock`` (the bridge's :class:`~brmcp._ops.clock.Clock`) stamps
+    :meth:`record` (``updated``, unix seconds) and paces the background
+    refreshes (:data:`RELIST_INTERVAL`); ``retry`` and ``connect_timeout``
+    bound a ``tools/list`` (seconds); ``remembered`` is the snapshot of an
+    earlier run (served until refreshed); ``on_change`` is called whenever
+    what :meth:`record` returns changed and should be persisted."""
 
-        def reset(self, gen: int | None = None) -> bool: ...
+    def __init__(
+        self,
+        uid: str,
+        sessions: SnapshotSessions,
+        task_group: anyio.abc.TaskGroup,
+        subscriptions: Subscriptions,
+        *,
+        clock: Clock,
+        retry: RetryPolicy,
+        connect_timeout: float,
+        remembered: BotSnapshot | None = None,
+        on_change: Callable[[], None] = _nothing,
+    ) -> None:
+        self.uid = uid
+        self._sessions = sessions
+        self._tg = task_group
+        self._subscriptions = subscriptions
+        self._clock = clock
+        self._retry = retry
+        self._connect_timeout = connect_timeout
+        self._on_change = on_change
+        self._lock = anyio.Lock()
+        #: The bot's era: None until known (the link's next session tries modern).
+        self.era: Era | None = None
+        #: The era was told by the bot (or remembered), not guessed.
+        self.era_confirmed = False
+        #: The capabilities the bot declared (None before the first answer).
+        self.capabilities: ServerCapabilities | None = None
+        #: Refreshes of the tool snapshot that reached the bot.
+        self.refreshes = 0
+        self._tools: list[Tool] | None = None
+        self._by_name: dict[str, Tool] = {}
+        self._marks_refusals = False
+        self._tools_bytes = 0
+        self._stale = True
+        #: A remembered snapshot waits for its first background refresh.
+        self._refresh_wanted = False
+        self._refreshing = False
+        self._announce = False
+        #: The bot said its tool list changed: fetch before serving it.
+        self._changed = False
+        #: When :meth:`doubt_tools` last asked for a look-up (monotonic s).
+        self._doubted_at: float | None = None
+        #: :meth:`doubt_tools` asked for a look-up that has not happened yet.
+        self._doubted = False
+        #: When the snapshot was last fetched from the bot (monotonic s).
+        self._fetched_at: float | None = None
+        #: When the last background refresh asked the bot (``clock``, s).
+        self._relisted_at: float | None = None
+        if remembered is not None:
+            self.era = remembered.era
+            self.era_confirmed = True
+            self.capabilities = remembered.capabilities
+            self._install_tools(remembered.tools)
+            self._refresh_wanted = True
 
-        def session_era(self, gen: int) -> Era | None: ...
+    def mark_stale(self) -> None:
+        """The link's session was reset, redialed or closed: the snapshot is
+        served as it is and refreshed in the background (:meth:`refresh`)."""
+        self._stale = True
 
-        def era_refused(self, exc: BaseException, gen: int, *, probe: bool = False) -> bool: ...
+    def after_lease(self) -> None:
+        """A request of the link reached the bot: a remembered snapshot's
+        first background refresh starts now (unless the link is closed)."""
+        if self._refresh_wanted and not self._sessions.closed:
+            self._start_refresh()
 
-        def require_handshake(self, gen: int | None = None) -> None: ...
-
-        @property
-        def connected(self) -> bool: ...
+    def list_changed(self) -> None:
+        """The bot sent ``notifications/tools/list_changed``: refresh at once
+        (coalesced, :data:`RELIST_INTERVAL`), then tell the agents."""
+        self._changed = True
+        self._announce = True
+        self._start_refresh()
 
     @property
     def tools(self) -> list[Tool] | None:
@@ -173,6 +214,7 @@ class ToolsMixin:
         return self._tools_bytes
 
     def tool(self, name: str) -> Tool | None:
+        """The snapshot's tool ``name`` (None: not listed)."""
         return self._by_name.get(name)
 
     def fixed_price(self, name: str) -> int | None:
@@ -247,22 +289,22 @@ class ToolsMixin:
                 not self._stale
                 and fetched is not None
                 and anyio.current_time() - fetched > SNAPSHOT_MAX_AGE
-                and not self._closed
+                and not self._sessions.closed
             ):
                 # Served as it is; checked at the bot in the background, and
                 # the agents told (tools/list_changed) when it differs.
                 self._start_refresh()
-            if self._stale and self._era_confirmed:
+            if self._stale and self.era_confirmed:
                 self._refresh_wanted = True
-                if self._era == ERA_HANDSHAKE and not self.connected:
+                if self.era == ERA_HANDSHAKE and not self._sessions.connected:
                     # Any request needs the handshake first: open the session
                     # now, so its initialize refreshes the capabilities.
-                    async with self.lease():
+                    async with self._sessions.lease():
                         pass
-            if not self._stale or self._era_confirmed:
+            if not self._stale or self.era_confirmed:
                 return self._tools
-        async with self._snapshot_lock:
-            if self._tools is not None and not self._changed and (not self._stale or self._era_confirmed):
+        async with self._lock:
+            if self._tools is not None and not self._changed and (not self._stale or self.era_confirmed):
                 return self._tools
             return await self._fetch()
 
@@ -270,8 +312,8 @@ class ToolsMixin:
         """``tools/list`` now (holding the snapshot lock), switching to the
         handshake era once when the bot refuses the modern request."""
         for _attempt in range(3):
-            async with self.lease() as (session, gen):
-                era = self.session_era(gen) or ERA_HANDSHAKE
+            async with self._sessions.lease() as (session, gen):
+                era = self._sessions.session_era(gen) or ERA_HANDSHAKE
                 # A modern session is ready at once: its first request is what
                 # finds out whether the bot answers at all (as initialize does).
                 limit = (
@@ -281,22 +323,17 @@ class ToolsMixin:
                 )
                 try:
                     with anyio.fail_after(limit):
-                        declared = self._capabilities if era == ERA_HANDSHAKE else None
+                        declared = self.capabilities if era == ERA_HANDSHAKE else None
                         # A bot without tools (a resources-only server) has none to list.
                         tools: list[Tool]
                         stated: ServerCapabilities | None
                         if declared is not None and declared.tools is None:
                             tools, stated = ListedTools(), None
                         else:
-                            current = self._current
-                            prefetched = (
-                                current.prefetched if current is not None and current.gen == gen else None
-                            )
+                            prefetched = self._sessions.take_prefetched(gen)
                             try:
                                 if prefetched is not None:
                                     # The first contact brought them: no PM.
-                                    assert current is not None
-                                    current.prefetched = None
                                     tools, stated = prefetched, None
                                 else:
                                     tools, stated = await _list_all(session)
@@ -317,41 +354,40 @@ class ToolsMixin:
                     raise
                 except TimeoutError:
                     if era != ERA_MODERN:
-                        self.reset(gen)
+                        self._sessions.reset(gen)
                         raise LinkError("tools/list: no answer from the bot") from None
                     # Kept: the request may still reach a bot that comes back.
-                    raise LinkError(no_answer_hint(self.uid, limit, self._own_uid)) from None
+                    raise LinkError(no_answer_hint(self.uid, limit, self._sessions.own_uid)) from None
                 except Exception as exc:
-                    if self.era_refused(exc, gen, probe=True):
+                    if self._sessions.era_refused(exc, gen, probe=True):
                         continue
-                    self.reset(gen)
+                    self._sessions.reset(gen)
                     raise LinkError(f"tools/list: {_describe(exc)}") from exc
                 self.refreshes += 1
                 self._fetched_at = anyio.current_time()
-                changed = self._era != era or not self._era_confirmed
-                self._era = era
-                self._era_confirmed = True
+                changed = self.era != era or not self.era_confirmed
+                self.era = era
+                self.era_confirmed = True
                 if era == ERA_MODERN:
-                    capabilities = stated if stated is not None else self._capabilities or _TOOLS_ONLY
-                    if capabilities != self._capabilities:
-                        self._capabilities = capabilities
+                    capabilities = stated if stated is not None else self.capabilities or _TOOLS_ONLY
+                    if capabilities != self.capabilities:
+                        self.capabilities = capabilities
                         changed = True
                     if _pushes(capabilities):
                         # Resource updates and list changes need the handshake
                         # era's standing session (2026-07-28 has none over BR),
                         # and a bot tells list changes to sessions that listed:
                         # list again there.
-                        self.require_handshake(gen)
+                        self._sessions.require_handshake(gen)
                         continue
                 marks = isinstance(tools, ListedTools) and tools.marks_refusals
                 changed = changed or tools != self._tools or marks != self._marks_refusals
-                current = self._current
                 self._install_tools(tools)
-                self._stale = current is None or current.gen != gen
+                self._stale = not self._sessions.is_current(gen)
                 self._changed = self._doubted = False
                 self._refresh_wanted = False
                 if changed:
-                    self._schedule_save()
+                    self._on_change()
             return tools
         raise LinkError("tools/list: the bot refused both eras")
 
@@ -373,9 +409,9 @@ class ToolsMixin:
         differs; another round follows while the bot announced a change
         during one. A failed round ends it (logged), the announcement kept
         for the next."""
-        now, sleep = self._timer()
+        now, sleep = self._clock.now, self._clock.sleep
         try:
-            while not self._closed:
+            while not self._sessions.closed:
                 announce = self._announce
                 if not announce:
                     # Let the request that triggered it be answered first.
@@ -391,7 +427,7 @@ class ToolsMixin:
                 self._relisted_at = now()
                 before = self._tools
                 try:
-                    async with self._snapshot_lock:
+                    async with self._lock:
                         await self._fetch()
                 except Exception as exc:
                     self._announce = self._announce or announce
@@ -403,41 +439,27 @@ class ToolsMixin:
                     # meanwhile asks the bot itself; this task refreshes later.
                     self._changed = True
                 if announce or before != self._tools:
-                    await self.subscriptions.broadcast(ToolListChangedNotification())
+                    await self._subscriptions.broadcast(ToolListChangedNotification())
                 if not self._announce:
                     return
         finally:
             self._refreshing = False
 
-    def _timer(self) -> tuple[Callable[[], float], Callable[[float], Awaitable[None]]]:
-        """``(now, sleep)`` of the link's timer (the bridge's
-        :class:`~.clock.Clock`; a test's :class:`~.clock.ManualClock`), else
-        anyio's monotonic clock."""
-        timer = self._timer_clock
-        if timer is not None:
-            return timer.now, timer.sleep
-        return anyio.current_time, anyio.sleep
-
-    def snapshot(self) -> BotSnapshot | None:
-        """What would be persisted now (None before the era is known)."""
-        if self._era is None or self._tools is None:
+    def record(self) -> BotSnapshot | None:
+        """What would be persisted now, without the round trip (the link
+        adds it): None before the era and the tools are known."""
+        if self.era is None or self._tools is None:
             return None
-        version = LATEST_MODERN_VERSION if self._era == ERA_MODERN else LATEST_HANDSHAKE_VERSION
+        version = LATEST_MODERN_VERSION if self.era == ERA_MODERN else LATEST_HANDSHAKE_VERSION
         return BotSnapshot(
             bot=self.uid,
-            era=self._era,
+            era=self.era,
             protocol_version=version,
-            capabilities=self._capabilities,
+            capabilities=self.capabilities,
             tools=self._tools,
-            updated=int(self._clock()),
+            updated=int(self._clock.now()),
             marks_refusals=self._marks_refusals,
         )
-
-    def _schedule_save(self) -> None:
-        store, snapshot = self._store, self.snapshot()
-        if store is None or snapshot is None or self._closed:
-            return
-        self._tg.start_soon(_save, store, snapshot)
 
 
 async def _list_all(session: ClientSession) -> tuple[ListedTools, ServerCapabilities | None]:
@@ -471,11 +493,3 @@ def _stated_capabilities(meta: Any) -> ServerCapabilities | None:
         return ServerCapabilities.model_validate(raw)
     except ValueError:
         return None
-
-
-async def _save(store: SnapshotStore, snapshot: BotSnapshot) -> None:
-    try:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(store.save, snapshot)
-    except (OSError, ValueError) as exc:  # ValueError: over MAX_SNAPSHOT_BYTES
-        log.warning("bot %s: snapshot not written: %s", snapshot.bot[:8], exc)

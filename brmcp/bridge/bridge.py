@@ -427,10 +427,9 @@ class Bridge:
             connect_timeout=self.config.connect_timeout,
             store=self._snapshot_store,
             snapshot=snapshot,
-            clock=self._clock.now,
+            clock=self._clock,
             retry=self.config.retry,
             own_uid=self._own_uid,
-            timer=self._clock,
         )
         funding = Funding(uid, self._settler, self._current, link.fixed_price, link.spawn)
         proxy = BotProxy(
@@ -453,7 +452,7 @@ class Bridge:
         later; a daemon calls it once connected to brclient."""
         self._own_uid = uid
         for link in self._links.values():
-            link._own_uid = uid
+            link.own_uid = uid
 
     def link(self, uid: str) -> BotLink | None:
         """The link to bot ``uid`` if one was built (observability)."""

@@ -31,6 +31,10 @@ enabled. Without it (the daemon is not running, or the bridge is disabled):
 
 The agents' token is shown as ``<hidden>`` unless ``--show-token`` is given.
 Errors are one line on stderr, exit status 1.
+
+This module parses the arguments and runs the commands; how they reach the
+daemon is :mod:`._adminclient`, and ``settings set`` without it
+:mod:`._settingsedit`.
 """
 
 from __future__ import annotations
@@ -38,14 +42,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -57,79 +56,19 @@ import anyio
 from .._ops.botlog import LEVEL_CHOICES, LogSetupError, bot_logging
 from .._ops.console import add_version, quiet_broken_pipe
 from ..clientrpc import BotConfig, ClientrpcConfigError
-from ._command import default_datadir
-from .bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN
-from .daemon import (
-    BOT_CONFIG_NAME,
-    RUNTIME_FILE,
-    BridgeDaemon,
-    load_daemon_config,
-    read_runtime,
-    runtime_stale_reason,
-)
-from .errors import BridgeError, SettingsError
-from .settings import (
-    MODE_APPROVAL,
-    MODE_AUTOPAY,
-    SETTINGS_FILE,
-    Settings,
-    check_new_token,
-    is_uid,
-    load_settings,
-    mint_token,
-    save_settings,
-    setting_names,
-)
-from .settings import settings_from_json as _settings_from_json
+from ._adminclient import AdminError, CLIError, Disabled, NotRunning, admin, locate
+from ._command import PROG, default_datadir
+from ._settingsedit import edit_file, parse_pairs, set_offline
+from .bridge import DEFAULT_LISTEN
+from .daemon import BOT_CONFIG_NAME, BridgeDaemon, load_daemon_config
+from .errors import BridgeError
+from .settings import SETTINGS_FILE, Settings, is_uid, load_settings, save_settings, setting_names
 from .spend import SPEND_FILE, SpendLog
 
 __all__ = ["CLIError", "default_datadir", "main"]
 
-PROG = "brmcp-bridge"
-#: Seconds a subcommand waits for the daemon's answer.
-REQUEST_TIMEOUT = 15.0
-#: Seconds ``settings set`` waits for a reloaded daemon to open its endpoint.
-RELOAD_WAIT = 10.0
-
-_BOOLS = {
-    "true": True,
-    "false": False,
-    "1": True,
-    "0": False,
-    "yes": True,
-    "no": False,
-    "on": True,
-    "off": False,
-}
-_INT_SETTINGS = ("per_call_cap_atoms", "per_day_cap_atoms", "approval_timeout_secs", "tip_wait_secs")
-_MODES = (MODE_APPROVAL, MODE_AUTOPAY)
 #: Shown instead of the agents' token unless ``--show-token`` is given.
 HIDDEN_TOKEN = "<hidden>"
-
-
-class CLIError(Exception):
-    """A one-line error for the user."""
-
-
-class _Disabled(CLIError):
-    """The admin surface is off because the bridge is disabled."""
-
-
-class _NotRunning(CLIError):
-    """No daemon runs on the data directory; ``detail`` says how we know."""
-
-    def __init__(self, datadir: Path, detail: str) -> None:
-        self.datadir = datadir
-        self.detail = detail
-        super().__init__(f"the daemon is not running ({detail}); start it with: {PROG} --datadir {datadir}")
-
-
-class _AdminError(CLIError):
-    """The admin surface answered with an error status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message or f"HTTP {status}")
-        self.status = status
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -200,225 +139,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-# -- talking to the daemon ------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Daemon:
-    datadir: Path
-    pid: int
-    url: str
-    sighup: bool
-    token: str
-
-
-class _HTTPError(Exception):
-    def __init__(self, status: int, message: str, plain: bool) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.plain = plain
-
-
-class _Unreachable(Exception):
-    pass
-
-
-def _locate(datadir: Path) -> _Daemon:
-    """The running daemon, from its runtime record. Raises :class:`_NotRunning`
-    when there is no record or it is stale, CLIError for other problems."""
-    record = read_runtime(datadir)
-    runtime = datadir / RUNTIME_FILE
-    if record is None:
-        raise _NotRunning(datadir, f"no {runtime}")
-    pid, url = record.get("pid"), record.get("url")
-    if not isinstance(pid, int) or not isinstance(url, str):
-        raise CLIError(f"{runtime} is malformed; restart the daemon")
-    stale = runtime_stale_reason(record)
-    if stale is not None:
-        raise _NotRunning(datadir, f"stale runtime file {runtime}: {stale}")
-    token_path = datadir / ADMIN_TOKEN_FILE
-    try:
-        token = token_path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        raise CLIError(
-            f"admin token file {token_path} is missing: is {datadir} the daemon's --datadir?"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CLIError(f"cannot read admin token file {token_path}: {exc}") from None
-    if not token:
-        raise CLIError(f"admin token file {token_path} is empty")
-    return _Daemon(datadir, pid, url, bool(record.get("sighup")), token)
-
-
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
-
-
-def _request(daemon: _Daemon, method: str, path: str, body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode("utf-8")
-    req = urllib.request.Request(
-        daemon.url + path,
-        data=data,
-        method=method,
-        headers={
-            "Authorization": f"Bearer {daemon.token}",
-            "Accept": "application/json",
-            "Content-Type": "application/json",
-        },
-    )
-    try:
-        with _OPENER.open(req, timeout=REQUEST_TIMEOUT) as resp:
-            raw = resp.read()
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
-        ctype = exc.headers.get("Content-Type", "") if exc.headers else ""
-        message = raw.decode("utf-8", errors="replace").strip()
-        if ctype.startswith("application/json"):
-            try:
-                message = str(json.loads(raw).get("error", message))
-            except (ValueError, AttributeError):
-                pass
-            raise _HTTPError(exc.code, message, plain=False) from None
-        raise _HTTPError(exc.code, message, plain=True) from None
-    except urllib.error.URLError as exc:
-        raise _Unreachable(str(exc.reason)) from None
-    except OSError as exc:
-        raise _Unreachable(str(exc) or type(exc).__name__) from None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise CLIError(f"the daemon at {daemon.url} sent a malformed answer") from None
-
-
-def _enabled_on_disk(datadir: Path) -> bool:
-    try:
-        return load_settings(datadir / SETTINGS_FILE).enabled
-    except BridgeError:
-        return True
-
-
-def _admin(daemon: _Daemon, method: str, path: str, body: Any = None) -> Any:
-    disabled = _Disabled(
-        "the bridge is disabled, so its admin surface is off; enable it with: "
-        f"{PROG} --datadir {daemon.datadir} settings set enabled=true"
-    )
-    try:
-        return _request(daemon, method, path, body)
-    except _Unreachable as exc:
-        if not _enabled_on_disk(daemon.datadir):
-            raise disabled from None
-        raise CLIError(f"cannot reach the daemon (pid {daemon.pid}) at {daemon.url}: {exc}") from None
-    except _HTTPError as exc:
-        if exc.status == 401:
-            raise CLIError(
-                f"the daemon at {daemon.url} refused the admin token in {daemon.datadir / ADMIN_TOKEN_FILE}"
-            ) from None
-        if exc.status == 404 and exc.plain:
-            raise disabled from None
-        raise _AdminError(exc.status, exc.message) from None
-
-
 # -- commands ----------------------------------------------------------------------------
-
-
-def _parse_pairs(pairs: Sequence[str]) -> dict[str, Any]:
-    if not pairs:
-        raise CLIError(f"settings set needs KEY=VALUE pairs; keys: {', '.join(setting_names())}")
-    changes: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not key:
-            raise CLIError(f"{pair!r}: expected KEY=VALUE")
-        if key not in setting_names():
-            raise CLIError(f"unknown setting {key!r}; keys: {', '.join(setting_names())}")
-        if key == "enabled":
-            if value.lower() not in _BOOLS:
-                raise CLIError(f"enabled={value!r}: use true or false")
-            changes[key] = _BOOLS[value.lower()]
-        elif key == "mode":
-            if value.lower() not in _MODES:
-                raise CLIError(f"mode={value!r}: use {MODE_APPROVAL} or {MODE_AUTOPAY}")
-            changes[key] = value.lower()
-        elif key in _INT_SETTINGS:
-            try:
-                changes[key] = int(value)
-            except ValueError:
-                raise CLIError(f"{key}={value!r}: not an integer number of {_unit(key)}") from None
-        elif key in ("allowed_bots", "prepay_bots"):
-            changes[key] = [uid.strip() for uid in value.split(",") if uid.strip()]
-        elif key == "token":
-            try:
-                check_new_token(value)
-            except SettingsError as exc:
-                raise CLIError(str(exc)) from None
-            changes[key] = value
-        else:
-            changes[key] = value
-    return changes
-
-
-def _unit(key: str) -> str:
-    return "atoms" if key.endswith("_atoms") else "seconds"
-
-
-def _edit_file(datadir: Path, changes: dict[str, Any]) -> tuple[Path, Settings]:
-    """Apply ``changes`` to ``mcpclient.json`` itself, with the validation the
-    admin surface applies; enabling without a token mints one."""
-    path = datadir / SETTINGS_FILE
-    try:
-        current = load_settings(path)
-        candidate = _settings_from_json(json.dumps(changes), base=current).normalized()
-        candidate.validate()
-    except (SettingsError, BridgeError) as exc:
-        raise CLIError(str(exc)) from None
-    if candidate.enabled and not candidate.token:
-        candidate = candidate.replace(token=mint_token())
-    try:
-        save_settings(path, candidate)
-    except BridgeError as exc:
-        raise CLIError(str(exc)) from None
-    return path, candidate
-
-
-def _set_offline(daemon: _Daemon, changes: dict[str, Any]) -> dict[str, Any]:
-    """Apply ``changes`` to mcpclient.json directly (the admin surface is
-    off) and have the running daemon reload it."""
-    path, candidate = _edit_file(daemon.datadir, changes)
-    if not daemon.sighup:
-        print(
-            f"{PROG}: saved {path}; this daemon does not reload on SIGHUP, restart it to apply",
-            file=sys.stderr,
-        )
-        return candidate.to_dict()
-    try:
-        os.kill(daemon.pid, signal.SIGHUP)
-    except OSError as exc:
-        raise CLIError(f"saved {path}, but could not signal the daemon (pid {daemon.pid}): {exc}") from None
-    print(
-        f"{PROG}: the bridge was disabled: saved {path} and sent SIGHUP to pid {daemon.pid}", file=sys.stderr
-    )
-    if not candidate.enabled:
-        return candidate.to_dict()
-    deadline = time.monotonic() + RELOAD_WAIT
-    while True:
-        try:
-            answer = _admin(daemon, "GET", "/admin/settings")
-        except CLIError:
-            if time.monotonic() > deadline:
-                raise CLIError(
-                    f"saved {path}, but the daemon (pid {daemon.pid}) did not open {daemon.url} "
-                    f"within {RELOAD_WAIT:.0f}s; see its log"
-                ) from None
-            time.sleep(0.1)
-            continue
-        return dict(answer)
 
 
 def _offline_note(exc: CLIError, path: Path, missing: str) -> str:
     """Why an answer comes from ``path`` rather than from the daemon
     (``missing``: what is shown when the file does not exist)."""
-    if isinstance(exc, _NotRunning):
+    if isinstance(exc, NotRunning):
         why = f"the daemon is not running ({exc.detail})"
     else:
         why = "the bridge is disabled, so the daemon's admin surface is off"
@@ -431,8 +158,8 @@ def _cmd_settings(datadir: Path, args: argparse.Namespace) -> None:
         if args.pairs:
             raise CLIError("to change settings use: settings set KEY=VALUE...")
         try:
-            result = _admin(_locate(datadir), "GET", "/admin/settings")
-        except (_NotRunning, _Disabled) as exc:
+            result = admin(locate(datadir), "GET", "/admin/settings")
+        except (NotRunning, Disabled) as exc:
             path = datadir / SETTINGS_FILE
             try:
                 result = load_settings(path).to_dict()
@@ -440,11 +167,11 @@ def _cmd_settings(datadir: Path, args: argparse.Namespace) -> None:
                 raise CLIError(str(error)) from None
             print(_offline_note(exc, path, "defaults shown"), file=sys.stderr)
     else:
-        changes = _parse_pairs(args.pairs)
+        changes = parse_pairs(args.pairs)
         try:
-            daemon = _locate(datadir)
-        except _NotRunning as exc:
-            path, saved = _edit_file(datadir, changes)
+            daemon = locate(datadir)
+        except NotRunning as exc:
+            path, saved = edit_file(datadir, changes)
             print(
                 f"{PROG}: saved {path}; the daemon is not running ({exc.detail}), so these settings apply "
                 f"when it starts: {PROG} --datadir {datadir}",
@@ -453,9 +180,9 @@ def _cmd_settings(datadir: Path, args: argparse.Namespace) -> None:
             result = saved.to_dict()
         else:
             try:
-                result = _admin(daemon, "PUT", "/admin/settings", changes)
-            except _Disabled:
-                result = _set_offline(daemon, changes)
+                result = admin(daemon, "PUT", "/admin/settings", changes)
+            except Disabled:
+                result = set_offline(daemon, changes)
     if isinstance(result, dict) and result.get("token") and not args.show_token:
         result = {**result, "token": HIDDEN_TOKEN}
     _print_json(result, args.json)
@@ -468,25 +195,25 @@ def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
     if args.action != "list" and not args.id:
         raise CLIError(f"approvals {args.action} needs a payment ID; list them with: {listing}")
     try:
-        daemon = _locate(datadir)
-    except _NotRunning as exc:
+        daemon = locate(datadir)
+    except NotRunning as exc:
         raise CLIError(
             f"approvals live in the running daemon's memory, and it is not running ({exc.detail}); "
             f"start it with: {PROG} --datadir {datadir}"
         ) from None
     try:
         if args.action == "list":
-            result = _admin(daemon, "GET", "/admin/approvals")
+            result = admin(daemon, "GET", "/admin/approvals")
         else:
             path = f"/admin/approvals/{quote(args.id, safe='')}/{args.action}"
-            result = _admin(daemon, "POST", path)
-    except _Disabled:
+            result = admin(daemon, "POST", path)
+    except Disabled:
         raise CLIError(
             "approvals live in the running daemon's memory and are reached through its admin surface, "
             "which is off while the bridge is disabled; enable it with: "
             f"{PROG} --datadir {datadir} settings set enabled=true"
         ) from None
-    except _AdminError as exc:
+    except AdminError as exc:
         if exc.status == 404 and args.action != "list":
             raise CLIError(
                 f"unknown payment {_shown(args.id)!r}: nothing with that ID waits for approval "
@@ -514,12 +241,12 @@ def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
 def _cmd_spend(datadir: Path, args: argparse.Namespace) -> None:
     waiting: list[Any] = []
     try:
-        daemon = _locate(datadir)
-        result = _admin(daemon, "GET", "/admin/spend")
+        daemon = locate(datadir)
+        result = admin(daemon, "GET", "/admin/spend")
         # Payments parked for approval have not moved a single atom, so they
         # are not in the log; say they exist, or the log looks idle.
-        waiting = list(_admin(daemon, "GET", "/admin/approvals").get("pending") or [])
-    except (_NotRunning, _Disabled) as exc:
+        waiting = list(admin(daemon, "GET", "/admin/approvals").get("pending") or [])
+    except (NotRunning, Disabled) as exc:
         path = datadir / SPEND_FILE
         try:
             result = SpendLog.load(path).summary(int(time.time())).to_dict()
@@ -557,8 +284,8 @@ def _cmd_config_snippet(datadir: Path, args: argparse.Namespace) -> None:
     uid = args.uid.strip()
     if not is_uid(uid):
         raise CLIError(f"bot uid {uid!r} is not 64 hex characters")
-    daemon = _locate(datadir)
-    result = _admin(daemon, "GET", f"/admin/config-snippet/{uid.lower()}")
+    daemon = locate(datadir)
+    result = admin(daemon, "GET", f"/admin/config-snippet/{uid.lower()}")
     if args.json:
         _print_json(result, True)
         return
@@ -577,15 +304,15 @@ def _cmd_config_snippet(datadir: Path, args: argparse.Namespace) -> None:
 
 def _cmd_ui(datadir: Path, args: argparse.Namespace) -> None:
     try:
-        daemon = _locate(datadir)
-    except _NotRunning as exc:
+        daemon = locate(datadir)
+    except NotRunning as exc:
         raise CLIError(
             f"the approvals page is served by the running daemon, and it is not running ({exc.detail}); "
             f"start it with: {PROG} --datadir {datadir}"
         ) from None
     try:
-        result = _admin(daemon, "POST", "/admin/ui-login", {})
-    except _Disabled:
+        result = admin(daemon, "POST", "/admin/ui-login", {})
+    except Disabled:
         raise CLIError(
             "the approvals page shares the endpoint's listener, which is off while the bridge is "
             f"disabled; enable it with: {PROG} --datadir {datadir} settings set enabled=true"

@@ -9,20 +9,23 @@ What the daemon supplies to the bridge:
   fails at once with ``brclient not connected`` while disconnected);
 * inbound PMs: every PM from ``ChatService.PMStream`` goes to
   :meth:`Bridge.handle_pm`, then ``AckReceivedPM``;
-* payer: :class:`TipPayer` pays with ``PaymentsService.TipUser`` (``dcr_amount``
-  = atoms / 1e8, 3 attempts) and returns once the matching terminal
-  ``TipProgress`` event says the tip completed; a first event saying the
-  attempt failed and will be retried ends the wait at once (the spend stays
-  pending); a terminal event no payment waits for (it came after the tip
-  wait, after such a stall, or after a restart) is a late outcome for
-  :meth:`Bridge.resolve_spend`; every progress event is acked after it was
-  handled (one whose outcome could not be written stays unacked, so
-  brclient delivers it again); a tip outstanding for over
-  :data:`TIP_SLOW_SECS` s is logged once at INFO with what it waits for
-  (e.g. brclient's tip restart delay after it starts);
+* sender: wrapped in a :class:`~.patient.PatientSender` (:mod:`.patient`),
+  so a PM sent during a reconnect waits for it;
+* payer: :class:`~.tippayer.TipPayer` (:mod:`.tippayer`) pays with
+  ``PaymentsService.TipUser`` (``dcr_amount`` = atoms / 1e8, 3 attempts)
+  and returns once the matching terminal ``TipProgress`` event says the tip
+  completed; a first event saying the attempt failed and will be retried
+  ends the wait at once (the spend stays pending); a terminal event no
+  payment waits for (it came after the tip wait, after such a stall, or
+  after a restart) is a late outcome for :meth:`Bridge.resolve_spend`;
+  every progress event is acked after it was handled (one whose outcome
+  could not be written stays unacked, so brclient delivers it again); a tip
+  outstanding for over :data:`~.tippayer.TIP_SLOW_SECS` s is logged once at
+  INFO with what it waits for (e.g. brclient's tip restart delay after it
+  starts);
 * the endpoint on ``listen`` (default ``127.0.0.1:8891``), bound while the
   bridge is enabled, and a runtime file that tells the CLI where the admin
-  surface is (:data:`RUNTIME_FILE`).
+  surface is (:data:`~.runtime.RUNTIME_FILE`, :mod:`.runtime`).
 
 Files in the data directory: ``brmcp-bridge.conf`` (bisonbotkit format,
 created with defaults on first use), ``mcpclient.json``, ``mcpspend.json``,
@@ -34,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import logging
 import os
 import shlex
@@ -48,31 +50,34 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from .._ops.clock import Clock, SystemClock, go_duration
+from .._ops.clock import Clock, SystemClock
 from .._ops.lockfile import FileLock, acquire_brclient, acquire_datadir
 from ..clientrpc import (
     BotConfig,
     Client,
-    ClientrpcConnectionLost,
-    ClientrpcNotConnected,
     ReceivedPM,
-    RPCError,
     Subscription,
     TipProgressEvent,
-    atoms_to_dcr,
     load_or_create_bot_config,
 )
 from ..clientrpc._glue import Acker, connection_signals, flush_on_connect
+from ..protocol.units import atoms_from_milliatoms
 from ..transport.router import RouterOptions
-from ._files import read_text, write_atomic
 from .approvals import PendingPayment
 from .bridge import DEFAULT_LISTEN, Bridge, BridgeConfig
 from .errors import BridgeError
 from .listener import parse_listen_address
+from .patient import PatientSender
+from .runtime import (
+    RUNTIME_FILE,
+    read_runtime,
+    remove_runtime,
+    runtime_stale_reason,
+    write_runtime,
+)
 from .settings import Settings
-from .settle import payment_scheduled
 from .tipmatcher import TipMatcher
-from .ui.nicks import clientrpc_user_nick
+from .tippayer import TIP_MAX_ATTEMPTS, TIP_SLOW_SECS, TipPayer, TipPaymentError, TipStalledError
 
 if TYPE_CHECKING:
     from ..metrics import MetricsEndpoint
@@ -80,6 +85,8 @@ if TYPE_CHECKING:
 #: Seconds a matched tip outcome waits for the spend log write before its ack.
 OUTCOME_WRITE_WAIT = 10.0
 
+# TipPayer (.tippayer), PatientSender (.patient) and the runtime file
+# (.runtime) have their own modules; their names stay importable from here.
 __all__ = [
     "BOT_CONFIG_NAME",
     "NOTIFY_KEY",
@@ -103,208 +110,10 @@ log = logging.getLogger("brmcp.bridge.daemon")
 BOT_CONFIG_NAME = "brmcp-bridge"
 #: Held (flock) while the daemon runs: one process per data directory.
 LOCK_FILE = "brmcp-bridge.lock"
-#: Written while the daemon runs: ``{"pid", "started", "listen", "url", "sighup"}`` (JSON,
-#: mode 0600); see :func:`read_runtime`.
-RUNTIME_FILE = "brmcp-bridge.runtime.json"
-#: ``TipUser`` invoice attempts per payment (BRIDGE.md §Running the daemon; the Go
-#: reference, karamble/brmcp, `cmd/brmcp-serve/main.go`, pays with 3 attempts too).
-TIP_MAX_ATTEMPTS = 3
-#: Seconds a tip may be outstanding before :class:`TipPayer` logs (once, at
-#: INFO) what it waits for: brclient taking it (its ``TipUser`` blocks for
-#: brclient's tip restart delay after each start) or its outcome.
-TIP_SLOW_SECS = 5.0
 #: ``brmcp-bridge.conf`` key: a command run on each new payment waiting for approval.
 NOTIFY_KEY = "approvalnotify"
 #: Seconds a notification command may run before it is killed.
 NOTIFY_TIMEOUT = 30.0
-
-
-class TipPaymentError(Exception):
-    """A tip was not paid; the message is shown to the agent after
-    ``<name>: payment not made:`` (``brclient not connected``, ``tip: <brclient's
-    error>``, ``tip failed: <attempt error>``)."""
-
-
-class TipStalledError(TipPaymentError):
-    """A tip attempt failed and brclient retries it later (e.g. the payee
-    has no wallet: the next attempt is a day away): the wait ends now and
-    the agent is told at once, but the tip may still land, so the spend
-    stays ``pending`` (counted against the day cap) with this reason in its
-    ``err`` until brclient's terminal TipProgress settles it: ``paid`` when
-    the retry completes, ``failed`` when brclient will not retry
-    (:meth:`Bridge.resolve_spend`; :class:`TipMatcher` routes those events
-    past newer payments)."""
-
-    may_land = True
-
-
-#: Seconds a payment or a PM waits for a clientrpc connection that is down
-#: (brclient restarting, the client reconnecting) before it fails.
-RECONNECT_WAIT = 30.0
-
-
-class PatientSender:
-    """The bridge's PM sender over a clientrpc :class:`Client`: a PM sent
-    while the connection is down waits for it (at most ``wait`` seconds)
-    instead of failing at once, so a call made during a reconnect goes
-    through. Raises what ``Client.send_pm`` raises."""
-
-    def __init__(self, client: Client, wait: float = RECONNECT_WAIT) -> None:
-        self._client = client
-        self._wait = wait
-
-    async def send_pm(self, peer: str, text: str) -> None:
-        await _await_connection(self._client, self._wait)
-        await self._client.send_pm(peer, text)
-
-    async def user_nick(self, uid: str) -> str:
-        """brclient's nick for contact ``uid`` (the approvals page); does not
-        wait for a reconnect. Raises what :func:`clientrpc_user_nick` raises."""
-        return await clientrpc_user_nick(self._client, uid)
-
-
-async def _await_connection(client: Client, wait: float) -> None:
-    """Wait (at most ``wait`` seconds) for a live connection; returns either way."""
-    if client.connected or wait <= 0:
-        return
-    with anyio.move_on_after(wait):
-        try:
-            await client.wait_connected()
-        except ClientrpcNotConnected:
-            return
-
-
-class TipPayer:
-    """The daemon's :class:`~brmcp.bridge.Payer`: a Bison Relay tip through
-    brclient, confirmed by the terminal tip-progress event that ``matcher``
-    pairs with it (payee uid lowercase, amount in milliatoms = atoms * 1000).
-
-    ``pay`` returns once the tip completed and raises
-    :class:`TipPaymentError` when brclient refused it or the tip failed for
-    good. If the connection drops after ``TipUser`` was sent, the tip may
-    have been scheduled: ``pay`` keeps waiting for its outcome (the progress
-    stream resumes after the reconnect) until the bridge's tip wait cancels
-    it, which leaves the spend pending and counted, never paid twice.
-
-    ``max_attempts``: TipUser's ``maxAttempts`` (≥ 1, else ValueError);
-    ``reconnect_wait``: seconds a payment waits for a clientrpc connection
-    that is down; ``clock``: times the log line of a slow tip
-    (:data:`TIP_SLOW_SECS`; wall time by default, as the tip wait).
-    """
-
-    def __init__(
-        self,
-        client: Client,
-        matcher: TipMatcher,
-        *,
-        max_attempts: int = TIP_MAX_ATTEMPTS,
-        reconnect_wait: float = RECONNECT_WAIT,
-        clock: Clock | None = None,
-    ) -> None:
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1")
-        self._clock: Clock = clock if clock is not None else SystemClock()
-        self._reconnect_wait = reconnect_wait
-        self._client = client
-        self._matcher = matcher
-        self._max_attempts = max_attempts
-
-    async def pay(self, payee_uid: str, atoms: int) -> None:
-        """Tip ``atoms`` atoms to ``payee_uid`` (64 hex) and wait for the outcome.
-        A tip still outstanding after :data:`TIP_SLOW_SECS` s (on the payer's
-        clock) is logged once at INFO, saying what it waits for."""
-        if atoms <= 0:
-            raise TipPaymentError(f"cannot tip {atoms} atoms")
-        payee = payee_uid.lower()
-        tip = _OutstandingTip(payee, atoms, self._max_attempts)
-        failure: Exception | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._note_slow, tip)
-            try:
-                await self._pay(tip)
-            except Exception as exc:
-                # Raised below, as itself (not wrapped in a group).
-                failure = exc
-            finally:
-                tg.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
-
-    async def _pay(self, tip: _OutstandingTip) -> None:
-        payee, atoms = tip.payee, tip.atoms
-        await _await_connection(self._client, self._reconnect_wait)
-        if not self._client.connected:
-            raise TipPaymentError("brclient not connected")
-        waiter = self._matcher.expect(payee, atoms * 1000)
-        tip.stage = "taking"
-        try:
-            try:
-                await self._client.tip_user(payee, atoms_to_dcr(atoms), self._max_attempts)
-            except ClientrpcNotConnected:
-                raise TipPaymentError("brclient not connected") from None
-            except RPCError as exc:
-                raise TipPaymentError(f"tip: {exc}") from None
-            except ClientrpcConnectionLost as exc:
-                payment_scheduled()  # it may have been stored: count it as existing
-                log.warning(
-                    "tip of %d atoms to %s: outcome unknown (%s); waiting for its progress", atoms, payee, exc
-                )
-            else:
-                payment_scheduled()  # stored by brclient: it survives restarts
-            tip.stage = "outcome"
-            error = await waiter.wait()
-        finally:
-            waiter.cancel()
-        if waiter.stalled:
-            raise TipStalledError(
-                f"tip cannot complete now: {error}; brclient retries it later, so it may still land"
-                " (the spend log records it)"
-            )
-        if error is not None:
-            raise TipPaymentError(f"tip failed: {error}")
-
-    async def _note_slow(self, tip: _OutstandingTip) -> None:
-        """Log once what a tip waits for once it is outstanding
-        :data:`TIP_SLOW_SECS` s (cancelled when the tip's wait ends)."""
-        await self._clock.sleep(TIP_SLOW_SECS)
-        log.info("%s", tip.describe(TIP_SLOW_SECS))
-
-
-class _OutstandingTip:
-    """One :meth:`TipPayer.pay` in progress: payee uid (lowercase hex),
-    ``atoms``, TipUser's ``maxAttempts``, and how far it got: ``stage`` is
-    ``"connecting"`` (waiting for the clientrpc connection), ``"taking"``
-    (TipUser sent, not returned) or ``"outcome"`` (brclient took the tip;
-    waiting for its terminal TipProgress event)."""
-
-    __slots__ = ("atoms", "max_attempts", "payee", "stage")
-
-    def __init__(self, payee: str, atoms: int, max_attempts: int) -> None:
-        self.payee = payee
-        self.atoms = atoms
-        self.max_attempts = max_attempts
-        self.stage = "connecting"
-
-    def describe(self, waited: float) -> str:
-        """The log line for a tip outstanding ``waited`` seconds."""
-        head = f"tip of {self.atoms} atoms to bot {self.payee}"
-        so_far = go_duration(waited)
-        if self.stage == "connecting":
-            return f"{head}: waiting for the clientrpc connection to brclient ({so_far} so far)"
-        if self.stage == "taking":
-            return (
-                f"{head}: waiting for brclient to take it ({so_far} so far): after brclient starts, its"
-                " TipUser waits until its tip restart delay ([tipuser] restartdelay in brclient.conf,"
-                " brnet's -tiprestartdelay; 1m0s by default) has passed since it connected to the"
-                " relay, so the first paid call after a brclient start can take that long"
-            )
-        return (
-            f"{head}: waiting for brclient to complete it (attempt 1 of {self.max_attempts},"
-            f" {so_far} so far): brclient makes one tip at a time to each payee and needs an invoice"
-            " from the payee, which must be online; an attempt that fails is retried by brclient after"
-            " [tipuser] rerequestinvoicedelay (24h0m0s by default), and this wait then ends with the"
-            " spend left pending"
-        )
 
 
 def resolve_listen(address: str) -> str:
@@ -335,72 +144,6 @@ def load_daemon_config(datadir: str | os.PathLike[str]) -> tuple[BotConfig, bool
     root = Path(datadir).expanduser()
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     return load_or_create_bot_config(root, BOT_CONFIG_NAME)
-
-
-def read_runtime(datadir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The daemon's runtime record (``pid``; ``started``, the process start
-    time in clock ticks since boot where the system tells it, else null;
-    ``listen``; ``url``; ``sighup``), or None when there is no (readable)
-    file. A daemon killed with SIGKILL leaves its record behind: check it
-    with :func:`runtime_stale_reason` before trusting it."""
-    path = Path(datadir) / RUNTIME_FILE
-    try:
-        text = read_text(path)
-    except (OSError, UnicodeDecodeError):
-        return None
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def runtime_stale_reason(record: Mapping[str, Any]) -> str | None:
-    """None when the process a runtime record names still runs (and, where
-    the system reports process start times, is the same process that wrote
-    the record); otherwise why the record is stale, e.g. ``process 123 is
-    gone`` or ``pid 123 now belongs to another process``."""
-    pid = record.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return "it names no process"
-    if not _pid_alive(pid):
-        return f"process {pid} is gone"
-    started = record.get("started")
-    if isinstance(started, int) and not isinstance(started, bool):
-        now = _process_started(pid)
-        if now is not None and now != started:
-            return f"pid {pid} now belongs to another process"
-    return None
-
-
-def _process_started(pid: int) -> int | None:
-    """The start time of process ``pid`` in clock ticks since boot (Linux
-    ``/proc/<pid>/stat`` field 22), or None where that is not available."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold anything.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
 
 
 class BridgeDaemon:
@@ -699,24 +442,13 @@ class BridgeDaemon:
             )
 
     def _write_runtime(self, sighup: bool) -> None:
-        pid = os.getpid()
-        record = {
-            "pid": pid,
-            "started": _process_started(pid),
-            "listen": self.listen,
-            "url": self.base_url,
-            "sighup": sighup,
-        }
         try:
-            write_atomic(self.runtime_path, json.dumps(record) + "\n")
+            write_runtime(self.datadir, listen=self.listen, url=self.base_url, sighup=sighup)
         except OSError as exc:
             log.error("cannot write %s (the CLI will not find this daemon): %s", self.runtime_path, exc)
 
     def _remove_runtime(self) -> None:
-        record = read_runtime(self.datadir)
-        if record is not None and record.get("pid") == os.getpid():
-            with contextlib.suppress(OSError):
-                self.runtime_path.unlink()
+        remove_runtime(self.datadir)
 
     async def _on_connected(self) -> None:
         try:
@@ -772,7 +504,8 @@ class BridgeDaemon:
             unwatch()
         self.late_outcomes += 1
         try:
-            settled = await self.bridge.resolve_spend(event.uid, event.amount_matoms // 1000, error)
+            atoms = atoms_from_milliatoms(event.amount_matoms)
+            settled = await self.bridge.resolve_spend(event.uid, atoms, error)
         except BridgeError as exc:
             log.error("late tip outcome for %s not recorded: %s", event.uid, exc)
             return False

@@ -26,53 +26,56 @@ list changes go to the agent sessions that asked for them
 URI agents still watch.
 
 This module holds :class:`BotLink` itself: its sessions, eras and change
-notifications. Its parts live beside it: :mod:`._exchange` (the re-send
-loop, :meth:`BotLink.exchange`, :class:`DeadlineError`), :mod:`._toolsnap`
-(the tools snapshot: :meth:`BotLink.refresh`, :meth:`BotLink.snapshot`, the
-background refresh; its timing constants ``REFRESH_DELAY``,
-``SNAPSHOT_MAX_AGE`` and ``RECHECK_INTERVAL`` are defined and read there
-only), :mod:`._eras` (first contact and era signs) and :mod:`._linkbase`
-(:class:`LinkError` and the session record).
+notifications. It owns two components, each built with what it depends on
+(the link's sessions reach them through the protocols of :mod:`._linkbase`):
+
+* a :class:`~._exchange.Resender` (:mod:`._exchange`): the re-send loop,
+  :meth:`BotLink.exchange`, :class:`DeadlineError`;
+* a :class:`~._toolsnap.ToolSnapshot` (:mod:`._toolsnap`): the tools
+  snapshot with the bot's era and capabilities, :meth:`BotLink.refresh`,
+  the background refresh; its timing constants ``REFRESH_DELAY``,
+  ``SNAPSHOT_MAX_AGE``, ``RECHECK_INTERVAL`` and ``RELIST_INTERVAL`` are
+  defined and read there only;
+* a :class:`~._changes.BotChanges` (:mod:`._changes`): the bot's change
+  notifications, its unsubscriptions (``MAX_PENDING_DROPS``) and
+  re-subscriptions.
+
+:mod:`._eras` holds first contact and the era signs, :mod:`._linkbase`
+:class:`LinkError`, the session record and the components' protocols.
+Every part reads the time of day from the one
+:class:`~brmcp._ops.clock.Clock` the link is given.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 from mcp import ClientSession
-from mcp.client.session import IncomingMessage
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
-    EmptyResult,
     Implementation,
     InitializedNotification,
     InitializeRequest,
     InitializeRequestParams,
     InitializeResult,
-    PromptListChangedNotification,
-    ResourceListChangedNotification,
-    ResourceUpdatedNotification,
     ServerCapabilities,
-    SubscribeRequest,
-    SubscribeRequestParams,
     Tool,
-    ToolListChangedNotification,
-    UnsubscribeRequest,
-    UnsubscribeRequestParams,
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+from pydantic import BaseModel
 
-from .._ops.clock import Clock
+from .._ops.clock import Clock, SystemClock
 from ..protocol.eras import CAPABILITIES_META_KEY
 from ..transport.conn import send_receipt
 from ..transport.router import Router
+from ._changes import MAX_PENDING_DROPS, BotChanges, can_subscribe
 from ._eras import _handshake_only, _modern_discover, _offer, _offered_tools, _pushes
-from ._exchange import DeadlineError, ExchangeMixin, ProgressFn, first_answer
+from ._exchange import DeadlineError, ProgressFn, Resender, first_answer
 from ._linkbase import (
     CONNECT_TIMEOUT,
     TRANSPORT_ERROR_CODES,
@@ -82,7 +85,7 @@ from ._linkbase import (
     log,
     no_answer_hint,
 )
-from ._toolsnap import ToolsMixin
+from ._toolsnap import ToolSnapshot
 from .relay import Relay
 from .retry import RetryPolicy, RttEstimator, relay_estimator
 from .snapshots import ERA_HANDSHAKE, ERA_MODERN, BotSnapshot, Era, SnapshotStore
@@ -102,11 +105,7 @@ __all__ = [
     "no_answer_hint",
 ]
 
-#: Most bot unsubscriptions queued at once; past it a URI is left alone until
-#: its next update (a bot flooding updates for URIs nobody watches cannot
-#: pile up tasks or hold the subscription lock for ever).
-MAX_PENDING_DROPS = 32
-#: Least seconds (on the link's timer) between two snapshot writes made
+#: Least seconds (on the link's clock) between two snapshot writes made
 #: because the measured RTT moved (:meth:`BotLink._rtt_sampled`); other
 #: snapshot writes carry the RTT too.
 RTT_SAVE_INTERVAL = 600.0
@@ -115,15 +114,23 @@ RTT_SAVE_INTERVAL = 600.0
 RTT_SAVE_RATIO = 1.5
 
 
-class BotLink(ExchangeMixin, ToolsMixin):
+_T = TypeVar("_T", bound=BaseModel)
+
+
+class BotLink:
     """The BR side of one bot. ``uid`` is the lowercase 64-hex bot uid;
     ``router`` the bridge's client-role router; ``task_group`` owns the
     session tasks; ``client_info`` is sent in initialize (and in every
     modern envelope). ``store`` persists the snapshot (None: memory only);
-    ``snapshot`` is the one remembered from an earlier run; ``clock``
-    gives unix seconds for its ``updated`` stamp; ``timer`` (the bridge's
-    :class:`~.clock.Clock`, None: anyio's) paces the snapshot refreshes and
-    the rate bounds on what the bot sends (SECURITY.md §6).
+    ``snapshot`` is the one remembered from an earlier run; ``clock`` (the
+    bridge's :class:`~brmcp._ops.clock.Clock`; None: a
+    :class:`~brmcp._ops.clock.SystemClock`) is the one clock the link and
+    its components share: it stamps the snapshot's ``updated`` (unix
+    seconds), paces the snapshot refreshes and the RTT writes, and times
+    the rate bounds on what the bot sends (SECURITY.md §6). (Round trips,
+    re-send timers and request deadlines are durations on the event loop's
+    clock, :func:`anyio.current_time`.) ``own_uid`` is this bridge's uid,
+    named when a bot does not answer (:func:`no_answer_hint`).
 
     Re-sends follow :attr:`rtt`, this bot's estimator (:mod:`.retry`): its
     first guess is the RTT persisted in ``snapshot``, else the one measured
@@ -140,78 +147,145 @@ class BotLink(ExchangeMixin, ToolsMixin):
         connect_timeout: float = CONNECT_TIMEOUT,
         store: SnapshotStore | None = None,
         snapshot: BotSnapshot | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
         retry: RetryPolicy | None = None,
         own_uid: str | None = None,
-        timer: Clock | None = None,
         relay_rtt: RttEstimator | None = None,
     ) -> None:
         self.uid = uid
-        self._timer_clock = timer
+        clock = clock if clock is not None else SystemClock()
+        self._clock = clock
         self._router = router
         self._tg = task_group
         self._client_info = client_info
         self._connect_timeout = connect_timeout
         self._store = store
-        self._clock = clock
         self._retry = retry or RetryPolicy()
-        self._own_uid = own_uid
+        #: This bridge's own uid (64 hex), named in the hint an agent gets
+        #: from a bot that does not answer; None: not known.
+        self.own_uid = own_uid
         #: Round trips measured to this bot (paces re-sends); its prior is
         #: the relay's estimator, shared by every link of ``router``.
         self.rtt = RttEstimator(
             self._retry, prior=relay_rtt if relay_rtt is not None else relay_estimator(router, self._retry)
         )
-        #: The RTO of the RTT last put in a snapshot, and when (link timer).
+        #: The RTO of the RTT last put in a snapshot, and when (link clock).
         self._rtt_saved: float | None = None
         self._rtt_saved_at: float | None = None
-        #: Copies sent again because no reply came in time (observability).
-        self.resends = 0
         self._current: _Session | None = None
         self._gen = 0
         self._lock = anyio.Lock()
-        self._snapshot_lock = anyio.Lock()
-        self._tools: list[Tool] | None = None
-        self._by_name: dict[str, Tool] = {}
-        self._stale = True
         self._closed = False
-        self._capabilities: ServerCapabilities | None = None
-        #: The bot's era: None until known (the next session tries modern).
-        self._era: Era | None = None
-        self._era_confirmed = False
-        #: A remembered snapshot waits for its first background refresh.
-        self._refresh_wanted = False
-        self._refreshing = False
-        self._announce = False
-        #: The bot said its tool list changed: fetch before serving it.
-        self._changed = False
-        #: When :meth:`doubt_tools` last asked for a look-up (monotonic s).
-        self._doubted_at: float | None = None
-        #: When the snapshot was last fetched from the bot (monotonic s).
-        self._fetched_at: float | None = None
-        self._dropping: set[str] = set()
         #: Sessions dialed so far (observability and tests).
         self.dials = 0
-        #: Refreshes of the tool snapshot that reached the bot.
-        self.refreshes = 0
-        if snapshot is not None:
-            self._era = snapshot.era
-            self._era_confirmed = True
-            self._capabilities = snapshot.capabilities
-            self._install_tools(snapshot.tools)
-            self._refresh_wanted = True
-            if snapshot.rtt is not None:
-                # Measured in an earlier run: this bot's first guess, and one
-                # for the bots behind the same relay (RFC 9002 §6.2.2).
-                self.rtt.seed(*snapshot.rtt)
-                if self.rtt.prior is not None:
-                    self.rtt.prior.seed(*snapshot.rtt)
-                self._rtt_saved = self.rtt.measured
         #: Routes the bot's in-call traffic to the agent calls in flight.
-        self.relay = Relay(clock=timer.now if timer is not None else None)
+        self.relay = Relay(clock=clock.now)
         #: The agent sessions that hear about the bot's resource and prompt changes.
-        self.subscriptions = Subscriptions(
-            on_orphan=self._schedule_drop, clock=timer.now if timer is not None else None
+        self.subscriptions = Subscriptions(on_orphan=self._drop_orphan, clock=clock.now)
+        self._resender = Resender(uid, self, router, self.rtt, self._retry, on_sample=self._rtt_sampled)
+        self._toolsnap = ToolSnapshot(
+            uid,
+            self,
+            task_group,
+            self.subscriptions,
+            clock=clock,
+            retry=self._retry,
+            connect_timeout=connect_timeout,
+            remembered=snapshot,
+            on_change=self._schedule_save,
         )
+        self._changes = BotChanges(
+            uid, self, task_group, self.subscriptions, self._toolsnap, connect_timeout=connect_timeout
+        )
+        if snapshot is not None and snapshot.rtt is not None:
+            # Measured in an earlier run: this bot's first guess, and one
+            # for the bots behind the same relay (RFC 9002 §6.2.2).
+            self.rtt.seed(*snapshot.rtt)
+            if self.rtt.prior is not None:
+                self.rtt.prior.seed(*snapshot.rtt)
+            self._rtt_saved = self.rtt.measured
+
+    # -- the re-send loop (:mod:`._exchange`) -------------------------------------
+
+    async def exchange(
+        self,
+        request: Any,
+        result_type: type[_T],
+        *,
+        progress: ProgressFn | None = None,
+        quiet: anyio.Event | None = None,
+        deadline: float | None = None,
+    ) -> _T:
+        """Send ``request`` and return the bot's reply of ``result_type``,
+        re-sent on the RTT-sized backoff until a reply or the deadline (the
+        router's message TTL, or ``deadline`` on :func:`anyio.current_time`
+        when sooner); no copy is sent while ``quiet`` is unset;
+        ``progress`` gets the bot's progress. See
+        :meth:`.Resender.exchange`. Raises :class:`DeadlineError`,
+        :class:`LinkError` (link closed) and :class:`MCPError` (the bot's
+        error)."""
+        return await self._resender.exchange(
+            request, result_type, progress=progress, quiet=quiet, deadline=deadline
+        )
+
+    @property
+    def resends(self) -> int:
+        """Copies sent again because no reply came in time (``initialize``
+        and every :meth:`exchange`; observability)."""
+        return self._resender.resends
+
+    # -- the tool snapshot (:mod:`._toolsnap`) ------------------------------------
+
+    @property
+    def tools(self) -> list[Tool] | None:
+        """The last snapshot (None before the first one), possibly stale."""
+        return self._toolsnap.tools
+
+    @property
+    def marks_refusals(self) -> bool:
+        """True when the tool list in force said ``"brmcp/marksRefusals":
+        true`` (see :attr:`.ToolSnapshot.marks_refusals`)."""
+        return self._toolsnap.marks_refusals
+
+    @property
+    def tools_bytes(self) -> int:
+        """UTF-8 bytes of the JSON of the snapshot's tools (0 before the
+        first; see :attr:`.ToolSnapshot.tools_bytes`)."""
+        return self._toolsnap.tools_bytes
+
+    @property
+    def refreshes(self) -> int:
+        """Refreshes of the tool snapshot that reached the bot."""
+        return self._toolsnap.refreshes
+
+    def tool(self, name: str) -> Tool | None:
+        """The snapshot's tool ``name`` (None: not listed)."""
+        return self._toolsnap.tool(name)
+
+    def fixed_price(self, name: str) -> int | None:
+        """The fixed price of tool ``name`` in atoms (``brmcp/priceAtoms``,
+        a whole number > 0), else None (free, dynamic, unknown)."""
+        return self._toolsnap.fixed_price(name)
+
+    @property
+    def stale(self) -> bool:
+        """True when the snapshot is not known to be current (see
+        :attr:`.ToolSnapshot.stale`)."""
+        return self._toolsnap.stale
+
+    def doubt_tools(self) -> bool:
+        """The snapshot may be wrong (an agent called a tool it lacks, or the
+        bot does not know a tool it lists): the next :meth:`refresh` asks
+        the bot, at most once per ``RECHECK_INTERVAL`` seconds. Returns True
+        when it will (see :meth:`.ToolSnapshot.doubt_tools`)."""
+        return self._toolsnap.doubt_tools()
+
+    async def refresh(self) -> list[Tool]:
+        """Return the tool snapshot, fetched with ``tools/list`` when there is
+        none yet (see :meth:`.ToolSnapshot.refresh`). Raises
+        :class:`LinkError` (:class:`~._linkbase.ToolListTooLarge` for a list
+        over a bound)."""
+        return await self._toolsnap.refresh()
 
     # -- sessions -------------------------------------------------------------
 
@@ -229,8 +303,8 @@ class BotLink(ExchangeMixin, ToolsMixin):
             state.users -= 1
             if state.retired and state.users == 0:
                 state.stop.set()
-            if self._refresh_wanted and not self._closed:
-                self._start_refresh()
+            if not self._closed:
+                self._toolsnap.after_lease()
 
     async def _acquire(self) -> _Session:
         async with self._lock:
@@ -251,7 +325,7 @@ class BotLink(ExchangeMixin, ToolsMixin):
                 if not state.ready.is_set():
                     # The dial goes on in the background (re-sending initialize);
                     # the next request joins it.
-                    raise LinkError(no_answer_hint(self.uid, answer, self._own_uid))
+                    raise LinkError(no_answer_hint(self.uid, answer, self.own_uid))
                 if not state.switch:
                     break
                 # The first contact found a modern bot (or one that refuses
@@ -278,10 +352,10 @@ class BotLink(ExchangeMixin, ToolsMixin):
             raise LinkError(str(exc)) from None
         self._gen += 1
         self.dials += 1
-        era = self._era
+        era = self._toolsnap.era
         state = _Session(self._gen, conn, era or ERA_HANDSHAKE, offer=era is None)
         self._current = state
-        self._stale = True
+        self._toolsnap.mark_stale()
         self._tg.start_soon(self._run, state, name=f"brmcp-bridge-link-{self.uid[:8]}")
         return state
 
@@ -300,15 +374,15 @@ class BotLink(ExchangeMixin, ToolsMixin):
                 logging_callback=relay.on_log,
                 sampling_callback=relay.on_sampling,
                 elicitation_callback=relay.on_elicitation,
-                message_handler=self._on_bot_message,
+                message_handler=self._changes.on_message,
                 # 2026-07-28 logging is opt-in per request: take every level,
                 # the relay filters per agent.
                 log_level="debug" if modern else None,
             ) as s:
                 if modern:
                     # No initialize: the first request carries the envelope.
-                    s.adopt(_modern_discover(self._capabilities))
-                    capabilities = self._capabilities
+                    s.adopt(_modern_discover(self._toolsnap.capabilities))
+                    capabilities = self._toolsnap.capabilities
                 elif state.offer:
                     result = await self._first_contact(s, state)
                     if result is None:
@@ -318,11 +392,11 @@ class BotLink(ExchangeMixin, ToolsMixin):
                     result = await self._initialize(s)
                     capabilities = result.capabilities
                     if self._current is state:
-                        self._capabilities = capabilities
+                        self._toolsnap.capabilities = capabilities
                 state.session = s
                 state.ready.set()
-                if not modern and self.subscriptions.uris() and _can_subscribe(capabilities):
-                    self._tg.start_soon(self._resubscribe, state.gen)
+                if not modern and self.subscriptions.uris() and can_subscribe(capabilities):
+                    self._tg.start_soon(self._changes.resubscribe, state.gen)
                 await state.stop.wait()
         except Exception as exc:
             state.error = exc
@@ -349,22 +423,22 @@ class BotLink(ExchangeMixin, ToolsMixin):
                 raise
             log.info("bot %s refused initialize (%s); trying the modern era", self.uid[:8], _describe(exc))
             if self._current is state:
-                self._era = ERA_MODERN
+                self._toolsnap.era = ERA_MODERN
             state.switch = True
             return None
         offered = _offered_tools(result)
         if offered is not None and not _pushes(result.capabilities):
             if self._current is state:
-                self._era = ERA_MODERN
-                self._capabilities = result.capabilities
+                self._toolsnap.era = ERA_MODERN
+                self._toolsnap.capabilities = result.capabilities
             state.prefetched = offered
             state.switch = True
             return None
         session.adopt(result)
         await session.send_notification(InitializedNotification())
         if self._current is state:
-            self._era = ERA_HANDSHAKE
-            self._capabilities = result.capabilities
+            self._toolsnap.era = ERA_HANDSHAKE
+            self._toolsnap.capabilities = result.capabilities
         return result
 
     async def _initialize(self, session: ClientSession, *, offer: bool = False) -> InitializeResult:
@@ -389,7 +463,7 @@ class BotLink(ExchangeMixin, ToolsMixin):
             self.rtt,
             ask,
             limit=self._connect_timeout,
-            on_resend=self._count_resend,
+            on_resend=self._resender.count_resend,
             on_sample=self._rtt_sampled,
         )
         if not offer:
@@ -397,9 +471,6 @@ class BotLink(ExchangeMixin, ToolsMixin):
             session.adopt(result)
             await session.send_notification(InitializedNotification())
         return result
-
-    def _count_resend(self) -> None:
-        self.resends += 1
 
     def _rtt_sampled(self) -> None:
         """A round trip to the bot was just measured: persist the RTT with
@@ -412,23 +483,32 @@ class BotLink(ExchangeMixin, ToolsMixin):
             return
         if saved is not None and saved / RTT_SAVE_RATIO <= measured <= saved * RTT_SAVE_RATIO:
             return
-        now = self._timer()[0]()
+        now = self._clock.now()
         if self._rtt_saved_at is not None and now - self._rtt_saved_at < RTT_SAVE_INTERVAL:
             return
-        if ToolsMixin.snapshot(self) is None:
+        if self._toolsnap.record() is None:
             return  # nothing to write yet: the first snapshot will carry it
         self._rtt_saved_at = now
         self._schedule_save()
 
     def snapshot(self) -> BotSnapshot | None:
-        """What would be persisted now (None before the era is known), with
-        the RTT measured to the bot (:meth:`.retry.RttEstimator.record`),
-        which :meth:`_rtt_sampled` then counts as the one on disk."""
-        snapshot = ToolsMixin.snapshot(self)
+        """What would be persisted now (None before the era is known): the
+        tool snapshot (:meth:`.ToolSnapshot.record`) with the RTT measured
+        to the bot (:meth:`.retry.RttEstimator.record`), which
+        :meth:`_rtt_sampled` then counts as the one on disk."""
+        snapshot = self._toolsnap.record()
         if snapshot is not None:
             snapshot.rtt = self.rtt.record()
             self._rtt_saved = self.rtt.measured
         return snapshot
+
+    def _schedule_save(self) -> None:
+        """Write :meth:`snapshot` to the store in a task (when there is a
+        store, something to write, and the link is open)."""
+        store, snapshot = self._store, self.snapshot()
+        if store is None or snapshot is None or self._closed:
+            return
+        self._tg.start_soon(_save, store, snapshot)
 
     def _retire(self, state: _Session) -> None:
         state.retired = True
@@ -443,7 +523,7 @@ class BotLink(ExchangeMixin, ToolsMixin):
         if state is None or (gen is not None and state.gen != gen):
             return False
         self._current = None
-        self._stale = True
+        self._toolsnap.mark_stale()
         self._retire(state)
         return True
 
@@ -452,7 +532,7 @@ class BotLink(ExchangeMixin, ToolsMixin):
         self._closed = True
         state = self._current
         self._current = None
-        self._stale = True
+        self._toolsnap.mark_stale()
         if state is not None:
             state.stop.set()
             state.conn.close()
@@ -464,12 +544,28 @@ class BotLink(ExchangeMixin, ToolsMixin):
     @property
     def era(self) -> Era | None:
         """The bot's era as far as known (None: not yet contacted)."""
-        return self._era
+        return self._toolsnap.era
 
     def session_era(self, gen: int) -> Era | None:
         """The era of session generation ``gen`` (None when it is gone)."""
         state = self._current
         return state.era if state is not None and state.gen == gen else None
+
+    def is_current(self, gen: int) -> bool:
+        """True while session generation ``gen`` is the current one."""
+        state = self._current
+        return state is not None and state.gen == gen
+
+    def take_prefetched(self, gen: int) -> list[Tool] | None:
+        """The tools the first contact of session ``gen`` brought (a
+        :class:`~.snapshots.ListedTools` counted against the tool-list
+        bounds), handed over once so the next ``tools/list`` needs no PM;
+        None when there are none or ``gen`` is not current."""
+        state = self._current
+        if state is None or state.gen != gen:
+            return None
+        prefetched, state.prefetched = state.prefetched, None
+        return prefetched
 
     def era_refused(self, exc: BaseException, gen: int, *, probe: bool = False) -> bool:
         """True when ``exc``, the bot's answer to a request on session
@@ -490,10 +586,10 @@ class BotLink(ExchangeMixin, ToolsMixin):
     def require_handshake(self, gen: int | None = None) -> None:
         """Use the handshake era with this bot from now on (persisted with
         the next snapshot) and reset the link so the next use initializes."""
-        if self._era != ERA_HANDSHAKE:
+        if self._toolsnap.era != ERA_HANDSHAKE:
             log.info("bot %s: using the handshake era", self.uid[:8])
-        self._era = ERA_HANDSHAKE
-        self._era_confirmed = True
+        self._toolsnap.era = ERA_HANDSHAKE
+        self._toolsnap.era_confirmed = True
         self.reset(gen)
         self._schedule_save()
 
@@ -506,7 +602,7 @@ class BotLink(ExchangeMixin, ToolsMixin):
     def capabilities(self) -> ServerCapabilities | None:
         """The capabilities the bot declared in its last ``initialize`` (None
         before the first); a reset keeps them until the next session's."""
-        return self._capabilities
+        return self._toolsnap.capabilities
 
     @property
     def connected(self) -> bool:
@@ -525,81 +621,9 @@ class BotLink(ExchangeMixin, ToolsMixin):
         unsubscribed from URIs nobody else watches)."""
         self.subscriptions.forget(session_id)
 
-    async def _on_bot_message(self, message: IncomingMessage) -> None:
-        """``message_handler`` of the link's ClientSession: relays resource
-        updates to their subscribers and list changes to every agent session
-        that used resources or prompts. An update nobody here asked for
-        unsubscribes the bot from that URI."""
-        if isinstance(message, ResourceUpdatedNotification):
-            uri = message.params.uri
-            delivered = await self.subscriptions.deliver_update(uri)
-            if delivered == 0 and not self.subscriptions.subscribed(uri):
-                self._schedule_drop(uri)
-        elif isinstance(message, ResourceListChangedNotification):
-            await self.subscriptions.broadcast(ResourceListChangedNotification())
-        elif isinstance(message, PromptListChangedNotification):
-            await self.subscriptions.broadcast(PromptListChangedNotification())
-        elif isinstance(message, ToolListChangedNotification):
-            # A bot whose tools change at run time (e.g. a brmcp gateway after
-            # a prices.json reload): refreshed at once, then relayed, so
-            # agents that re-list get the new tools.
-            self._changed = True
-            self._announce = True
-            self._start_refresh()
-
-    def _schedule_drop(self, uri: str) -> None:
-        if uri in self._dropping or self._closed or not _can_subscribe(self._capabilities):
-            return
-        if len(self._dropping) >= MAX_PENDING_DROPS:
-            log.debug(
-                "bot %s: %d unsubscriptions pending; not dropping %.200s",
-                self.uid[:8],
-                MAX_PENDING_DROPS,
-                uri,
-            )
-            return
-        self._dropping.add(uri)
-        self._tg.start_soon(self._drop, uri)
-
-    async def _drop(self, uri: str) -> None:
-        """Unsubscribe the bot from ``uri`` unless an agent subscribed again
-        meanwhile (best effort: failures are logged)."""
-        try:
-            async with self.subscriptions.lock:
-                if self.subscriptions.subscribed(uri) or not self.connected:
-                    return
-                async with self.lease() as (session, _gen):
-                    with anyio.fail_after(self._connect_timeout):
-                        request = UnsubscribeRequest(params=UnsubscribeRequestParams(uri=uri))
-                        await session.send_request(request, EmptyResult)
-        except Exception as exc:
-            log.debug("bot %s: unsubscribing from %s failed: %s", self.uid[:8], uri, _describe(exc))
-        finally:
-            self._dropping.discard(uri)
-
-    async def _resubscribe(self, gen: int) -> None:
-        """Subscribe a new session (generation ``gen``) to every URI agents
-        still watch: the bot forgot the old session's subscriptions."""
-        try:
-            async with self.subscriptions.lock, self.lease() as (session, current):
-                if current != gen:
-                    return
-                for uri in self.subscriptions.uris():
-                    request = SubscribeRequest(params=SubscribeRequestParams(uri=uri))
-                    try:
-                        with anyio.fail_after(self._connect_timeout):
-                            await session.send_request(request, EmptyResult)
-                    except MCPError as exc:
-                        if exc.error.code in TRANSPORT_ERROR_CODES:
-                            raise
-                        log.info("bot %s: re-subscribing to %s refused: %s", self.uid[:8], uri, exc)
-        except Exception as exc:
-            log.info("bot %s: re-subscribing resources failed: %s", self.uid[:8], _describe(exc))
-
-
-def _can_subscribe(capabilities: ServerCapabilities | None) -> bool:
-    resources = capabilities.resources if capabilities is not None else None
-    return resources is not None and bool(resources.subscribe)
+    def _drop_orphan(self, uri: str) -> None:
+        """No agent watches ``uri`` any more (``on_orphan`` of :attr:`subscriptions`)."""
+        self._changes.schedule_drop(uri)
 
 
 async def _ask_initialize(session: ClientSession, client_info: Implementation) -> InitializeResult:
@@ -616,3 +640,11 @@ async def _ask_initialize(session: ClientSession, client_info: Implementation) -
     if result.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
         raise RuntimeError(f"Unsupported protocol version from the server: {result.protocol_version}")
     return result
+
+
+async def _save(store: SnapshotStore, snapshot: BotSnapshot) -> None:
+    try:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(store.save, snapshot)
+    except (OSError, ValueError) as exc:  # ValueError: over MAX_SNAPSHOT_BYTES
+        log.warning("bot %s: snapshot not written: %s", snapshot.bot[:8], exc)

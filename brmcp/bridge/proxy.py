@@ -1,6 +1,5 @@
-"""The local MCP server that mirrors one bot, and the per-call payment loop
-(BRIDGE.md §The payment flow; the Go reference, karamble/brmcp,
-``bridge/session.go``).
+"""The local MCP server that mirrors one bot (BRIDGE.md §The payment flow;
+the Go reference, karamble/brmcp, ``bridge/session.go``).
 
 Every local HTTP session for a bot talks to the same low-level
 :class:`mcp.server.Server` named ``brmcp-<first 8 hex of the uid>``:
@@ -8,43 +7,23 @@ Every local HTTP session for a bot talks to the same low-level
 * ``tools/list`` is answered from the link's snapshot (no relay traffic);
   tools are mirrored verbatim: name, title, description, input and output
   schemas, annotations and ``_meta`` with the price keys;
-* ``tools/call`` runs the payment loop below and returns the bot's result
-  (content, structuredContent, isError) unchanged, except for the refusal
-  note appended when the bridge declines to pay; while it runs, the bot's
+* ``tools/call`` runs the payment loop of one logical call
+  (:mod:`.payloop`) and returns the bot's result (content,
+  structuredContent, isError) unchanged, except for the refusal note
+  appended when the bridge declines to pay; while it runs, the bot's
   progress, log messages, sampling and elicitation requests are relayed to
   the calling agent (:mod:`.relay`), and while a payment of the call waits
   for the user's approval an agent that asked for progress is told so every
-  :data:`APPROVAL_PROGRESS_INTERVAL` s (:meth:`BotProxy._approval_progress`);
+  :data:`APPROVAL_PROGRESS_INTERVAL` s;
 * ``ping`` and ``logging/setLevel`` are answered locally (the level filters
   the relayed log messages of that agent session);
 * resources, resource templates, prompts and completions are forwarded
   live, and declared, only when the bot declared them (:mod:`.mirror`).
 
-The payment loop, for one logical call:
-
-1. the bridge mints one callKey (16 random bytes as 32 hex) and sends it on
-   every reissue and re-sent copy, with this process's ``brmcp/callerEpoch``;
-   the agent's own ``_meta`` is not forwarded;
-2. every request is sent by :meth:`BotLink.exchange`: re-sent on an
-   RTT-sized backoff until a reply or its deadline (the message TTL); at the
-   deadline the agent gets a JSON-RPC error saying what was paid;
-3. a refusal is taken only when it is one: refusal-shaped output of a bot
-   that marks its genuine refusals (``brmcp/refusal``) is the tool's output;
-4. the call's hard bound (:mod:`.budget`) judges the refusal against the
-   listing the agent was shown (free tools and other tools' refusals are
-   never paid; a fixed price is never exceeded; the per-call cap covers the
-   whole call), then :meth:`Settler.settle` applies the caps, the day total
-   and approval; a refusal appends ``<name>: payment not made: <reason>``;
-   success reissues;
-5. ``payment_required`` after paying is polled: up to 6 reissues after the
-   payment with 3 s waits between them (5 waits); if the bot still asks, a
-   call in autopay mode ends with a note (one payment per logical call), and
-   in approval mode the user may approve a further payment, at most
-   :data:`MAX_PAYMENTS` in all. The bot's refusal is never returned bare
-   after the bridge paid;
-6. every result after which atoms moved tells the agent what was paid,
-   charged or refunded and the credit left at the bot (a text item and
-   ``_meta`` ``brmcp/paidAtoms``).
+This module keeps what a logical call is across copies: its callKey (an
+agent's re-send of a call it did not receive reuses the earlier copy's, so
+the bot runs and charges it at most once; BRIDGE.md §Resumability), what
+earlier copies paid, and a payment in doubt it counts as its own.
 """
 
 from __future__ import annotations
@@ -56,114 +35,70 @@ import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import anyio
-import jsonschema
 from mcp.server import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
-    CallToolRequest,
     CallToolRequestParams,
     CallToolResult,
     EmptyResult,
     ListToolsResult,
     PaginatedRequestParams,
-    RequestParamsMeta,
     SetLevelRequestParams,
-    TextContent,
 )
 
-from .._ops.clock import Clock, go_duration
-from ..protocol.payment import (
-    CALL_KEY,
-    CALLER_EPOCH_KEY,
-    PAY_ALONGSIDE_KEY,
-    REFUSAL_KEY,
-    PaymentRequired,
-    parse_payment_required,
-    parse_receipt,
-    payment_required_result,
-)
-from ._money import already, charged, spent, with_money
-from ._money import refunded as refunded_of
-from .approvals import PendingPayment, call_arguments
+from .._ops.clock import Clock
 from .budget import CallBudget, listing_of
-from .funding import Funding, Payment
-from .link import BotLink, DeadlineError, LinkError
+from .funding import Funding
+from .link import BotLink, LinkError
 from .mirror import Mirror, MirrorServer
+from .payloop import (
+    APPROVAL_PROGRESS_INTERVAL,
+    APPROVAL_PROGRESS_STEP,
+    MAX_PAYMENTS,
+    POLL_ATTEMPTS,
+    POLL_INTERVAL,
+    PaymentLoop,
+)
 from .relay import AgentCall, strip_reserved_meta
 from .settings import Settings
-from .settle import InDoubtSpend, Settler, WhileParked
-from .snapshots import ERA_MODERN
+from .settle import InDoubtSpend, Settler
 from .spend import DAY_SECONDS
 
+# The payment loop's constants (.payloop) stay importable from here.
 __all__ = [
     "APPROVAL_PROGRESS_INTERVAL",
     "APPROVAL_PROGRESS_STEP",
     "MAX_PAYMENTS",
+    "MAX_RETAINED",
     "POLL_ATTEMPTS",
     "POLL_INTERVAL",
+    "RETAIN_SECONDS",
     "BotProxy",
     "strip_reserved_meta",
 ]
 
-
-class _Withdrawn:
-    """The type of :data:`WITHDRAWN`."""
-
-    __slots__ = ()
-
-
-#: :meth:`BotProxy._send`: the call was withdrawn because the payment made
-#: alongside failed; ask again unmarked.
-WITHDRAWN = _Withdrawn()
-
 log = logging.getLogger("brmcp.bridge")
 
-#: Seconds between reissues while a payment's credit lands at the bot.
-POLL_INTERVAL = 3.0
-#: Reissues after each payment (with :data:`POLL_INTERVAL` waits between
-#: them) before the call goes round the payment loop again.
-POLL_ATTEMPTS = 6
-
-#: Seconds a result the bot charged waits for the confirmation of the
-#: payment made alongside it, so its money note says "paid".
-CONFIRM_WAIT = 5.0
-#: Most payments one logical call makes, each after the first approved by
-#: the user (approval mode only; autopay pays a call once), within the
-#: per-call cap for the whole call.
-MAX_PAYMENTS = 3
-#: How the harness answers a duplicate whose original it refused before
-#: running (WIRE.md §callKey); the bridge then simply asks again.
-DUPLICATE_REFUSED = "duplicate call: the original call with this callKey was refused"
-#: Most such answers one call takes before returning one to the agent.
-MAX_DUPLICATE_RETRIES = 8
 #: Seconds the callKey of a call its agent did not receive is kept for a
 #: re-send (the harness replays outcomes for at least 30 minutes).
 RETAIN_SECONDS = 1800.0
 #: Most such keys kept per bot.
 MAX_RETAINED = 1024
-#: Seconds (bridge clock) between the progress notifications sent to an
-#: agent that asked for progress while its call's payment waits for the
-#: user's approval; the first goes out as soon as the payment is parked.
-#: Clients that restart their request timeout on progress keep waiting.
-APPROVAL_PROGRESS_INTERVAL = 10.0
-#: What each of those notifications adds to the last progress value the
-#: agent saw: small, so the tool's own progress after the approval (which
-#: starts over, and of which only increasing values reach the agent) is
-#: not swallowed.
-APPROVAL_PROGRESS_STEP = 0.001
 
 
 class BotProxy:
     """The mirror server of one bot. ``name`` is the bridge name (the
     refusal-note prefix); payments go through ``settler``; ``clock`` paces
     the credit polls; ``settings`` reads the policy in force (per-call cap,
-    mode); ``epoch`` is the bridge process's ``brmcp/callerEpoch`` token
-    (WIRE.md §Pay alongside), sent with every call."""
+    mode); ``funding`` pays ahead of need (None: only when the bot asks);
+    ``epoch`` is the bridge process's ``brmcp/callerEpoch`` token (WIRE.md
+    §Pay alongside; None: a new one), sent with every call. Each logical
+    call runs in the proxy's :class:`~.payloop.PaymentLoop`."""
 
     def __init__(
         self,
@@ -181,18 +116,21 @@ class BotProxy:
         self._clock = clock
         self._name = name
         self._settings = settings
-        #: This bridge process's caller epoch (16 hex characters).
-        self.epoch = epoch if epoch is not None else secrets.token_hex(8)
+        #: How each logical call is sent, paid for and reissued.
+        self._payments = PaymentLoop(
+            link,
+            settler,
+            clock,
+            name,
+            settings=settings,
+            funding=funding,
+            epoch=epoch if epoch is not None else secrets.token_hex(8),
+        )
         #: callKey → what earlier copies of that logical call paid (for a re-send).
         self._budgets: OrderedDict[str, CallBudget] = OrderedDict()
         #: tool → a payment in doubt a call counted and ended without a result
         #: for; once confirmed, the next call of that tool waits for its credit.
         self._landing: dict[str, InDoubtSpend] = {}
-        #: The known balance, pay alongside and prepay (:mod:`.funding`);
-        #: None: the bridge only pays when the bot asks.
-        self.funding = funding
-        #: Input-schema validators per tool, with the snapshot entry they were built from.
-        self._validators: dict[str, tuple[Any, Any]] = {}
         #: (agent session, call fingerprint) → (callKey, expiry) of calls the
         #: agent did not receive.
         self._retained: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
@@ -209,6 +147,21 @@ class BotProxy:
         #: Forwards resources, prompts and completions (when the bot has them).
         self.mirror = Mirror(link)
         self.mirror.register(self.server)
+
+    @property
+    def epoch(self) -> str:
+        """This bridge process's caller epoch (16 hex characters)."""
+        return self._payments.epoch
+
+    @property
+    def funding(self) -> Funding | None:
+        """The known balance, pay alongside and prepay (:mod:`.funding`);
+        None: the bridge only pays when the bot asks. Settable."""
+        return self._payments.funding
+
+    @funding.setter
+    def funding(self, funding: Funding | None) -> None:
+        self._payments.funding = funding
 
     async def _on_list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
@@ -303,7 +256,9 @@ class BotProxy:
                 abandoned = False
                 succeeded = False
                 try:
-                    result = await self._pay_loop(tool, arguments, tracked, key, reused=reused, budget=budget)
+                    result = await self._payments.run(
+                        tool, arguments, tracked, key, reused=reused, budget=budget
+                    )
                     succeeded = not result.is_error
                 except anyio.get_cancelled_exc_class():
                     abandoned = True  # the agent cancelled (or its session ended)
@@ -337,59 +292,6 @@ class BotProxy:
                 metrics.call_seconds.observe(anyio.current_time() - started)
                 if outcome == "failed":
                     metrics.errors.labels("call").inc()
-
-    async def _send(
-        self,
-        request: CallToolRequest,
-        progress: Any,
-        ahead: Payment | None,
-        gone: anyio.Event | None,
-        deadline: float | None = None,
-    ) -> CallToolResult | _Withdrawn | None:
-        """:meth:`BotLink.exchange` of ``request``. While a payment made
-        alongside is still under way the bot may hold the call
-        (WIRE.md §Pay alongside); the call is withdrawn (the bot is told the
-        request is cancelled, so a held call ends without a charge):
-
-        * when the agent goes away: None is returned;
-        * when the payment fails (a tip that cannot complete now may still
-          land later): :data:`WITHDRAWN` is returned, and the caller asks
-          again unmarked under the same callKey, so the bot's answer decides
-          at once (the result, when the credit came after all or the call
-          already ran; else its refusal) instead of after its hold."""
-        if ahead is None or ahead.done:
-            return await self.link.exchange(request, CallToolResult, progress=progress, deadline=deadline)
-        outcome: list[CallToolResult | BaseException] = []
-        withdrawn = False
-        async with anyio.create_task_group() as tg:
-
-            async def watch_agent(event: anyio.Event) -> None:
-                await event.wait()
-                tg.cancel_scope.cancel()
-
-            async def watch_payment(payment: Payment) -> None:
-                nonlocal withdrawn
-                if await payment.wait() is not None:
-                    withdrawn = True
-                    tg.cancel_scope.cancel()
-
-            if gone is not None:
-                tg.start_soon(watch_agent, gone)
-            tg.start_soon(watch_payment, ahead)
-            try:
-                outcome.append(
-                    await self.link.exchange(
-                        request, CallToolResult, progress=progress, quiet=ahead.settled, deadline=deadline
-                    )
-                )
-            except Exception as exc:
-                outcome.append(exc)
-            tg.cancel_scope.cancel()
-        if not outcome:
-            return WITHDRAWN if withdrawn and (gone is None or not gone.is_set()) else None
-        if isinstance(outcome[0], BaseException):
-            raise outcome[0]
-        return outcome[0]
 
     def _call_key(
         self, tool: str, arguments: dict[str, Any] | None, tracked: AgentCall | None
@@ -425,28 +327,6 @@ class BotProxy:
         tracked.call_key = key
         return key, None, kept is not None
 
-    def _arguments_valid(self, tool: str, arguments: dict[str, Any] | None) -> bool:
-        """True when ``arguments`` satisfy the snapshot's input schema of
-        ``tool`` (False for an unknown tool or an unusable schema)."""
-        spec = self.link.tool(tool)
-        if spec is None:
-            return False
-        cached = self._validators.get(tool)
-        if cached is None or cached[0] is not spec:
-            try:
-                cls = jsonschema.validators.validator_for(spec.input_schema, jsonschema.Draft202012Validator)
-                validator: Any = cls(spec.input_schema)
-            except Exception:
-                validator = None
-            cached = self._validators[tool] = (spec, validator)
-        validator = cached[1]
-        if validator is None:
-            return False
-        try:
-            return bool(validator.is_valid(arguments or {}))
-        except Exception:  # a schema that cannot be applied: let the bot decide
-            return False
-
     def _retain(self, tracked: AgentCall, key: str) -> None:
         """Remember the key of a call its agent did not receive, for a re-send."""
         if not isinstance(tracked.agent, str) or tracked.fingerprint is None:
@@ -456,349 +336,8 @@ class BotProxy:
         while len(self._retained) > MAX_RETAINED:
             self._retained.popitem(last=False)
 
-    async def _pay_loop(
-        self,
-        tool: str,
-        arguments: dict[str, Any] | None,
-        tracked: AgentCall | None,
-        key: str,
-        *,
-        reused: bool = False,
-        budget: CallBudget | None = None,
-    ) -> CallToolResult:
-        """The payment loop of one logical call (the module docstring);
-        ``budget`` carries what earlier copies of this call already paid
-        (an agent's re-send, or a payment in doubt after a restart)."""
-        wants_progress = tracked is not None and tracked.wants_progress
-        progress = tracked.progress if tracked is not None and wants_progress else None
-        gone = tracked.gone if tracked is not None else None
-        if budget is None:
-            budget = CallBudget(listing_of(self.link.tool(tool)))
-        request = CallToolRequest(
-            params=CallToolRequestParams(
-                name=tool,
-                arguments=arguments,
-                _meta=cast(RequestParamsMeta, {CALL_KEY: key, CALLER_EPOCH_KEY: self.epoch}),
-            )
-        )
-        bot = self.link.uid
-        # An earlier copy of this call already paid (and polled, or its agent
-        # gave up): a refusal now is answered at once with what was paid, so
-        # even an impatient agent hears it; its credit stays at the bot.
-        polls = POLL_ATTEMPTS - 1 if budget.payments and not budget.landing else 0
-        era_switched = False
-        funding = self.funding
-        # A re-sent call (an earlier copy's key) may be answered from the bot's
-        # record of that copy: never pay alongside it; nor alongside a call
-        # already paid for, nor one the bot will refuse anyway (arguments
-        # that do not satisfy the tool's input schema).
-        ahead = (
-            funding.alongside(tool, gone, call_key=key)
-            if funding is not None
-            and not reused
-            and budget.payments == 0
-            and budget.listing.kind == "fixed"
-            and self._arguments_valid(tool, arguments)
-            else None
-        )
-        plain = request
-        retries = 0
-        # The logical call's deadline: the message TTL from its start, plus
-        # the time spent deciding and making payments.
-        deadline = anyio.current_time() + self.link.ttl
-        if ahead is not None:
-            # Only the first send is marked; reissues are plain.
-            request = _with_meta(request, {PAY_ALONGSIDE_KEY: ahead.amount})
-        while True:
-            try:
-                sent = await self._send(request, progress, ahead, gone, deadline)
-                if isinstance(sent, _Withdrawn):
-                    # The payment made alongside failed: ask again, unmarked,
-                    # under the same key (below, a refusal then ends the call
-                    # with the payment's note; nothing is paid twice).
-                    request = plain
-                    continue
-                if sent is None:
-                    # The agent went away while the payment made alongside
-                    # was under way: the held call was withdrawn (cancelled
-                    # at the bot, nothing charged).
-                    assert ahead is not None
-                    ahead.claimed = False
-                    failed = await ahead.wait()
-                    if failed is None:
-                        amount = ahead.amount
-                        raise MCPError(
-                            INTERNAL_ERROR,
-                            f"the agent went away; the {amount} atoms paid stay at the bot as credit",
-                        )
-                    known = funding.balance if funding is not None else None
-                    refused = payment_required_result(tool, ahead.amount + (known or 0), known or 0)
-                    note = TextContent(type="text", text=f"{self._name}: payment not made: {failed}")
-                    return refused.model_copy(update={"content": [*refused.content, note]})
-                result = sent
-                request = plain
-            except DeadlineError as exc:
-                if tracked is not None and exc.sends:
-                    tracked.unknown = True  # the bot may have run it: a re-send reuses the key
-                late = budget.payments and not exc.sends  # paying and the credit polls used the deadline
-                text = f"the call's deadline passed while paying bot {bot[:8]} and waiting for it to see "
-                text += "the credit"
-                raise MCPError(
-                    INTERNAL_ERROR, f"{text if late else exc}; {charged(*spent(budget, ahead))}"
-                ) from None
-            except LinkError as exc:
-                raise MCPError(
-                    INTERNAL_ERROR, f"bot unavailable: {exc}; {charged(*spent(budget, ahead))}"
-                ) from None
-            except MCPError as exc:
-                if exc.error.code == INVALID_PARAMS and exc.error.message == f'unknown tool "{tool}"':
-                    # Listed here, unknown there: the bot restarted with
-                    # other tools. The next tools/list asks it again.
-                    self.link.doubt_tools()
-                raise
-            receipt = parse_receipt(result.meta)
-            refunded = refunded_of(result.meta)
-            refusal = self._refusal_of(result)
-            result = _clean_result(result)
-            if _asks_to_retry(result) and retries < MAX_DUPLICATE_RETRIES:
-                # A re-sent copy waited on an earlier one the bot refused
-                # (payment_required): the key is free again, ask again.
-                retries += 1
-                continue
-            if (
-                not era_switched
-                and result.is_error
-                and _needs_back_channel(result)
-                and self.link.era == ERA_MODERN
-            ):
-                # A modern session has no channel for the bot's sampling or
-                # elicitation requests: the failed (refunded) call runs
-                # again, under a new key, on a handshake session.
-                era_switched = True
-                self.link.require_handshake()
-                request = plain = _with_key(plain, secrets.token_hex(16))
-                continue
-            if funding is not None:
-                funding.observe(tool, result, ahead, refusal=refusal, listing=budget.listing)
-            if receipt is not None:
-                self._settler.note_balance(bot, receipt.balance_atoms)
-            elif refusal is not None:
-                self._settler.note_balance(bot, refusal.balance_atoms)
-            elif refunded is not None:
-                self._settler.note_balance(bot, refunded[1])
-            if refusal is None:
-                if funding is not None and not result.is_error:
-                    funding.after_call(tool, result)
-                if ahead is not None and not ahead.done and receipt is not None:
-                    # The bot charged, so the payment made alongside reached
-                    # it; its confirmation here is usually a moment behind.
-                    # Wait briefly so the note says what was paid.
-                    with anyio.move_on_after(max(0.0, min(CONFIRM_WAIT, deadline - anyio.current_time()))):
-                        await ahead.settled.wait()
-                return with_money(self._name, result, budget, ahead, receipt, refunded)
-            if ahead is not None:
-                # Refused although a payment is on its way (a bot that does
-                # not hold marked calls, or a hold that ran out): wait for
-                # that payment, then reissue as after any payment.
-                failed = await ahead.wait()
-                amount, shared, ahead = ahead.amount, ahead.prepay, None
-                if failed is not None and not shared:
-                    note = TextContent(type="text", text=f"{self._name}: payment not made: {failed}")
-                    return result.model_copy(update={"content": [*result.content, note]})
-                if failed is None:
-                    budget.add(amount)
-                    polls = 0
-                    if gone is None or not gone.is_set():
-                        continue
-                # else: a prepayment this call waited for was not made (denied,
-                # failed): the call pays for itself below, as any refused call.
-            if budget.payments and polls < POLL_ATTEMPTS - 1 and (gone is None or not gone.is_set()):
-                # Paid: the credit may still be on its way to the bot.
-                await self._clock.sleep(POLL_INTERVAL)
-                polls += 1
-                if anyio.current_time() < deadline:
-                    continue
-                # The deadline passed while polling: no reissue; the agent is
-                # told below what was paid (a result, not a deadline error).
-                polls = POLL_ATTEMPTS
-            paying = anyio.current_time()
-            with call_arguments(arguments):
-                reason = await self._decide(
-                    tool, refusal, budget, key, gone, waiting=tracked if wants_progress else None
-                )
-            deadline += anyio.current_time() - paying
-            if reason is None:
-                if funding is not None:
-                    funding.paid(budget.last_atoms)
-                polls = 0
-                if gone is None or not gone.is_set():
-                    continue
-                # Nobody is left to receive the result: do not run the
-                # tool; the credit stays at the bot for later calls.
-                reason = f"the agent went away; the {budget.paid_atoms} atoms paid stay at the bot as credit"
-            note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
-            return result.model_copy(update={"content": [*result.content, note]})
-
-    def _refusal_of(self, result: CallToolResult) -> PaymentRequired | None:
-        """The bot's payment refusal in ``result``, or None when it is none:
-        not refusal-shaped (WIRE.md §Payments, "Recognising a refusal"), or
-        unmarked from a bot that marks its genuine refusals (``brmcp/refusal``;
-        its tool's output can look like anything), or carrying a receipt
-        (the output of a call the bot charged)."""
-        refusal = parse_payment_required(result)
-        if refusal is None:
-            return None
-        if parse_receipt(result.meta) is not None:
-            # A refusal charges nothing, so it carries no receipt (WIRE.md
-            # §Receipts): this is the output of a call the bot charged.
-            return None
-        if self.link.marks_refusals:
-            meta = result.meta
-            if not (isinstance(meta, dict) and meta.get(REFUSAL_KEY) is True):
-                return None
-        return refusal
-
-    async def _decide(
-        self,
-        tool: str,
-        refusal: PaymentRequired,
-        budget: CallBudget,
-        key: str,
-        gone: anyio.Event | None,
-        *,
-        waiting: AgentCall | None = None,
-    ) -> str | None:
-        """Pay for ``refusal`` within the call's hard bound (:mod:`.budget`)
-        and the policy (:class:`Settler`). Returns None once a payment was
-        confirmed (counted in ``budget``), else the reason nothing was paid
-        (shown after ``<name>: payment not made: ``). ``waiting``: the agent
-        call that asked for progress; while the payment is parked for
-        approval it is told so (:meth:`_approval_progress`)."""
-        settings = self._settings()
-        judgement = budget.judge(tool, refusal, settings.per_call_cap_atoms)
-        reason = judgement.decline
-        no_more = budget.payments and (settings.autopay or budget.payments >= MAX_PAYMENTS)
-        if no_more and (reason is None or judgement.over_cap):
-            if budget.in_doubt:
-                reason = (
-                    f"a payment of {budget.in_doubt} atoms to this bot for {tool} whose outcome is not"
-                    " known yet (see the spend log) counts for this call; nothing more is paid for it"
-                    " until brclient reports that payment's outcome"
-                )
-            else:
-                reason = (
-                    f"already paid {budget.paid_atoms} atoms for this call and the bot still asks for"
-                    " payment; one call is paid once unless you approve more (approval mode); that"
-                    " credit stays at the bot for later calls"
-                )
-            log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
-            return reason
-        if judgement.contradicts_listing:
-            if self.funding is not None:
-                self.funding.distrust()
-            shown = budget.listing.describe()
-            try:
-                await self.link.refresh()
-            except LinkError:
-                now = "the listing could not be refreshed"
-            else:
-                current = listing_of(self.link.tool(tool))
-                now = f"now {current.describe()}" if current != budget.listing else f"still {shown}"
-            reason = f"{reason} ({now}); nothing was paid; a new price applies only to a new call of {tool}"
-        if reason is not None:
-            if budget.payments and "already paid" not in reason:
-                reason += already(budget)
-            log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
-            return reason
-        asked = PaymentRequired(
-            tool=tool,
-            price_atoms=refusal.price_atoms,
-            balance_atoms=refusal.balance_atoms,
-            shortfall_atoms=judgement.amount,
-        )
-        reason = await self._settler.settle(
-            self.link.uid,
-            tool,
-            asked,
-            gone=gone,
-            call_key=key,
-            ask=judgement.further,
-            while_parked=self._approval_progress(waiting) if waiting is not None else None,
-        )
-        if reason is not None:
-            if budget.payments:
-                reason += already(budget)
-            return reason
-        budget.add(judgement.amount)
-        return None
-
-    def _approval_progress(self, call: AgentCall) -> WhileParked:
-        """The ``while_parked`` task of :meth:`Settler.settle` for ``call``
-        (an agent request with a progress token): at once and then every
-        :data:`APPROVAL_PROGRESS_INTERVAL` s on the bridge clock it sends a
-        ``notifications/progress`` under the agent's token, its value
-        :data:`APPROVAL_PROGRESS_STEP` above the last one the agent saw (no
-        ``total``), its message what the payment waits for (not how to
-        approve it: the user decides, not the agent). None is sent while the agent's connection is detached.
-        The settler cancels it when the decision comes, the wait times out
-        or the agent goes away."""
-
-        async def remind(payment: PendingPayment, expires: float) -> None:
-            while True:
-                if call.gone.is_set():
-                    return
-                if not call.detached:
-                    left = go_duration(max(0, round(expires - self._clock.now())))
-                    # Addressed to the agent: it says what waits and for whom,
-                    # not how to approve (the user decides, not the agent).
-                    text = (
-                        f"waiting for the user to approve or deny a payment of {payment.atoms} atoms to"
-                        f" bot {payment.bot[:8]} for {payment.tool} (payment {payment.id}, {left} left)"
-                    )
-                    # AgentCall.progress drops a value that does not increase.
-                    last = call.last_progress
-                    await call.progress((last or 0.0) + APPROVAL_PROGRESS_STEP, None, text)
-                await self._clock.sleep(APPROVAL_PROGRESS_INTERVAL)
-
-        return remind
-
-
-def _asks_to_retry(result: CallToolResult) -> bool:
-    """The bot's answer to a duplicate whose original it refused before
-    running: an error naming the callKey that asks for a retry with it."""
-    if not result.is_error or len(result.content) != 1:
-        return False
-    first = result.content[0]
-    return isinstance(first, TextContent) and first.text.startswith(DUPLICATE_REFUSED)
-
 
 def _fingerprint(tool: str, arguments: dict[str, Any] | None) -> str:
     """What makes two calls "the same call": tool name and arguments."""
     text = json.dumps([tool, arguments or {}], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-#: The MCP SDK's tool error when a modern-era session cannot carry a request
-#: from the bot (sampling, elicitation) back to the caller.
-_BACK_CHANNEL_TEXT = "no back-channel for server-initiated requests"
-
-
-def _needs_back_channel(result: CallToolResult) -> bool:
-    return any(isinstance(c, TextContent) and _BACK_CHANNEL_TEXT in c.text for c in result.content)
-
-
-def _with_key(request: CallToolRequest, key: str) -> CallToolRequest:
-    return _with_meta(request, {CALL_KEY: key})
-
-
-def _with_meta(request: CallToolRequest, extra: dict[str, Any]) -> CallToolRequest:
-    """``request`` with ``extra`` merged into its ``_meta``."""
-    meta = {**dict(request.params.meta or {}), **extra}
-    params = request.params.model_copy(update={"meta": cast(RequestParamsMeta, meta)})
-    return request.model_copy(update={"params": params})
-
-
-def _clean_result(result: CallToolResult) -> CallToolResult:
-    if not result.meta:
-        return result
-    return result.model_copy(update={"meta": strip_reserved_meta(result.meta)})

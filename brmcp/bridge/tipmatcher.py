@@ -81,7 +81,9 @@ class TipWaiter:
 
 class TipMatcher:
     """FIFO waiters per (payee uid, milliatoms); uids compare
-    case-insensitively. Units: atoms x 1000 = milliatoms."""
+    case-insensitively. Amounts are milliatoms, as brclient reports them
+    (:func:`brmcp.protocol.units.milliatoms_from_atoms` of a payment's
+    atoms; docs/clientrpc.md §Units)."""
 
     def __init__(self) -> None:
         self._waiters: dict[tuple[str, int], deque[TipWaiter]] = {}

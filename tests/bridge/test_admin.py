@@ -68,17 +68,18 @@ async def test_token_rotation_through_admin(tmp_path: Path) -> None:
                 assert len(new_token) == 32
                 assert new_token != TOKEN
             # The listener restarts after the response; the new token works.
-            with anyio.fail_after(10):
-                while True:
-                    if env.bridge.listen_address is not None:
-                        try:
-                            async with env.http() as http:
-                                probe = await http.get("/admin/settings", headers=_admin(env))
-                                if probe.status_code == 200 and probe.json()["token"] == new_token:
-                                    break
-                        except OSError:
-                            pass
-                    await anyio.sleep(0.02)
+
+            async def restarted() -> bool:
+                if env.bridge.listen_address is None:
+                    return False
+                try:
+                    async with env.http() as http:
+                        probe = await http.get("/admin/settings", headers=_admin(env))
+                except OSError:
+                    return False
+                return probe.status_code == 200 and probe.json()["token"] == new_token
+
+            await until(restarted, 10)
             async with env.session(token=new_token) as session:
                 assert not (await call(session, "free")).is_error
             async with env.http() as http:
@@ -103,9 +104,12 @@ async def test_approvals_and_spend(tmp_path: Path) -> None:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(one)
                 listed: list[dict[str, Any]] = []
-                while not listed:
-                    await anyio.sleep(0.005)
-                    listed = (await http.get("/admin/approvals", headers=_admin(env))).json()["pending"]
+
+                async def parked() -> bool:
+                    listed[:] = (await http.get("/admin/approvals", headers=_admin(env))).json()["pending"]
+                    return bool(listed)
+
+                await until(parked)
                 (pending,) = listed
                 assert pending == {
                     "id": pending["id"],

@@ -1,7 +1,7 @@
 """While a payment waits for the user's approval, an agent that asked for
 progress hears from the bridge every APPROVAL_PROGRESS_INTERVAL seconds, so
 clients that restart their request timeout on progress keep waiting
-(brmcp/bridge/proxy.py ``_approval_progress``; BRIDGE.md "Agent timeouts").
+(brmcp/bridge/payloop.py ``_approval_progress``; BRIDGE.md "Agent timeouts").
 
 Uses the shared bridge fixture (tests/kit/bridge.py) in approval mode
 with a manual clock: time moves only when the test advances it.
@@ -16,7 +16,7 @@ import anyio
 from mcp.types import CallToolRequest, CallToolRequestParams, CallToolResult, ProgressNotification
 
 from brmcp.bridge.approvals import PendingPayment
-from brmcp.bridge.proxy import APPROVAL_PROGRESS_INTERVAL, APPROVAL_PROGRESS_STEP
+from brmcp.bridge.payloop import APPROVAL_PROGRESS_INTERVAL, APPROVAL_PROGRESS_STEP
 from brmcp.protocol.payment import PaymentRequired
 from tests.kit.bridge import BOT, bridge_env, fixture_settings, until
 
@@ -94,13 +94,16 @@ async def test_a_parked_payment_sends_progress_until_it_is_approved(tmp_path: Pa
                 ]
 
                 # The decision stops the notifications at once, though the
-                # call goes on (the tip is still being made).
+                # call goes on (the tip is still being made): the keepalive,
+                # asleep on the bridge clock, is gone with the wait, so
+                # nothing sleeps on the clock for time to wake.
+                await until(lambda: _reminders(env) == 4)
                 assert env.bridge.resolve_payment(pending.id, True)
                 await env.payer.entered.wait()
+                await until(lambda: env.clock.sleepers == 0)
                 sleeping = _reminders(env)
                 for _ in range(3):
                     env.clock.advance(APPROVAL_PROGRESS_INTERVAL)
-                    await anyio.sleep(0.02)
                 assert len(seen) == 4
                 assert _reminders(env) == sleeping
                 release.set()
@@ -132,12 +135,14 @@ async def test_no_progress_is_sent_without_a_progress_token(tmp_path: Path) -> N
                 tg.start_soon(one_call)
                 await until(lambda: len(env.bridge.pending_payments()) == 1)
                 (pending,) = env.bridge.pending_payments()
+                # Only the approval's own timeout sleeps on the bridge clock.
+                await until(lambda: env.clock.sleepers == 1)
                 for _ in range(3):
                     env.clock.advance(APPROVAL_PROGRESS_INTERVAL)
-                    await anyio.sleep(0.02)
-                assert _reminders(env) == 0
                 assert env.bridge.resolve_payment(pending.id, True)
+            # The call is over: a keepalive would have slept on the clock by now.
             assert results[0].structured_content == {"n": 1}
+            assert _reminders(env) == 0
             assert notifications == []
 
 
@@ -161,9 +166,11 @@ async def test_the_notifications_stop_when_the_agent_goes_away(tmp_path: Path) -
                 # The agent cancels its call (notifications/cancelled).
                 tg.cancel_scope.cancel()
             await until(lambda: env.bridge.pending_payments() == [])
+            # The keepalive ended with the wait: nothing sleeps on the bridge
+            # clock, so time passing wakes nothing.
+            await until(lambda: env.clock.sleepers == 0)
             for _ in range(3):
                 env.clock.advance(APPROVAL_PROGRESS_INTERVAL)
-                await anyio.sleep(0.02)
             assert _reminders(env) == 1
             assert len(seen) == 1
             assert env.payer.calls == []

@@ -31,7 +31,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server, ServerRequestContext
 
-from brmcp.bridge import Bridge, BridgeConfig, ManualClock
+from brmcp.bridge import Bridge, ManualClock
 from brmcp.bridge._linkbase import (
     MAX_TOOL_BYTES,
     MAX_TOOL_LIST_BYTES,
@@ -66,7 +66,19 @@ from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.server.firstcontact import FirstContactTap
 from brmcp.testing import Fabric
 from brmcp.transport.conn import Conn
-from tests.kit.bridge import BOT, CLIENT, INIT, NAME, TOKEN, TestPayer, auth, fixture_settings, until
+from tests.kit.bridge import (
+    BOT,
+    CLIENT,
+    INIT,
+    NAME,
+    TOKEN,
+    Bot,
+    TestPayer,
+    auth,
+    bridge_stack,
+    fixture_settings,
+    until,
+)
 
 START = 1_800_000_000
 OBJECT: dict[str, Any] = {"type": "object"}
@@ -202,42 +214,29 @@ async def hostile(
     default); ``snapshot`` is written to the bridge's data directory first."""
     data_dir = tmp_path / "bridge"
     data_dir.mkdir()
-    (data_dir / "mcpclient.json").write_text(fixture_settings().to_json())
     if snapshot is not None:
         SnapshotStore(data_dir).save(snapshot)
     clock = clock or ManualClock(START, auto=True)
-    async with AsyncExitStack() as stack:
-        fabric = await stack.enter_async_context(Fabric())
-        if harness is not None:
-            await stack.enter_async_context(harness)
-            router = await harness.start(fabric.sender(BOT))
-            fabric.attach(BOT, router.handle_pm)
-        else:
-            assert bot is not None
-            server = bot.server()
+    served: Bot
+    if harness is not None:
+        served = harness
+    else:
+        assert bot is not None
+        server = bot.server()
 
-            async def accept(conn: Conn) -> None:
-                options = server.create_initialization_options()
-                if offer is None:
-                    await server.run(conn.read_stream, conn.write_stream, options)
-                    return
-                tap = FirstContactTap(conn.read_stream, conn.write_stream, offer)
-                await server.run(tap.read_stream, tap.write_stream, options)
+        async def accept(conn: Conn) -> None:
+            options = server.create_initialization_options()
+            if offer is None:
+                await server.run(conn.read_stream, conn.write_stream, options)
+                return
+            tap = FirstContactTap(conn.read_stream, conn.write_stream, offer)
+            await server.run(tap.read_stream, tap.write_stream, options)
 
-            await stack.enter_async_context(fabric.router(BOT, accept=accept))
-        bridge = Bridge(
-            BridgeConfig(
-                data_dir=data_dir,
-                sender=fabric.sender(CLIENT),
-                payer=TestPayer(),
-                listen="127.0.0.1:0",
-                name=NAME,
-                clock=clock,
-            )
-        )
-        fabric.attach(CLIENT, bridge.handle_pm)
-        await stack.enter_async_context(bridge)
-        yield Env(fabric, bridge, data_dir, clock, bot, stack)
+        served = accept
+    async with bridge_stack(
+        tmp_path, TestPayer(), bot=served, settings=fixture_settings(), name=NAME, clock=clock
+    ) as built:
+        yield Env(built.fabric, built.bridge, data_dir, clock, bot, built.stack)
 
 
 async def call(session: ClientSession, name: str, **arguments: Any) -> types.CallToolResult:

@@ -20,7 +20,7 @@ import pytest
 
 from brmcp.bridge import Settings
 from brmcp.bridge.cli import main
-from brmcp.bridge.daemon import RUNTIME_FILE, _process_started, runtime_stale_reason
+from brmcp.bridge.runtime import RUNTIME_FILE, _process_started, runtime_stale_reason
 from brmcp.bridge.settings import load_settings
 
 BOT = "ab" * 32

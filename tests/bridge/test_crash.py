@@ -58,7 +58,8 @@ import anyio.abc
 import httpx2
 import pytest
 
-from brmcp.bridge.daemon import read_runtime, resolve_listen
+from brmcp.bridge.daemon import resolve_listen
+from brmcp.bridge.runtime import read_runtime
 from brmcp.bridge.spend import SPEND_FILE
 from brmcp.testing.fakebr import KIND_TIP_PROGRESS, TipFailure
 from tests.bridge.test_daemon import TOKEN, bridge_settings, prepare_bridge_dir

@@ -30,8 +30,9 @@ from mcp.client.streamable_http import streamable_http_client
 
 from brmcp.bridge import BridgeDaemon, BridgeError, Settings, TipMatcher, TipPayer, TipPaymentError
 from brmcp.bridge.cli import main
-from brmcp.bridge.daemon import RUNTIME_FILE, read_runtime, resolve_listen
+from brmcp.bridge.daemon import resolve_listen
 from brmcp.bridge.link import no_answer_hint
+from brmcp.bridge.runtime import RUNTIME_FILE, read_runtime
 from brmcp.clientrpc import write_bot_config
 from brmcp.testing.fakebr import KIND_PM, KIND_TIP_PROGRESS, FakeBRClient, TipFailure, ensure_brclient_certs
 from tests.kit.clientrpc import FAST, fake_network
@@ -572,7 +573,7 @@ def test_daemon_reports_bad_configuration_in_one_line(
 
 @pytest.mark.parametrize("holds", [True, False], ids=["bot-holds", "bot-refuses-at-once"])
 async def test_tip_that_cannot_complete_ends_the_wait_at_once(tmp_path: Path, holds: bool) -> None:
-    """Issue 11 §8: the first TipProgress says the attempt failed and
+    """The first TipProgress says the attempt failed and
     brclient retries later (a payee without a wallet): the paid call ends
     now with a clear note, not after tip_wait_secs; the spend stays pending
     with the reason, and the late terminal event settles it. The tip was
@@ -625,7 +626,7 @@ async def _balance_is(env: ServeEnv, peer: str, atoms: int) -> bool:
 
 
 async def test_tip_payer_waits_for_a_reconnect(tmp_path: Path) -> None:
-    """Issue 11 §7: a payment made while the clientrpc link reconnects waits
+    """A payment made while the clientrpc link reconnects waits
     for it (bounded) instead of failing with "brclient not connected"."""
     with anyio.fail_after(60):
         async with (
@@ -663,6 +664,6 @@ async def test_the_no_answer_hint_names_the_daemon_s_own_uid(tmp_path: Path) -> 
         ):
             await until(lambda: daemon.bridge._own_uid == env.alice.uid, 10)
             link = daemon.bridge._proxy(env.bot.uid).link
-            hint = no_answer_hint(env.bot.uid, 30, link._own_uid)
+            hint = no_answer_hint(env.bot.uid, 30, link.own_uid)
             assert f"is your uid {env.alice.uid} on its allowed_uids?" in hint
             assert "(this bridge's uid)" not in hint

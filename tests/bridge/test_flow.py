@@ -161,8 +161,11 @@ async def test_approval_flow(tmp_path: Path) -> None:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(one_call)
                 await _parked(env)
+                # The approval's timeout sleeps on the bridge clock; a second
+                # short of it, it does not wake.
+                await until(lambda: env.clock.sleepers == 1)
                 env.clock.advance(119)
-                await anyio.sleep(0.05)
+                assert env.clock.sleepers == 1
                 assert len(env.bridge.pending_payments()) == 1
                 env.clock.advance(1)
             assert texts(results[-1])[-1] == "brclientd: payment not made: approval timed out after 2m0s"
@@ -253,7 +256,7 @@ async def test_transport_retry_once(tmp_path: Path) -> None:
             # (no warm-up on the new modern-era session) and refreshed in the
             # background after the next call.
             assert not (await call(session, "free")).is_error
-            # Issue 11 §1: failing sends are re-sent (same callKey) on the
+            # Failing sends are re-sent (same callKey) on the
             # backoff until the deadline, so a short outage is survived.
             env.fabric.fail_sends(CLIENT, 2)
             assert not (await call(session, "free")).is_error

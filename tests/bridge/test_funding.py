@@ -1,7 +1,7 @@
-"""Paying before the bot asks (issue 15; BRIDGE.md §Pay alongside and
-prepay): a first paid call with an empty balance in one round trip plus the
-tip, steady paid calls with no tip on their path when prepay is on, and the
-books checked to the atom. PM counts, not times."""
+"""Paying before the bot asks (BRIDGE.md §Pay alongside and prepay): a first
+paid call with an empty balance in one round trip plus the tip, steady paid
+calls with no tip on their path when prepay is on, and the books checked to
+the atom. PM counts, not times."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import anyio
 import pytest
 
 from brmcp.bridge import Settings
-from brmcp.bridge.cli import _parse_pairs
+from brmcp.bridge._settingsedit import parse_pairs
 from brmcp.bridge.errors import SettingsError
+from brmcp.bridge.funding import Funding
 from brmcp.bridge.settings import settings_from_json
 from brmcp.protocol.payment import PAY_ALONGSIDE_KEY, parse_receipt
 from brmcp.testing.fabric import Faults
@@ -27,6 +28,13 @@ def pms(env: Env) -> int:
 
 def spend(env: Env) -> list[dict[str, Any]]:
     return [e.to_dict() for e in env.bridge.spend_log().entries]
+
+
+def _funding(env: Env) -> Funding:
+    """The bot's known balance and payments ahead of need in ``env``'s bridge."""
+    funding = env.bridge._proxies[BOT].funding
+    assert funding is not None
+    return funding
 
 
 async def test_first_paid_call_pays_alongside_in_one_round_trip(tmp_path: Path) -> None:
@@ -159,9 +167,12 @@ async def test_prepayments_count_against_the_caps(tmp_path: Path) -> None:
             assert (await call(session, "paid", {"text": "x"})).structured_content == {"n": 1}
             await until(lambda: len(spend(env)) == 2 and spend(env)[1]["status"] == "paid")
             # The prepayment filled the daily cap; the call it paid for still runs.
+            started = _funding(env).started
             assert (await call(session, "paid", {"text": "x"})).structured_content == {"n": 2}
-            await anyio.sleep(0.2)
-            assert len(spend(env)) == 2  # no prepayment past the cap
+            # No prepayment past the cap: the call decided before its result
+            # came back, and started no payment ahead of need.
+            assert _funding(env).started == started
+            assert len(spend(env)) == 2
             third = await call(session, "paid", {"text": "x"})
             assert third.is_error
             assert texts(third)[-1] == (
@@ -221,7 +232,9 @@ async def test_prepay_is_off_by_default(tmp_path: Path) -> None:
     with anyio.fail_after(30):
         async with bridge_env(tmp_path) as env, env.session() as session:
             assert (await call(session, "paid", {"text": "x"})).structured_content == {"n": 1}
-            await anyio.sleep(0.3)
+            # Decided before the result came back: the payment alongside the
+            # call is the only one started, no prepayment after it.
+            assert _funding(env).started == 1
             assert env.payer.calls == [(BOT, 500)]
             assert len(spend(env)) == 1
 
@@ -239,7 +252,7 @@ def test_prepay_setting_file_cli_and_validation(tmp_path: Path) -> None:
     assert settings_from_json('{"prepay_bots": null}', base=on).prepay_bots is None
     with pytest.raises(SettingsError, match='prepay bot "nope" is not a 64-hex uid'):
         base.replace(prepay_bots=("nope",)).validate()
-    assert _parse_pairs([f"prepay_bots={BOT},{CLIENT}"]) == {"prepay_bots": [BOT, CLIENT]}
+    assert parse_pairs([f"prepay_bots={BOT},{CLIENT}"]) == {"prepay_bots": [BOT, CLIENT]}
     assert PAY_ALONGSIDE_KEY == "brmcp/payAlongside"
 
 
@@ -303,12 +316,11 @@ async def test_a_held_call_is_not_sent_again_when_its_payment_confirms(tmp_path:
 
 
 async def test_credit_already_at_the_bot_is_not_paid_again_and_again(tmp_path: Path) -> None:
-    """Review finding: with credit at the bot the bridge did not know about,
-    every call paid alongside although the bot charged the existing credit
-    at once; the receipt came before the tip's confirmation, so that tip
-    was never counted and the next call paid again (the bot's balance
-    stayed a price ahead for ever). Now a receipt of a call charged at once
-    leaves the tip on top of the known balance: the calls after it use it."""
+    """With credit at the bot the bridge does not know about, a call paid
+    alongside is charged the existing credit at once and its receipt comes
+    before the tip's confirmation: the tip is then added on top of the known
+    balance, so the calls after it use it instead of paying alongside again
+    (which would keep the bot's balance a price ahead for ever)."""
 
     async def relay_tip(payee: str, atoms: int) -> None:
         await anyio.sleep(0.2)  # a tip takes longer than the call's round trip, as on BR
@@ -352,11 +364,16 @@ async def test_a_bridge_restart_does_not_pay_alongside_an_unknown_balance(tmp_pa
                 url = f"http://{address[0]}:{address[1]}/mcp/{BOT}"
                 async with env.session(url=url) as session:
                     assert (await call(session, "paid", {"text": "x"})).structured_content == {"n": 2}
-                    # Charged from the prepaid credit: no tip alongside it; prepay tops up again.
-                    await until(lambda: len(env.payer.calls) == 3)
-                    await anyio.sleep(0.2)
+                    # Charged from the prepaid credit: no tip alongside it; prepay tops up
+                    # again, the one payment this bridge started (decided before the result).
+                    funding = bridge._proxies[BOT].funding
+                    assert funding is not None
+                    assert funding.started == 1
+                    await until(lambda: len(bridge.spend_log().entries) == 3)
+                    await until(lambda: bridge.spend_log().entries[-1].status == "paid")
+                    entries = bridge.spend_log().entries
                     assert len(env.payer.calls) == 3
-                    assert [e.get("prepay", False) for e in spend(env)][-1] is True
+                    assert [e.to_dict().get("prepay", False) for e in entries] == [False, True, True]
             finally:
                 await bridge.close()
             assert await env.harness.balance(CLIENT) == 500
@@ -364,9 +381,9 @@ async def test_a_bridge_restart_does_not_pay_alongside_an_unknown_balance(tmp_pa
 
 
 async def test_two_calls_do_not_both_wait_for_one_prepayment(tmp_path: Path) -> None:
-    """Review finding: calls arriving while a prepayment is on its way all
-    waited for it, but it covers one; the others were held by the bot until
-    its hold ran out. Now the second pays alongside for itself."""
+    """Calls arriving while a prepayment is on its way: the prepayment covers
+    one of them, which waits for it; the second pays alongside for itself
+    instead of being held by the bot until its hold runs out."""
 
     async def slow(payee: str, atoms: int) -> None:
         await anyio.sleep(0.5)
@@ -392,9 +409,9 @@ async def test_two_calls_do_not_both_wait_for_one_prepayment(tmp_path: Path) -> 
 
 
 async def test_a_denied_prepayment_lets_the_waiting_call_ask_for_its_own(tmp_path: Path) -> None:
-    """Review finding: in approval mode a call that waited for a proposed
-    prepayment failed with "payment denied by the user" when the user
-    denied the prepayment. Now the call is offered its own payment."""
+    """Approval mode: a call that waits for a proposed prepayment the user
+    then denies does not fail with "payment denied by the user"; it is
+    offered its own payment."""
     settings = fixture_settings(prepay_bots=(BOT,), mode="approval")
     with anyio.fail_after(30):
         async with (
@@ -410,9 +427,11 @@ async def test_a_denied_prepayment_lets_the_waiting_call_ask_for_its_own(tmp_pat
             await until(lambda: len(env.bridge.pending_payments()) == 1)
             (prepay,) = env.bridge.pending_payments()
             assert prepay.tool == "paid (prepayment)"
+            held = env.harness.holds
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: _append(results, call(session, "paid", {"text": "x"})))
-                await anyio.sleep(0.3)  # the call is sent, waiting on the prepayment
+                # The call is sent, and held by the bot for the prepayment.
+                await until(lambda: env.harness.holds == held + 1)
                 env.bridge.resolve_payment(prepay.id, False)
                 await until(lambda: any(p.tool == "paid" for p in env.bridge.pending_payments()))
                 (own,) = [p for p in env.bridge.pending_payments() if p.tool == "paid"]

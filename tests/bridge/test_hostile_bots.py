@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, PaginatedRequestParams, TextContent, Tool
 
-from brmcp.bridge import Bridge, BridgeConfig, ManualClock, RetryPolicy, Settings
+from brmcp.bridge import Bridge, ManualClock, RetryPolicy, Settings
 from brmcp.protocol.payment import PRICE_ATOMS_KEY, PRICING_DYNAMIC, PRICING_KEY, parse_payment_required
 from brmcp.testing import Fabric, HostileBot
 from brmcp.testing.hostile import (
@@ -56,7 +56,7 @@ from brmcp.testing.hostile import (
     scripted,
 )
 from brmcp.transport.router import RouterOptions
-from tests.kit.bridge import BOT, CLIENT, NAME, TOKEN, TestPayer, call, fixture_settings, until
+from tests.kit.bridge import BOT, CLIENT, NAME, TOKEN, TestPayer, bridge_stack, call, fixture_settings, until
 
 START = 1_800_000_000
 #: Seconds a request to the bot may go unanswered (the router's message TTL).
@@ -107,31 +107,23 @@ async def hostile_env(
 ) -> AsyncIterator[HostileEnv]:
     """Fabric, a :class:`HostileBot` at BOT (``bot_options``: its keyword
     arguments) and a bridge at CLIENT whose payer credits the bot's ledger."""
-    data_dir = tmp_path / "bridge"
-    data_dir.mkdir(exist_ok=True)
-    (data_dir / "mcpclient.json").write_text((settings or fixture_settings()).to_json())
     clock = ManualClock(START, auto=True)
-    async with AsyncExitStack() as stack:
-        fabric = await stack.enter_async_context(Fabric())
-        bot = HostileBot(fabric, BOT, tools, strategy=strategy, opening=opening, **bot_options)
-        await stack.enter_async_context(bot)
-        payer = TestPayer()
-        payer.behaviour = bot.tip_from(CLIENT)
-        bridge = Bridge(
-            BridgeConfig(
-                data_dir=data_dir,
-                sender=fabric.sender(CLIENT),
-                payer=payer,
-                listen="127.0.0.1:0",
-                name=NAME,
-                clock=clock,
-                router_options=RouterOptions(ttl=TTL),
-                retry=RETRY,
-            )
-        )
-        fabric.attach(CLIENT, bridge.handle_pm)
-        await stack.enter_async_context(bridge)
-        yield HostileEnv(fabric, bot, bridge, payer, clock)
+    fabric = Fabric()
+    bot = HostileBot(fabric, BOT, tools, strategy=strategy, opening=opening, **bot_options)
+    payer = TestPayer()
+    payer.behaviour = bot.tip_from(CLIENT)
+    async with bridge_stack(
+        tmp_path,
+        payer,
+        bot=bot,
+        settings=settings or fixture_settings(),
+        fabric=fabric,
+        name=NAME,
+        clock=clock,
+        router_options=RouterOptions(ttl=TTL),
+        retry=RETRY,
+    ) as built:
+        yield HostileEnv(built.fabric, bot, built.bridge, payer, clock)
 
 
 # -- what the agent sees -------------------------------------------------------------

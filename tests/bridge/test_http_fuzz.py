@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +19,18 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from brmcp.bridge import Bridge, BridgeConfig, ManualClock
+from brmcp.bridge import Bridge, ManualClock
 from brmcp.testing import Fabric
-from tests.kit.bridge import BOT, CLIENT, INIT, TOKEN, TestPayer, build_harness, fixture_settings
+from tests.kit.bridge import (
+    BOT,
+    CLIENT,
+    INIT,
+    TOKEN,
+    TestPayer,
+    bridge_stack,
+    build_harness,
+    fixture_settings,
+)
 
 
 @dataclass
@@ -44,25 +53,22 @@ class _Env:
 
 @asynccontextmanager
 async def _env(tmp: Path) -> Any:
-    data_dir = tmp / "bridge"
-    data_dir.mkdir(exist_ok=True)
-    (data_dir / "mcpclient.json").write_text(fixture_settings().to_json())
-    async with AsyncExitStack() as stack:
-        fabric = await stack.enter_async_context(Fabric())
-        harness = build_harness(tmp / "bot", {})
-        await stack.enter_async_context(harness)
-        fabric.attach(BOT, (await harness.start(fabric.sender(BOT))).handle_pm)
-        payer = TestPayer()
-        payer.harness = harness
-        sender = _Recording(fabric.sender(CLIENT))
-        bridge = Bridge(
-            BridgeConfig(
-                data_dir=data_dir, sender=sender, payer=payer, listen=None, clock=ManualClock(1_800_000_000)
-            )
-        )
-        fabric.attach(CLIENT, bridge.handle_pm)
-        await stack.enter_async_context(bridge)
-        yield _Env(bridge, sender)
+    harness = build_harness(tmp / "bot", {})
+    payer = TestPayer()
+    payer.harness = harness
+    fabric = Fabric()
+    sender = _Recording(fabric.sender(CLIENT))
+    async with bridge_stack(
+        tmp,
+        payer,
+        bot=harness,
+        settings=fixture_settings(),
+        fabric=fabric,
+        sender=sender,
+        listen=None,
+        clock=ManualClock(1_800_000_000),
+    ) as built:
+        yield _Env(built.bridge, sender)
 
 
 @pytest.fixture(scope="module")

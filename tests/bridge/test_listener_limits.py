@@ -24,19 +24,23 @@ from brmcp.bridge import Settings
 from brmcp.bridge.daemon import resolve_listen
 from brmcp.bridge.listener import ListenerLimits, OwnedListener
 from brmcp.clientrpc import write_bot_config
+from tests.kit import until
 from tests.kit.serve import serve_network
 
 TOKEN = "listener-token-0123456789abcdef"
 
 
 class _App:
-    """``/slow`` waits for :attr:`release`; anything else answers 200 at once."""
+    """``/slow`` sets :attr:`entered` and waits for :attr:`release`; anything
+    else answers 200 at once."""
 
     def __init__(self) -> None:
+        self.entered = anyio.Event()
         self.release = anyio.Event()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["path"] == "/slow":
+            self.entered.set()
             await self.release.wait()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
@@ -107,7 +111,7 @@ async def test_connection_cap_evicts_idle_ones_and_keeps_requests_in_progress() 
         async with _listener(limits, app) as (host, port):
             busy = await anyio.connect_tcp(host, port)
             await busy.send(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            await anyio.sleep(0.2)  # its request is in progress
+            await app.entered.wait()  # its request is in progress
             idle = [await anyio.connect_tcp(host, port) for _ in range(12)]
             for stream in idle[::2]:
                 await stream.send(b"GET / HTTP/1.1\r\n")  # half of them trickle headers
@@ -171,9 +175,8 @@ async def test_1100_idle_and_trickling_connections_do_not_starve_an_agent(tmp_pa
                 try:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(pump)
-                        while b"endpoint open at" not in log:
-                            assert proc.returncode is None, log.decode(errors="replace")
-                            await anyio.sleep(0.05)
+                        await until(lambda: b"endpoint open at" in log or proc.returncode is not None, 180)
+                        assert proc.returncode is None, log.decode(errors="replace")
                         for i in range(1100):
                             stream = await anyio.connect_tcp(host, int(port))
                             if i % 2:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,7 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from brmcp.bridge import Bridge, BridgeConfig, ManualClock, subscriptions
+from brmcp.bridge import Bridge, ManualClock, subscriptions
 from brmcp.bridge.subscriptions import Subscriptions
 from brmcp.server import CallContext, Harness, HarnessConfig, PeerContext
 from brmcp.testing import Fabric
@@ -40,8 +40,10 @@ from tests.kit.bridge import (
     INIT,
     NAME,
     TOKEN,
+    Bot,
     TestPayer,
     auth,
+    bridge_stack,
     build_harness,
     fixture_settings,
     until,
@@ -88,39 +90,29 @@ async def mirror(
     """Fabric, a bot at BOT (``harness`` or a bare SDK ``server``) and a
     bridge at CLIENT with its own listener."""
     assert (harness is None) != (server is None)
-    data_dir = tmp_path / "bridge"
-    data_dir.mkdir()
-    (data_dir / "mcpclient.json").write_text(fixture_settings().to_json())
     methods: list[str] = []
-    async with AsyncExitStack() as stack:
-        fabric = await stack.enter_async_context(Fabric())
-        if harness is not None:
-            harness.server.middleware.append(_recorder(methods))
-            await stack.enter_async_context(harness)
-            router = await harness.start(fabric.sender(BOT))
-            fabric.attach(BOT, router.handle_pm)
-        else:
-            assert server is not None
-            bare = server
-            bare.middleware.append(_recorder(methods))
+    bot: Bot
+    if harness is not None:
+        harness.server.middleware.append(_recorder(methods))
+        bot = harness
+    else:
+        assert server is not None
+        bare = server
+        bare.middleware.append(_recorder(methods))
 
-            async def accept(conn: Conn) -> None:
-                await bare.run(conn.read_stream, conn.write_stream, bare.create_initialization_options())
+        async def accept(conn: Conn) -> None:
+            await bare.run(conn.read_stream, conn.write_stream, bare.create_initialization_options())
 
-            await stack.enter_async_context(fabric.router(BOT, accept=accept))
-        bridge = Bridge(
-            BridgeConfig(
-                data_dir=data_dir,
-                sender=fabric.sender(CLIENT),
-                payer=TestPayer(),
-                listen="127.0.0.1:0",
-                name=NAME,
-                clock=ManualClock(START, auto=True),
-            )
-        )
-        fabric.attach(CLIENT, bridge.handle_pm)
-        await stack.enter_async_context(bridge)
-        yield Mirror(fabric, bridge, harness, methods)
+        bot = accept
+    async with bridge_stack(
+        tmp_path,
+        TestPayer(),
+        bot=bot,
+        settings=fixture_settings(),
+        name=NAME,
+        clock=ManualClock(START, auto=True),
+    ) as built:
+        yield Mirror(built.fabric, built.bridge, harness, methods)
 
 
 class Inbox:

@@ -1,8 +1,10 @@
-"""Security review: the bridge's money paths under hostile timing and input.
-
-Each test pins a bug found in review (see the test's docstring for the
-scenario); they run without a network against the settler, the spend log and
-the HTTP gate.
+"""The bridge's money paths under hostile timing and input: settings that
+change while a payment waits for the spend log (a lowered cap, approval
+mode, a de-listed bot, the kill switch), content nested past the recursion
+limit (from a bot, in a state file, in an MCP request body), and hostile
+text in the approvals and spend tables the CLI prints. Each test's docstring
+gives the scenario; they run without a network against the settler, the
+spend log, the HTTP gate and the CLI's tables.
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ def test_cli_tables_neutralise_control_characters(
     approvals table the user decides from (e.g. show a smaller amount)."""
     import argparse
 
-    from brmcp.bridge import cli
+    from brmcp.bridge import _adminclient, cli
 
     hostile = "fortune\r\x1b[2K" + "x" * 3 + "\x1b]0;pwned\x07"
     answers = {
@@ -180,9 +182,9 @@ def test_cli_tables_neutralise_control_characters(
             "day_total_atoms": 0,
         },
     }
-    monkeypatch.setattr(cli, "_admin", lambda daemon, method, path, body=None: answers[path])
-    daemon = cli._Daemon(Path("."), 1, "http://127.0.0.1:1", False, "t")
-    monkeypatch.setattr(cli, "_locate", lambda datadir: daemon)
+    monkeypatch.setattr(cli, "admin", lambda daemon, method, path, body=None: answers[path])
+    daemon = _adminclient.Daemon(Path("."), 1, "http://127.0.0.1:1", False, "t")
+    monkeypatch.setattr(cli, "locate", lambda datadir: daemon)
     cli._cmd_approvals(daemon.datadir, argparse.Namespace(action="list", id=None, json=False))
     cli._cmd_spend(daemon.datadir, argparse.Namespace(json=False))
     out = capsys.readouterr().out

@@ -1,5 +1,5 @@
-"""Fewer relay round trips between the bridge and its bots (issue 15;
-BRIDGE.md §Eras and snapshots): the modern era with bots that take it,
+"""Fewer relay round trips between the bridge and its bots (BRIDGE.md §Eras
+and snapshots): the modern era with bots that take it,
 era detection and fall-back for handshake-only bots, snapshots that survive
 restarts, and tools/list_changed relayed to agents. PM counts, not times."""
 
@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from brmcp import Conn
-from brmcp.bridge import Bridge, BridgeConfig, ManualClock
+from brmcp.bridge import Bridge, ManualClock
 from brmcp.bridge.snapshots import SNAPSHOT_DIR, BotSnapshot
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric
@@ -38,7 +38,9 @@ from tests.kit.bridge import (
     TestPayer,
     build_harness,
     call,
+    fabric_bridge,
     fixture_settings,
+    serve_bot,
     texts,
     until,
 )
@@ -58,17 +60,9 @@ class Rig:
         return self.fabric.link(CLIENT, BOT).pms + self.fabric.link(BOT, CLIENT).pms
 
     async def start_bridge(self) -> Bridge:
-        bridge = Bridge(
-            BridgeConfig(
-                data_dir=self.data_dir,
-                sender=self.fabric.sender(CLIENT),
-                payer=self.payer,
-                listen="127.0.0.1:0",
-                name=NAME,
-                clock=ManualClock(START, auto=True),
-            )
+        bridge = fabric_bridge(
+            self.fabric, self.data_dir, self.payer, name=NAME, clock=ManualClock(START, auto=True)
         )
-        self.fabric.attach(CLIENT, bridge.handle_pm)
         await bridge.start()
         self.bridge = bridge
         return bridge
@@ -110,12 +104,8 @@ async def rig(tmp_path: Path, *, harness: Harness | None = None, accept: Any = N
     async with AsyncExitStack() as stack:
         fabric = await stack.enter_async_context(Fabric())
         if harness is not None:
-            await stack.enter_async_context(harness)
-            router = await harness.start(fabric.sender(BOT))
-            fabric.attach(BOT, router.handle_pm)
             payer.harness = harness
-        else:
-            await stack.enter_async_context(fabric.router(BOT, accept=accept))
+        await serve_bot(stack, fabric, harness if harness is not None else accept)
         r = Rig(fabric, data_dir, stack, payer)
         try:
             yield r

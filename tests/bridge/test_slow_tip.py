@@ -13,7 +13,7 @@ import anyio.lowlevel
 import pytest
 
 from brmcp.bridge import ManualClock, TipMatcher, TipPayer
-from brmcp.bridge.daemon import TIP_MAX_ATTEMPTS, TIP_SLOW_SECS, TipStalledError
+from brmcp.bridge.tippayer import TIP_MAX_ATTEMPTS, TIP_SLOW_SECS, TipStalledError
 from tests.kit.bridge import until
 
 PAYEE = "ab" * 32

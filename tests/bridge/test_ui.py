@@ -24,7 +24,8 @@ import pytest
 
 from brmcp.bridge.approvals import MAX_ARGUMENT_CHARS, PendingPayment, describe_arguments
 from brmcp.bridge.cli import main as bridge_main
-from brmcp.bridge.daemon import BridgeDaemon, PatientSender
+from brmcp.bridge.daemon import BridgeDaemon
+from brmcp.bridge.patient import PatientSender
 from brmcp.bridge.spend import BotBalance, SpendEntry, SpendSummary
 from brmcp.bridge.ui import NickBook, UISessions
 from brmcp.bridge.ui.nicks import (
@@ -145,8 +146,10 @@ async def test_decisions_need_the_csrf_token_and_work_without_script(tmp_path: P
                     polled.append(answer.json())
 
                 polled: list[dict[str, Any]] = []
+                watching = len(env.bridge._settler._listeners)
                 tg.start_soon(poll)
-                await anyio.sleep(0.2)
+                # The long-poll waits: it watches the bridge for a change.
+                await until(lambda: len(env.bridge._settler._listeners) == watching + 1)
                 assert polled == []
                 tg.start_soon(paid)
                 await until(lambda: bool(polled))
@@ -236,11 +239,18 @@ async def test_notification_command_runs_once_per_parked_payment(tmp_path: Path)
                 daemon._tg = tg
                 unwatch = env.bridge.watch(daemon._on_change)
                 async with env.session() as session:
-                    tg.start_soon(call, session, "paid", {"text": "x", "count": 1})
+                    results: list[Any] = []
+
+                    async def paid() -> None:
+                        results.append(await call(session, "paid", {"text": "x", "count": 1}))
+
+                    tg.start_soon(paid)
                     await until(lambda: out.exists() and out.read_text().count("\n") == 1)
                     (pending,) = env.bridge.pending_payments()
                     env.bridge.resolve_payment(pending.id, False)
                     await until(lambda: not env.bridge.pending_payments())
+                    # The denied call's answer arrives before its session closes.
+                    await until(lambda: bool(results))
                 unwatch()
                 tg.cancel_scope.cancel()
     (line,) = out.read_text().splitlines()
@@ -565,8 +575,9 @@ class _NickingSender:
 async def _env_with_brclient_nicks(tmp_path: Path, bot_nick: str) -> AsyncIterator[Env]:
     """The fixture's bridge in approval mode, with a PM sender that asks a
     fake brclient (a contact ``bot_nick`` at BOT) for nicks."""
-    from brmcp.bridge import Bridge, BridgeConfig, ManualClock
+    from brmcp.bridge import ManualClock
     from brmcp.testing import Fabric
+    from tests.kit.bridge import bridge_stack
     from tests.kit.clientrpc import FAST, fake_network
 
     async with contextlib.AsyncExitStack() as stack:
@@ -575,27 +586,24 @@ async def _env_with_brclient_nicks(tmp_path: Path, bot_nick: str) -> AsyncIterat
         relay.kx(me, BOT)
         client = await stack.enter_async_context(me.client(**FAST))
         await client.wait_connected()
-        fabric = await stack.enter_async_context(Fabric())
-        data_dir = tmp_path / "bridge"
-        data_dir.mkdir()
-        (data_dir / "mcpclient.json").write_text(fixture_settings(mode="approval").to_json())
         executions: dict[str, int] = {}
-        harness = await stack.enter_async_context(build_harness(tmp_path / "bot", executions))
-        fabric.attach(BOT, (await harness.start(fabric.sender(BOT))).handle_pm)
+        harness = build_harness(tmp_path / "bot", executions)
         payer = TestPayer()
         payer.harness = harness
         clock = ManualClock(START)
-        config = BridgeConfig(
-            data_dir=data_dir,
-            sender=_NickingSender(fabric.sender(CLIENT), client),
-            payer=payer,
-            listen="127.0.0.1:0",
-            clock=clock,
+        fabric = Fabric()
+        built = await stack.enter_async_context(
+            bridge_stack(
+                tmp_path,
+                payer,
+                bot=harness,
+                settings=fixture_settings(mode="approval"),
+                fabric=fabric,
+                sender=_NickingSender(fabric.sender(CLIENT), client),
+                clock=clock,
+            )
         )
-        bridge = Bridge(config)
-        fabric.attach(CLIENT, bridge.handle_pm)
-        await stack.enter_async_context(bridge)
-        yield Env(fabric, harness, bridge, payer, clock, data_dir, executions)
+        yield Env(built.fabric, harness, built.bridge, payer, clock, built.data_dir, executions)
 
 
 async def test_the_page_names_bots_by_brclient_nick_next_to_their_uid(tmp_path: Path) -> None:
@@ -645,7 +653,7 @@ def test_a_bridge_without_brclient_shows_uid_prefixes() -> None:
 
 
 async def test_every_setting_says_how_to_change_it_with_a_command_that_works(tmp_path: Path) -> None:
-    from brmcp.bridge.cli import _parse_pairs
+    from brmcp.bridge._settingsedit import parse_pairs
     from brmcp.bridge.settings import setting_names
 
     with anyio.fail_after(30):
@@ -662,7 +670,7 @@ async def test_every_setting_says_how_to_change_it_with_a_command_that_works(tmp
     assert {key for key, _ in suggested} >= set(setting_names())
     for key, value in suggested:
         example = value.replace("UID", BOT).replace("N", "5")
-        assert key in _parse_pairs([f"{key}={example}"])  # the CLI takes it as printed
+        assert key in parse_pairs([f"{key}={example}"])  # the CLI takes it as printed
     assert f"<code>{command} settings --show-token</code>" in page
     assert f"<code>{command} config-snippet BOT_UID</code>" in page
     assert f"<code>{env.data_dir / 'mcpclient.json'}</code>" in page

@@ -21,7 +21,7 @@ import anyio.to_thread
 import pytest
 
 from brmcp.bridge.cli import main as bridge_main
-from brmcp.bridge.daemon import RUNTIME_FILE, _process_started
+from brmcp.bridge.runtime import RUNTIME_FILE, _process_started
 from tests.kit.bridge import BOT, CLIENT, Env, bridge_env, call, fixture_settings, joined, until
 from tests.kit.ui import chromium_driver
 

@@ -1,4 +1,4 @@
-"""Issue 11 §5: the harness's deliverability check uses the real JSON-RPC
+"""The harness's deliverability check uses the real JSON-RPC
 response overhead, so small chunk sizes still serve keyed calls, and every
 result it charges for fits the transport (it is received, not replaced by
 the transport's "exceeds the transport limit" error)."""

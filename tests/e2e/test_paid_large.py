@@ -1,4 +1,4 @@
-"""Issue 11 §4: large results reach a stock agent. The official Python SDK
+"""Large results reach a stock agent. The official Python SDK
 client, with its default settings, refuses SSE events over 1 MiB; the
 bridge writes a call's answer that is larger than that as an
 ``application/json`` response, so what it paid for is received, at 1, 2, 8

@@ -1,6 +1,6 @@
-"""Issue 11 §"An agent's retry never pays twice": resumable agent streams
-(SSE event store, priming event, ``retry``, ``Last-Event-ID``) and re-sent
-calls whose earlier copy the agent did not receive."""
+"""An agent's retry never pays twice: resumable agent streams (SSE event
+store, priming event, ``retry``, ``Last-Event-ID``) and re-sent calls whose
+earlier copy the agent did not receive."""
 
 from __future__ import annotations
 
@@ -174,7 +174,11 @@ async def test_a_resent_call_while_the_first_is_paying_pays_once(tmp_path: Path)
         with anyio.fail_after(30):
             await _priming(http, headers, _call(31))
             await env.payer.entered.wait()
-            await anyio.sleep(0.1)  # the bridge notices the closed connection
+            link = env.bridge.link(BOT)
+            assert link is not None
+            sid = headers["mcp-session-id"]
+            # The bridge notices the closed connection.
+            await until(lambda: [c.detached for c in link.relay.calls_of(sid)] == [True])
             async with anyio.create_task_group() as tg:
 
                 async def resend() -> None:
@@ -183,7 +187,9 @@ async def test_a_resent_call_while_the_first_is_paying_pays_once(tmp_path: Path)
 
                 answers: list[str] = []
                 tg.start_soon(resend)
-                await anyio.sleep(0.3)
+                # The re-send took over the first copy's key and waits for it.
+                await until(lambda: len(link.relay.calls_of(sid)) == 2)
+                await until(lambda: link.relay.calls_of(sid)[0].gone.is_set())
                 release.set()
         answer = json.loads([e for e in answers[0].split("\n") if e.startswith("data: {")][-1][6:])
         assert answer["id"] == 32

@@ -1,4 +1,4 @@
-"""Issue 11 soak: at least 200 paid calls from 8 concurrent agents through
+"""The paid-call soak: at least 200 paid calls from 8 concurrent agents through
 the bridge over a fabric that drops 5 %, duplicates 5 % and reorders PMs,
 with the bot offline at random and impatient agents that time out and
 retry. Afterwards, to the atom: payments = results received x price +

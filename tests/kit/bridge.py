@@ -1,6 +1,11 @@
 """Shared fixture for the bridge tests (the fixture of the Go reference's
 ``bridge/bridge_test.go``, karamble/brmcp).
 
+:func:`bridge_stack` is the one stack every bridge test stands on: an
+in-memory fabric, a bot at BOT (a harness, a raw MCP server, or a bot that
+attaches itself) and a bridge at CLIENT with its own data directory and
+listener. :func:`bridge_env` is the fixture on it:
+
 A harness bot on the in-memory fabric serves ``paid`` (500 atoms, returns
 ``{"n": k}``), ``free`` and ``dyn`` (dynamic price 7 atoms); the bridge is
 named ``brclientd``, autopay, per-call cap 10 000, per-day cap 100 000,
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,9 +29,11 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolRequest, CallToolRequestParams, CallToolResult, TextContent
 
-from brmcp.bridge import Bridge, BridgeConfig, ManualClock, Settings
+from brmcp import PMSender
+from brmcp.bridge import Bridge, BridgeConfig, ManualClock, Payer, Settings
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric
+from brmcp.transport.conn import Conn
 from tests.kit import BOT, CLIENT
 from tests.kit import OTHER_BOT as OTHER_BOT
 from tests.kit import until as until
@@ -202,6 +209,95 @@ async def _seven_atoms(ctx: CallContext, args: dict[str, Any]) -> int:
     return 7
 
 
+#: A bot for :func:`bridge_stack`: a :class:`Harness` (entered, started and
+#: attached at its uid), a function serving each MCP connection the fabric
+#: accepts for the uid (e.g. an SDK server's ``run``), or an async context
+#: manager that attaches itself to the fabric when entered (a hostile bot).
+Bot = Harness | Callable[[Conn], Awaitable[None]] | AbstractAsyncContextManager[Any]
+
+
+async def serve_bot(stack: AsyncExitStack, fabric: Fabric, bot: Bot, uid: str = BOT) -> None:
+    """Put ``bot`` on the (entered) ``fabric`` at ``uid``, its context on ``stack``."""
+    if isinstance(bot, Harness):
+        await stack.enter_async_context(bot)
+        router = await bot.start(fabric.sender(uid))
+        fabric.attach(uid, router.handle_pm)
+    elif isinstance(bot, AbstractAsyncContextManager):
+        await stack.enter_async_context(bot)
+    else:
+        await stack.enter_async_context(fabric.router(uid, accept=bot))
+
+
+def fabric_bridge(
+    fabric: Fabric,
+    data_dir: Path,
+    payer: Payer,
+    *,
+    sender: PMSender | None = None,
+    listen: str | None = "127.0.0.1:0",
+    client: str = CLIENT,
+    **config: Any,
+) -> Bridge:
+    """A bridge at ``client`` on ``fabric`` (PMs to it attached; not
+    started): ``sender`` instead of the fabric's sender for ``client`` (e.g.
+    one that records or wraps it); ``config`` adds :class:`BridgeConfig`
+    fields."""
+    bridge = Bridge(
+        BridgeConfig(
+            data_dir=data_dir,
+            sender=sender if sender is not None else fabric.sender(client),
+            payer=payer,
+            listen=listen,
+            **config,
+        )
+    )
+    fabric.attach(client, bridge.handle_pm)
+    return bridge
+
+
+@dataclass
+class Stack:
+    """What :func:`bridge_stack` built: the fabric, the bridge (started), its
+    data directory, and the exit stack that unwinds them."""
+
+    fabric: Fabric
+    bridge: Bridge
+    data_dir: Path
+    stack: AsyncExitStack
+
+
+@asynccontextmanager
+async def bridge_stack(
+    tmp_path: Path,
+    payer: Payer,
+    *,
+    bot: Bot | None,
+    settings: Settings | None = None,
+    fabric: Fabric | None = None,
+    sender: PMSender | None = None,
+    listen: str | None = "127.0.0.1:0",
+    bot_uid: str = BOT,
+    client: str = CLIENT,
+    **config: Any,
+) -> AsyncIterator[Stack]:
+    """The fabric, the bot and the bridge, entered: ``fabric`` (a clean
+    :class:`Fabric` when None; entered here), ``bot`` at ``bot_uid``
+    (:func:`serve_bot`; None: the caller attaches one), and a bridge at
+    ``client`` (:func:`fabric_bridge`) whose data directory is
+    ``tmp_path/bridge``, with ``settings`` written there first when given."""
+    data_dir = tmp_path / "bridge"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if settings is not None:
+        (data_dir / "mcpclient.json").write_text(settings.to_json())
+    async with AsyncExitStack() as stack:
+        fabric = await stack.enter_async_context(fabric if fabric is not None else Fabric())
+        if bot is not None:
+            await serve_bot(stack, fabric, bot, bot_uid)
+        bridge = fabric_bridge(fabric, data_dir, payer, sender=sender, listen=listen, client=client, **config)
+        await stack.enter_async_context(bridge)
+        yield Stack(fabric, bridge, data_dir, stack)
+
+
 @asynccontextmanager
 async def bridge_env(
     tmp_path: Path,
@@ -214,37 +310,20 @@ async def bridge_env(
     clock: ManualClock | None = None,
     **config: Any,
 ) -> AsyncIterator[Env]:
-    """The fixture, entered: fabric, harness at BOT, bridge at CLIENT;
-    ``config`` adds :class:`BridgeConfig` fields."""
+    """The fixture, entered: fabric, harness at BOT, bridge at CLIENT
+    (:func:`bridge_stack`); ``config`` adds :class:`BridgeConfig` fields."""
     data_dir = tmp_path / "bridge"
     data_dir.mkdir(exist_ok=True)
-    if write_settings:
-        content = (settings or fixture_settings()).to_json()
-        (data_dir / "mcpclient.json").write_text(content)
     if spend_entries is not None:
         (data_dir / "mcpspend.json").write_text(json.dumps(spend_entries, indent=2))
     if clock is None:
         clock = ManualClock(START, auto=auto_clock)
     payer = TestPayer()
     executions: dict[str, int] = {}
-    async with AsyncExitStack() as stack:
-        fabric = await stack.enter_async_context(Fabric())
-        harness = build_harness(tmp_path / "bot", executions)
-        await stack.enter_async_context(harness)
-        bot_router = await harness.start(fabric.sender(BOT))
-        fabric.attach(BOT, bot_router.handle_pm)
-        payer.harness = harness
-        bridge = Bridge(
-            BridgeConfig(
-                data_dir=data_dir,
-                sender=fabric.sender(CLIENT),
-                payer=payer,
-                listen=listen,
-                name=NAME,
-                clock=clock,
-                **config,
-            )
-        )
-        fabric.attach(CLIENT, bridge.handle_pm)
-        await stack.enter_async_context(bridge)
-        yield Env(fabric, harness, bridge, payer, clock, data_dir, executions, stack)
+    harness = build_harness(tmp_path / "bot", executions)
+    payer.harness = harness
+    written = (settings or fixture_settings()) if write_settings else None
+    async with bridge_stack(
+        tmp_path, payer, bot=harness, settings=written, listen=listen, name=NAME, clock=clock, **config
+    ) as built:
+        yield Env(built.fabric, harness, built.bridge, payer, clock, built.data_dir, executions, built.stack)

@@ -33,11 +33,12 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolRequest, CallToolRequestParams, CallToolResult, TextContent
 
-from brmcp.bridge import Bridge, BridgeConfig, Settings
+from brmcp.bridge import Bridge, Settings
 from brmcp.gateway import Gateway, PriceTable, UpstreamConfig
 from brmcp.server import Harness, HarnessConfig
 from brmcp.testing import Fabric, uid
 from tests.kit import until as until
+from tests.kit.bridge import bridge_stack
 from tests.kit.paths import REPO
 
 BOT = uid(0x6A)
@@ -151,8 +152,6 @@ async def gateway_stack(
     errlog_name: str = "upstream.stderr",
     **upstream_options: Any,
 ) -> AsyncIterator[GatewayEnv]:
-    bridge_dir = tmp_path / "bridge"
-    bridge_dir.mkdir(parents=True, exist_ok=True)
     settings = Settings(
         enabled=True,
         token=TOKEN,
@@ -161,11 +160,11 @@ async def gateway_stack(
         per_day_cap_atoms=1_000_000,
         allowed_bots=(BOT,),
     )
-    (bridge_dir / "mcpclient.json").write_text(settings.to_json())
     upstream_options.setdefault("backoff_initial", 0.05)
+    bridge_dir = tmp_path / "bridge"
+    bridge_dir.mkdir(parents=True, exist_ok=True)  # and tmp_path, where the errlog lives
     async with AsyncExitStack() as stack:
         errlog = stack.enter_context(open(tmp_path / errlog_name, "w"))  # noqa: SIM115, ASYNC230
-        fabric = await stack.enter_async_context(Fabric())
         harness = Harness(
             HarnessConfig(
                 data_dir=tmp_path / "bot",
@@ -181,17 +180,12 @@ async def gateway_stack(
         tg = await stack.enter_async_context(anyio.create_task_group())
         stack.callback(tg.cancel_scope.cancel)
         await tg.start(gateway.run)
-        await stack.enter_async_context(harness)
-        router = await harness.start(fabric.sender(BOT))
-        fabric.attach(BOT, router.handle_pm)
         payer = CreditingPayer()
         payer.harness = harness
-        bridge = Bridge(
-            BridgeConfig(data_dir=bridge_dir, sender=fabric.sender(CLIENT), payer=payer, listen="127.0.0.1:0")
+        built = await stack.enter_async_context(
+            bridge_stack(tmp_path, payer, bot=harness, settings=settings, bot_uid=BOT, client=CLIENT)
         )
-        fabric.attach(CLIENT, bridge.handle_pm)
-        await stack.enter_async_context(bridge)
-        yield GatewayEnv(fabric, harness, gateway, bridge, payer, stack)
+        yield GatewayEnv(built.fabric, harness, gateway, built.bridge, payer, stack)
 
 
 async def call(session: ClientSession, tool: str, arguments: dict[str, Any] | None = None) -> CallToolResult:

@@ -1,5 +1,5 @@
-"""The paid-call soak (issue 11): many paid calls from concurrent agents
-through the bridge over a faulty fabric, with the books checked to the atom.
+"""The paid-call soak: many paid calls from concurrent agents through the
+bridge over a faulty fabric, with the books checked to the atom.
 
 Used by ``tests/e2e/test_paid_soak.py`` (CI, one seed) and
 ``bench/paidcall_soak_bench.py`` (throughput, several seeds).
@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,10 +32,11 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolRequest, CallToolRequestParams, CallToolResult, TextContent
 
 from brmcp import RouterOptions
-from brmcp.bridge import Bridge, BridgeConfig, RetryPolicy, Settings
+from brmcp.bridge import Bridge, RetryPolicy, Settings
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric, Faults
 from tests.kit import BOT, CLIENT
+from tests.kit.bridge import bridge_stack
 
 TOKEN = "soak-token-0123456789abcdef"
 PRICE = 500
@@ -121,55 +122,44 @@ async def _stack(
     )
     paid: list[int] = []
     executed: list[str] = []
-    async with AsyncExitStack() as stack:
-        fabric = await stack.enter_async_context(Fabric(seed=seed, faults=faults))
-        harness = Harness(
-            HarnessConfig(
-                data_dir=tmp / "bot", allowed_peers={CLIENT}, calls_per_minute=1_000_000, name="soak-bot"
-            )
+    harness = Harness(
+        HarnessConfig(
+            data_dir=tmp / "bot", allowed_peers={CLIENT}, calls_per_minute=1_000_000, name="soak-bot"
         )
+    )
 
-        async def tool(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
-            executed.append(ctx.call_key or "")
-            return {"key": ctx.call_key, "run": len(executed), "text": args.get("text")}
+    async def tool(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
+        executed.append(ctx.call_key or "")
+        return {"key": ctx.call_key, "run": len(executed), "text": args.get("text")}
 
-        harness.add_tool("paid", tool, description="soak", input_schema={"type": "object"}, price_atoms=PRICE)
-        await stack.enter_async_context(harness)
-        bot_router = await harness.start(fabric.sender(BOT))
-        fabric.attach(BOT, bot_router.handle_pm)
+    harness.add_tool("paid", tool, description="soak", input_schema={"type": "object"}, price_atoms=PRICE)
 
-        class _Payer:
-            async def pay(self, payee_uid: str, atoms: int) -> None:
-                await anyio.sleep(0.005)
-                await harness.credit(CLIENT, atoms)
-                paid.append(atoms)
+    class _Payer:
+        async def pay(self, payee_uid: str, atoms: int) -> None:
+            await anyio.sleep(0.005)
+            await harness.credit(CLIENT, atoms)
+            paid.append(atoms)
 
-        data = tmp / "bridge"
-        data.mkdir(parents=True)
-        settings = Settings(
-            enabled=True,
-            token=TOKEN,
-            mode="autopay",
-            per_call_cap_atoms=10_000,
-            per_day_cap_atoms=10_000_000,
-            allowed_bots=(BOT,),
-        )
-        (data / "mcpclient.json").write_text(settings.to_json())
-        bridge = Bridge(
-            BridgeConfig(
-                data_dir=data,
-                sender=fabric.sender(CLIENT),
-                payer=_Payer(),
-                listen="127.0.0.1:0",
-                name="soak-bridge",
-                router_options=RouterOptions(ttl=TTL),
-                retry=RetryPolicy(initial=0.5, minimum=0.2, maximum=1.5, answer_timeout=8.0),
-                connect_timeout=8.0,
-            )
-        )
-        fabric.attach(CLIENT, bridge.handle_pm)
-        await stack.enter_async_context(bridge)
-        yield fabric, harness, bridge, paid, executed
+    settings = Settings(
+        enabled=True,
+        token=TOKEN,
+        mode="autopay",
+        per_call_cap_atoms=10_000,
+        per_day_cap_atoms=10_000_000,
+        allowed_bots=(BOT,),
+    )
+    async with bridge_stack(
+        tmp,
+        _Payer(),
+        bot=harness,
+        settings=settings,
+        fabric=Fabric(seed=seed, faults=faults),
+        name="soak-bridge",
+        router_options=RouterOptions(ttl=TTL),
+        retry=RetryPolicy(initial=0.5, minimum=0.2, maximum=1.5, answer_timeout=8.0),
+        connect_timeout=8.0,
+    ) as built:
+        yield built.fabric, harness, built.bridge, paid, executed
 
 
 async def run_soak(tmp: Path, *, seed: int, calls: int = 200, agents: int = 8, faults: bool = True) -> Tally:
