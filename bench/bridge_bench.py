@@ -1,4 +1,4 @@
-"""Bridge benchmark for issue 6: the client bridge's relay cost and overhead.
+"""Bridge benchmark: the client bridge's relay cost (PMs per call) and overhead.
 
 Run: ``python bench/bridge_bench.py`` (about half a minute) or ``--quick``.
 

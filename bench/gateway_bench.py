@@ -1,4 +1,4 @@
-"""Gateway benchmark (issue 17): the latency a brmcp gateway adds to a tool
+"""Gateway benchmark: the latency a brmcp gateway adds to a tool
 call, against a native tool on the same fabric.
 
 Run: ``python bench/gateway_bench.py`` (about half a minute) or ``--quick``.

@@ -1,4 +1,4 @@
-"""Harness benchmark for issue 4: paid, keyed, durable calls versus free
+"""Harness benchmark: the cost of paid, keyed, durable calls against free
 calls, end to end over the fabric with the official SDK client.
 
 Run: ``python bench/harness_bench.py`` (about a minute) or ``--quick``.

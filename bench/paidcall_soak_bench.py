@@ -1,4 +1,4 @@
-"""Paid-call soak benchmark (issue 11): throughput of paid calls through the
+"""Paid-call soak benchmark: throughput of paid calls through the
 bridge under faults, and the books of each run.
 
 Run: ``python bench/paidcall_soak_bench.py`` (10 seeds of 200 calls from 8

@@ -1,5 +1,5 @@
 """Real-network benchmark: relay PMs and wall time per agent-visible call on
-brnet (a real bisonrelay relay and real clients on loopback, issue 12).
+brnet (a real bisonrelay relay and real clients on loopback).
 
 Run: ``python bench/realnet_bench.py`` (needs Go; builds brnet on first use;
 about half a minute once built). ``--latency 0,250`` picks the added one-way
@@ -43,6 +43,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from brmcp.bridge import BridgeDaemon, Settings
 from brmcp.clientrpc import write_bot_config
+from brmcp.protocol.units import atoms_from_milliatoms
 from brmcp.serve import ServeApp, init_datadir
 from brmcp.testing.brnet import BrNet, BrNetUnavailable, BrNetUser, brnet_binary
 
@@ -186,7 +187,7 @@ async def run_once(latency_ms: int, reps: int, exe: Path) -> dict[str, tuple[flo
                 charged = -sum(e.atoms for e in statement if e.kind != "tip")
                 balance = await app.harness.balance(alice.uid)
                 paid = json.loads((net.root / "simwallet.json").read_text())
-                tips_paid = sum(int(m) for m in paid.values()) // 1000
+                tips_paid = atoms_from_milliatoms(sum(int(m) for m in paid.values()))
                 ok = tips_paid == credited == charged + balance
                 rows["_books"] = (float(ok), tips_paid)
                 return rows

@@ -1,4 +1,4 @@
-"""Round-trip bench for issue 15: PMs and wall time per agent-visible call.
+"""Round-trip bench: relay PMs and wall time per agent-visible call.
 
 Run: ``python bench/round_trips.py`` (about four minutes with Go: fabric
 columns, then two brnet runs of about half a minute each) or ``--quick``
@@ -87,6 +87,7 @@ from realnet_bench import FAST, PMCounter  # noqa: E402
 
 from brmcp.bridge import Bridge, BridgeConfig, BridgeDaemon, ManualClock, Settings  # noqa: E402
 from brmcp.clientrpc import write_bot_config  # noqa: E402
+from brmcp.protocol.units import atoms_from_milliatoms  # noqa: E402
 from brmcp.serve import ServeApp, init_datadir  # noqa: E402
 from brmcp.testing import Fabric  # noqa: E402
 from brmcp.testing.brnet import BrNet, BrNetBuildError, BrNetError, BrNetUnavailable, brnet_binary  # noqa: E402
@@ -352,7 +353,7 @@ def brnet_tips_paid(net: BrNet) -> int:
     if not path.exists():
         return 0
     paid = json.loads(path.read_text())
-    return sum(int(m) for m in paid.values()) // 1000
+    return atoms_from_milliatoms(sum(int(m) for m in paid.values()))
 
 
 async def brnet_books(app: ServeApp, payer_uid: str, net: BrNet) -> tuple[int, int, int, int]:
@@ -488,7 +489,7 @@ def check(results: list[tuple[str, bool, str]], label: str, ok: bool, detail: st
 
 
 def python_targets(results: list[tuple[str, bool, str]], col: Column, tag: str) -> None:
-    """The targets for our bridge ↔ our harness (issue 15), on ``col``;
+    """The round-trip targets for our bridge ↔ our harness, on ``col``;
     ``tag`` prefixes each label. Wall targets only where latency was added."""
     new, restart = col.rows["new"], col.rows["restart"]
     check(results, f"[{tag}] first call to a new bot: ≤ 2 PMs per request", max(new.pms) <= 2, new.text())

@@ -1,4 +1,5 @@
-"""Transport benchmark for issue 3: the MCP transport over BR PMs.
+"""Transport benchmark: throughput, memory per idle session and idle expiry of
+the MCP transport over BR PMs.
 
 Run: ``python bench/transport_bench.py`` (about a minute) or ``--quick``.
 

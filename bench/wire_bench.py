@@ -9,8 +9,8 @@ the ``is_envelope`` rate on plain chat lines with its ratio to
 ``str.startswith``; then 200 B encode+parse round trips per second.
 Every figure is the best of many short timed repetitions (noise only ever
 makes a run slower), taken with this thread's CPU time unless ``--wall`` is
-given, and each codec timing alternates with its baseline's. Targets from
-issue 2 are marked PASS or MISS; MB = 10**6 bytes.
+given, and each codec timing alternates with its baseline's. Each figure
+with a target is marked PASS or MISS; MB = 10**6 bytes.
 The exit status is 0 either way: this is a report, not a test.
 """
 

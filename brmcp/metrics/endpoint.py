@@ -14,7 +14,14 @@ from starlette.types import Receive, Scope, Send
 
 from ..bridge.listener import OwnedListener, parse_listen_address
 
-__all__ = ["MetricsEndpoint", "MetricsListenError", "cannot_listen", "check_listen_address", "probe_listen"]
+__all__ = [
+    "MetricsEndpoint",
+    "MetricsListenError",
+    "cannot_listen",
+    "check_listen_address",
+    "metrics_address_problem",
+    "probe_listen",
+]
 
 #: Why a bind failed, and what usually causes it, by errno.
 _REASONS: dict[int, tuple[str, str]] = {

@@ -1,7 +1,11 @@
-"""brmcp-serve: the example bot. It connects to a running brclient over
-clientrpc and serves two MCP tools through the brmcp harness: ``echo`` (free)
-and ``fortune`` (10 000 atoms per call), as the Go reference's
-``cmd/brmcp-serve`` does (README §Running a real bot; docs/interop.md §The pinned reference).
+"""brmcp-serve: the paid-bot daemon. It connects to a running brclient over
+clientrpc and serves MCP tools through the brmcp harness: by default the two
+example tools ``echo`` (free) and ``fortune`` (10 000 atoms per call), as the
+Go reference's ``cmd/brmcp-serve`` does (README §Running a real bot;
+docs/interop.md §The pinned reference), or the tools of an upstream MCP
+server at the prices of ``prices.json`` (:mod:`brmcp.gateway`). Run it as
+``brmcp-serve`` or ``python -m brmcp.serve``; ``examples/serve/mybot.py`` is
+the short example program built on the same public API.
 
 * :class:`ServeApp`: the application as an async API (``from_datadir``,
   ``run``, ``reload``, ``harness``), used by the console command and by

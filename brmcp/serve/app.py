@@ -56,8 +56,8 @@ log = logging.getLogger("brmcp.serve")
 
 #: The lock that keeps a second brmcp-serve off a data directory in use.
 LOCK_FILE = "brmcp-serve.lock"
-#: The MCP implementation info the example serves, as the Go reference's
-#: (karamble/brmcp, `cmd/brmcp-serve/main.go`).
+#: The MCP implementation info served with the example tools, as the Go
+#: reference's (karamble/brmcp, `cmd/brmcp-serve/main.go`).
 IMPLEMENTATION_NAME = "brmcp-example"
 #: The implementation name when selling an upstream MCP server (brmcp/gateway).
 GATEWAY_NAME = "brmcp-gateway"
@@ -65,8 +65,9 @@ IMPLEMENTATION_VERSION = "0.1.0"
 
 
 class ServeApp:
-    """The example bot: a :class:`~brmcp.server.Harness` serving ``echo``
-    and ``fortune`` through a running brclient (clientrpc).
+    """The brmcp-serve bot: a :class:`~brmcp.server.Harness` serving the
+    example tools ``echo`` and ``fortune`` (or an upstream's tools) through a
+    running brclient (clientrpc).
 
     ``datadir`` holds ``brmcp.json``, ``brmcp-serve.conf`` and the harness
     database; ``bot_config`` says how to reach brclient; ``config`` is the

@@ -75,7 +75,7 @@ _UID = re.compile(r"[0-9a-fA-F]{64}")
 _INT64_MAX = (1 << 63) - 1
 #: The keys this loader reads (``upstream``: brmcp/gateway's).
 _KEYS = ("allowed_uids", "calls_per_minute", "chat_help", "upstream")
-#: Keys the Go reference reads that this example does not use.
+#: Keys the Go reference reads that brmcp-serve does not use (logged at INFO, ignored).
 _GO_ONLY_KEYS = ("directory",)
 
 
@@ -127,7 +127,7 @@ class ServeConfig:
             raise ServeConfigError(f"{source}: not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ServeConfigError(f"{source}: expected a JSON object, got {_json_type(data)}")
-        data, unknown = canonical_keys(data, (*_KEYS, *_GO_ONLY_KEYS))
+        data, unknown = _canonical_keys(data, (*_KEYS, *_GO_ONLY_KEYS))
         uids = _parse_uids(data.get("allowed_uids"), source)
         rate = data.get("calls_per_minute", DEFAULT_CALLS_PER_MINUTE)
         if rate is None:
@@ -154,11 +154,11 @@ class ServeConfig:
         if ignored:
             log.info("%s: ignoring keys this example does not use: %s", source, ", ".join(ignored))
         for key in unknown:
-            log.warning("%s", unknown_key_warning(source, key, _KEYS))
+            log.warning("%s", _unknown_key_warning(source, key, _KEYS))
         return cls(allowed_uids=uids, calls_per_minute=rate, chat_help=chat_help)
 
 
-def canonical_keys(data: dict[str, Any], known: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+def _canonical_keys(data: dict[str, Any], known: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """Go's ``encoding/json`` rule for a struct: each key of ``data`` names
     the known field it equals, else the one it equals ignoring case; a
     later key for the same field wins. Returns the values by their known
@@ -175,7 +175,7 @@ def canonical_keys(data: dict[str, Any], known: Sequence[str]) -> tuple[dict[str
     return out, unknown
 
 
-def unknown_key_warning(source: str, key: str, known: Sequence[str]) -> str:
+def _unknown_key_warning(source: str, key: str, known: Sequence[str]) -> str:
     """The one-line warning for an unknown key: ``<source>: unknown key
     "<key>" ignored (did you mean "<closest>"?)``, the hint only when a
     known key is close (difflib)."""

@@ -23,9 +23,10 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from .._ops.clock import Clock
 from ..transport.router import AcceptFunc, AllowFunc, Router, RouterOptions
 
-__all__ = ["Fabric", "FabricStats", "Faults", "LinkStats", "PMTooLargeError", "uid"]
+__all__ = ["Fabric", "FabricStats", "Faults", "LinkDownError", "LinkStats", "PMTooLargeError", "uid"]
 
 log = logging.getLogger("brmcp.testing.fabric")
 
@@ -185,12 +186,14 @@ class Fabric:
         *,
         accept: AcceptFunc | None = None,
         allow: AllowFunc | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | Callable[[], float] | None = None,
         **options: Any,
     ) -> Router:
         """Build a :class:`~brmcp.Router` at ``uid`` that sends through the
         fabric and is attached to it; ``options`` are :class:`~brmcp.RouterOptions`
-        fields. The caller enters it (``async with``); :meth:`close` closes it."""
+        fields and ``clock`` is the router's (a :class:`~brmcp.Clock` or a
+        function returning unix seconds; default the system clock). The
+        caller enters it (``async with``); :meth:`close` closes it."""
         router = Router(
             self.sender(uid), accept=accept, allow=allow, options=RouterOptions(**options), clock=clock
         )

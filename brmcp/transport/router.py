@@ -9,7 +9,6 @@ WIRE.md §Sessions and the Go reference's ``brmcp.Router``.
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from mcp.types import jsonrpc_message_adapter
 from pydantic import ValidationError
 
 from .. import wire
+from .._ops.clock import Clock, SystemClock
 from ._inbox import message_cost
 from .conn import Conn
 from .sender import PMSender
@@ -134,7 +134,14 @@ class Router:
     owns. Without ``accept`` (client role) sessions come only from
     :meth:`dial` and inbound parts for unknown sids are dropped. ``allow`` is
     checked after parsing and before any reassembly or session state.
-    ``clock`` returns unix seconds (default :func:`time.time`).
+
+    ``clock`` is the time of every timer: the ``exp`` stamped on outgoing
+    parts and checked on incoming ones (``ttl``, WIRE.md §Deadlines), session
+    activity, and the idle sweeper, which sleeps on it, so a
+    :class:`~brmcp.ManualClock` drives idle expiry without waiting. A
+    :class:`~brmcp.Clock` (``now()`` unix seconds, ``sleep(seconds)``); a
+    plain function returning unix seconds is still accepted (the sweeper then
+    sleeps in real time). Default: :class:`~brmcp.SystemClock`.
 
     Use as ``async with Router(...) as router:``; the server role and idle
     expiry need the router entered. Leaving the block closes every session
@@ -148,14 +155,14 @@ class Router:
         accept: AcceptFunc | None = None,
         allow: AllowFunc | None = None,
         options: RouterOptions | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | Callable[[], float] | None = None,
     ) -> None:
         self.sender = sender
         self.options = options or RouterOptions()
         self.stats = RouterStats()
         self._accept = accept
         self._allow = allow
-        self._clock = clock
+        self._clock, self._sleep = _timers(clock)
         idle = self.options.idle_timeout
         self._idle: float | None = (600.0 if accept is not None else None) if idle == "auto" else idle
         self._assembler = wire.Assembler(self.options.assembler)
@@ -388,7 +395,7 @@ class Router:
         interval = min(max(idle / 4, 0.1), 60.0)
         sessions = self._sessions
         while True:
-            await anyio.sleep(interval)
+            await self._sleep(interval)
             now = self._clock()
             while sessions:
                 conn = next(iter(sessions.values()))
@@ -397,3 +404,15 @@ class Router:
                 log.debug("session %s/%s idle %.1fs; closing", conn.peer, conn.sid, now - conn.last_activity)
                 self.stats.idle_expired += 1
                 conn.close()
+
+
+def _timers(
+    clock: Clock | Callable[[], float] | None,
+) -> tuple[Callable[[], float], Callable[[float], Awaitable[None]]]:
+    """The router's ``(now, sleep)`` for its ``clock`` argument: a Clock's
+    own pair, a bare time function with a real sleep, or the system clock's."""
+    if clock is None:
+        clock = SystemClock()
+    if isinstance(clock, Clock):
+        return clock.now, clock.sleep
+    return clock, anyio.sleep

@@ -23,6 +23,7 @@ from brmcp.clientrpc import (
 )
 from brmcp.clientrpc.protojson import dumps, frame
 from brmcp.testing.fakebr import KIND_PM, KIND_TIP_PROGRESS, KIND_TIP_RECEIVED
+from tests.kit import until
 from tests.kit.clientrpc import FAST, fake_network
 
 
@@ -168,7 +169,9 @@ async def test_sixteen_slots_streams_included(tmp_path: Path) -> None:
                 for _ in range(20):
                     tg.start_soon(ask)
                 await bot.wait_for(lambda: sum(bot.in_flight()) == MAX_IN_FLIGHT)
-                await anyio.sleep(0.05)  # give a 17th request the chance to (wrongly) go out
+                # The fake's reader stalls on a 17th request, and then no pong is
+                # read: an answered ping shows every request sent so far was read.
+                assert await bot.ping(b"all requests read") == [b"all requests read"]
                 assert bot.in_flight() == [MAX_IN_FLIGHT]
                 assert cb.in_flight == MAX_IN_FLIGHT
                 assert sum(1 for m, _ in bot.requests if m == "VersionService.Version") == 13
@@ -355,7 +358,7 @@ async def test_server_keepalive_pings_do_not_disturb_the_client(tmp_path: Path) 
         ):
             await cb.wait_connected()
             await bot.wait_for(lambda: bot.total_connections == 1)
-            await anyio.sleep(0.2)
+            await bot.wait_for(lambda: bot.keepalive_pongs >= 5)
             assert bot.total_connections == 1
             assert cb.connections == 1
             assert (await cb.version()).app_name == "brclient"
@@ -391,10 +394,7 @@ async def test_dial_failures_back_off_then_connect(tmp_path: Path) -> None:
             await bot.__aexit__(None, None, None)  # stop it; keep its certs and port
             async with bot.client(**FAST) as cb:
                 assert cb.url == url
-                for _ in range(1000):
-                    if cb.last_error is not None:
-                        break
-                    await anyio.sleep(0.01)
+                await until(lambda: cb.last_error is not None)
                 assert "connection refused" in str(cb.last_error)
                 assert "\n" not in str(cb.last_error)
                 await bot.__aenter__()

@@ -1,5 +1,5 @@
-"""Security review: the clientrpc client against a hostile or broken brclient
-(each test pins a bug found in review; see its docstring)."""
+"""The clientrpc client against a hostile or broken brclient (each test pins
+one failure mode it must survive; see its docstring)."""
 
 from __future__ import annotations
 

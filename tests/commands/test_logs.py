@@ -1,4 +1,4 @@
-"""Logs that tell the story at INFO (issue 16): every payment the bridge
+"""Logs that tell the story at INFO: every payment the bridge
 makes or refuses (bot, tool, atoms, outcome, spend id), every parked
 approval with the command that decides it, every settings change from any
 source, every charge, refund and tip at the bot with its reason; and no

@@ -1,4 +1,4 @@
-"""What users and operators see (issue 16): the HTTP auth answers, quiet
+"""What users and operators see: the HTTP auth answers, quiet
 disconnects, ``--version``, a closed stdout pipe, one-line config and
 connection errors, readable file errors, and the packaging metadata."""
 
@@ -27,6 +27,7 @@ from brmcp.bridge.http import bearer_matches
 from brmcp.cli import main as brmcp_main
 from brmcp.clientrpc import BotConfig, Client, ClientrpcConfigError
 from brmcp.clientrpc.tls import client_ssl_context
+from brmcp.metrics import BridgeMetrics
 from brmcp.serve.cli import main as serve_main
 from brmcp.testing.fakebr.cli import main as fakebr_main
 from tests.clientrpc.test_config import _first_dial_error
@@ -153,6 +154,8 @@ async def test_a_disconnecting_agent_leaves_no_traceback(
     with anyio.fail_after(60):
         async with bridge_env(tmp_path, settings=settings, auto_clock=False) as env:
             host, port = env.bridge.listen_address or ("", 0)
+            metrics = BridgeMetrics()
+            env.bridge.use_metrics(metrics)
             async with env.http() as http:
                 init = await http.post(f"/mcp/{BOT}", json=INIT, headers=auth())
                 sid = init.headers["mcp-session-id"]
@@ -178,7 +181,11 @@ async def test_a_disconnecting_agent_leaves_no_traceback(
             await until(lambda: bool(env.bridge.pending_payments()))
             for pending in env.bridge.pending_payments():
                 env.bridge.resolve_payment(pending.id, False)
-            await anyio.sleep(0.5)
+            # The declined call ends at the bridge (a tool error for its gone agent).
+            ended = {"tool": "paid", "outcome": "tool_error"}
+            await until(
+                lambda: metrics.registry.get_sample_value("brmcp_bridge_tool_calls_total", ended) == 1
+            )
             # The endpoint still serves.
             async with env.session() as session:
                 assert not (await session.call_tool("free", {})).is_error
@@ -356,13 +363,19 @@ def test_the_build_backend_refuses_old_python_in_one_line() -> None:
 def test_demo_keep_running_help_names_node_npx_and_the_bridge_dir(tmp_path: Path) -> None:
     import io
 
-    from brmcp.demo import DemoOptions, _Demo
+    from brmcp._ops.progress import StepPrinter
+    from brmcp.demo import STEPS
+    from brmcp.demo.transcript import print_connect_help
 
     out = io.StringIO()
-    demo = _Demo(DemoOptions(keep_running=True), out, tty=False)
     mcp_json = {"mcpServers": {"brmcp-11111111": {"type": "http", "url": "http://x", "headers": {}}}}
-    demo._print_connect_help(
-        "http://127.0.0.1:9/mcp/" + "1" * 64, "tok", "brmcp-11111111", mcp_json, tmp_path
+    print_connect_help(
+        StepPrinter(out, STEPS, tty=False),
+        "http://127.0.0.1:9/mcp/" + "1" * 64,
+        "tok",
+        "brmcp-11111111",
+        mcp_json,
+        tmp_path,
     )
     text = out.getvalue()
     assert "npx -y @modelcontextprotocol/inspector@2.12.0 --cli" in text

@@ -22,6 +22,8 @@ import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from tests.kit import until
+
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
@@ -86,9 +88,7 @@ async def test_readme_flow_with_fakebr_needs_no_hand_edited_config(tmp_path: Pat
                     log=tmp_path / "bridge.log",
                 ) as bridge,
             ):
-                while not (bridge_dir / "brmcp-bridge.runtime.json").exists():
-                    assert bridge.returncode is None
-                    await anyio.sleep(0.05)
+                await until(lambda: _started(bridge, bridge_dir / "brmcp-bridge.runtime.json"))
                 code, snippet_out, err = await _cli(
                     "--datadir", str(bridge_dir), "--json", "config-snippet", bot_uid
                 )
@@ -112,6 +112,12 @@ async def test_readme_flow_with_fakebr_needs_no_hand_edited_config(tmp_path: Pat
             assert [(e["bot"], e["tool"], e["atoms"], e["status"]) for e in spend["entries"]] == [
                 (bot_uid, "fortune", 10_000, "paid")
             ]
+
+
+def _started(process: anyio.abc.Process, runtime: Path) -> bool:
+    """True once the daemon wrote its runtime file; fails if it exited first."""
+    assert process.returncode is None
+    return runtime.exists()
 
 
 def _metrics_url(log: Path) -> str:
@@ -139,11 +145,14 @@ async def _agent(url: str, headers: dict[str, str], bridge_dir: Path) -> None:
 
             tg.start_soon(paid)
             pending: list[dict[str, Any]] = []
-            while not pending:
-                await anyio.sleep(0.1)
+
+            async def parked() -> bool:
                 code, out, err = await _cli("--datadir", str(bridge_dir), "--json", "approvals")
                 assert code == 0, err
-                pending = json.loads(out)["pending"]
+                pending[:] = json.loads(out)["pending"]
+                return bool(pending)
+
+            await until(parked, limit=60)
             assert (pending[0]["tool"], pending[0]["atoms"]) == ("fortune", 10_000)
             code, out, err = await _cli(
                 "--datadir", str(bridge_dir), "approvals", "approve", pending[0]["id"]

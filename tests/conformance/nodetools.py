@@ -15,9 +15,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.kit.paths import REPO
+
 __all__ = ["INSTALL_HINT", "NodeTools", "find_node_tools", "node_tools_for"]
 
-REPO = Path(__file__).resolve().parents[2]
 MODULES = REPO / ".tools" / "node" / "node_modules"
 INSTALL_HINT = "node tools not installed: run .ci/node-tools"
 _MIN_MAJOR = 22

@@ -57,7 +57,7 @@ async def test_conformance_suite_matches_baseline(tmp_path: Path, node_tools: No
 
 def test_baseline_file_parses() -> None:
     names = load_baseline()
-    # Emptied by issue 11: every scenario passes, SSE polling included.
+    # Empty: every scenario passes, SSE polling included.
     assert names == [], f"{BASELINE} lists {names}"
     assert "tools-call-simple-text" not in names
 

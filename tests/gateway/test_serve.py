@@ -21,7 +21,7 @@ from tests.kit.clientrpc import FAST, fake_network
 from tests.kit.gateway import time_server_command
 from tests.kit.paths import REPO
 from tests.kit.serve import caller_on, prepare_serve_dir
-from tests.serve.test_app import SERVE_SRC, _read_until
+from tests.serve.test_app import _read_until
 
 PRICES = {"default": 700, "tools": {"get_current_time": "free"}}
 
@@ -137,11 +137,7 @@ async def test_serve_app_sells_the_upstream_and_reloads_prices(tmp_path: Path) -
 
 
 async def test_console_command_with_upstream_reloads_prices_on_sighup(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": SERVE_SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with anyio.fail_after(90):
         async with fake_network(tmp_path / "br", "bot", "alice") as (_, (bot, alice)):
             datadir = tmp_path / "serve"

@@ -1,4 +1,4 @@
-"""Issue 15 against the Go reference: the Go bridge ignores our receipts and
+"""Round trips against the Go reference: the Go bridge ignores our receipts and
 pays once; our bridge falls back to the handshake era with the Go harness,
 remembers it, and pays alongside without paying twice."""
 

@@ -8,16 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit.paths import VECTORS
+
 pytestmark = pytest.mark.interop
 
-VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "wire-v1.json"
+WIRE_V1 = VECTORS / "wire-v1.json"
 
 
 def test_every_vector_agrees_with_the_reference(goref_binary: Path) -> None:
-    data = json.loads(VECTORS.read_text())
+    data = json.loads(WIRE_V1.read_text())
     expected = len(data["parse"]) + len(data["encode"])
     proc = subprocess.run(
-        [str(goref_binary), "vectors", str(VECTORS)], capture_output=True, text=True, timeout=60, check=False
+        [str(goref_binary), "vectors", str(WIRE_V1)], capture_output=True, text=True, timeout=60, check=False
     )
     lines = proc.stdout.splitlines()
     assert lines, proc.stderr
@@ -27,7 +29,7 @@ def test_every_vector_agrees_with_the_reference(goref_binary: Path) -> None:
 
 
 def test_a_wrong_vector_is_reported_and_fails(goref_binary: Path, tmp_path: Path) -> None:
-    data = json.loads(VECTORS.read_text())
+    data = json.loads(WIRE_V1.read_text())
     accepted = next(v for v in data["parse"] if v["expect"] is not None)
     wrong_parse = {**accepted, "name": "tampered-parse", "expect": {**accepted["expect"], "seq": 9}}
     rejected = next(v for v in data["parse"] if v["expect"] is None)

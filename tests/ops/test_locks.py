@@ -22,15 +22,9 @@ from brmcp.clientrpc import write_bot_config
 from brmcp.server import Harness, HarnessConfig, HarnessError, run_bot
 from brmcp.testing.fakebr import FakeBRClient
 from tests.kit.clientrpc import fake_network
-from tests.kit.paths import REPO
 from tests.kit.serve import prepare_serve_dir, serve_network
 
-SERVE_SRC = str(REPO / "examples" / "serve")
-ENV = {
-    **os.environ,
-    "PYTHONUNBUFFERED": "1",
-    "PYTHONPATH": SERVE_SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
-}
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def test_lock_names_its_holder_and_is_released(tmp_path: Path) -> None:

@@ -30,9 +30,7 @@ from brmcp.bridge import ADMIN_TOKEN_FILE, Settings
 from brmcp.bridge.daemon import resolve_listen
 from brmcp.clientrpc import BotConfig, write_bot_config
 from brmcp.serve import init_datadir
-from tests.kit.paths import REPO
 
-SERVE_SRC = str(REPO / "examples" / "serve")
 RPCUSER = "rpcuser-7f3a9c"
 RPCPASS = "rpcpass-S3cr3t-91d2e8b4"
 AGENT_TOKEN = "agent-token-Zq8Xv2Lr5Tn0Wm4K"
@@ -93,7 +91,6 @@ async def test_debug_run_logs_no_secret(tmp_path: Path) -> None:
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": SERVE_SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "HOME": str(tmp_path / "home"),
     }
     fakedir, servedir, bridgedir = tmp_path / "br", tmp_path / "serve", tmp_path / "bridge"

@@ -13,8 +13,9 @@ import pytest
 
 from brmcp.clientrpc import RPCError, load_bot_config
 from brmcp.testing.brnet import BrNet
+from tests.kit.paths import REPO
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = REPO / "README.md"
 # brclient's options in these sections (brclient/config.go at the pinned bisonrelay).
 BRCLIENT_OPTIONS = {
     "clientrpc": {

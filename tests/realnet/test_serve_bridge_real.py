@@ -125,7 +125,7 @@ async def test_brnet_restart_under_running_daemons(
             (await st.settled_books()).check()
             await anyio.to_thread.run_sync(st.net.restart)
             # Same uids and clientrpc ports: the daemons reconnect on their own,
-            # and the first call after it succeeds (issue 11).
+            # and the first call after it succeeds.
             async with agent(st.url) as s:
                 first = await s.call_tool("echo", {"text": "after"})
                 assert payload(first) == {"echo": "after"}
@@ -143,7 +143,7 @@ async def test_first_call_after_brclient_restart_succeeds(
             async with agent(st.url) as s:
                 assert payload(await s.call_tool("echo", {"text": "one"})) == {"echo": "one"}
                 await anyio.to_thread.run_sync(st.net.restart_user, "alice")
-                # The bridge's own brclient restarted: the first call succeeds (issue 11).
+                # The bridge's own brclient restarted: the first call succeeds.
                 result = await s.call_tool("echo", {"text": "two"})
                 assert payload(result) == {"echo": "two"}
             (await st.settled_books()).check()
@@ -158,7 +158,7 @@ async def test_payee_without_wallet_fails_the_paid_call_promptly(
             assert payload(free) == {"echo": "free still works"}
             # The first TipProgress already says the tip cannot complete: the
             # call fails well before the bridge's 180 s tip wait, and before
-            # the bot's 30 s hold of a call paid alongside (issue 11 §8).
+            # the bot's 30 s hold of a call paid alongside (WIRE.md §Pay alongside).
             with anyio.fail_after(25):
                 result = await s.call_tool("fortune", {})
             assert result.is_error

@@ -32,10 +32,7 @@ from brmcp.serve import (
     write_serve_config,
 )
 from brmcp.server import RATE_LIMITED_TEXT
-from tests.kit.paths import REPO
 from tests.kit.serve import caller_on, prepare_serve_dir, serve_network, until
-
-SERVE_SRC = str(REPO / "examples" / "serve")
 
 
 def text_of(result: object) -> str:
@@ -143,10 +140,8 @@ def _lines_with(path: Path, text: str) -> int:
 
 
 def test_console_command_first_run(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": SERVE_SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(
         [sys.executable, "-m", "brmcp.serve", "--datadir", str(tmp_path / "d")],
-        env=env,
         capture_output=True,
         text=True,
         timeout=60,
@@ -334,11 +329,7 @@ async def _read_until(stream: anyio.abc.ByteReceiveStream, buffer: bytearray, ne
 
 
 async def test_console_command_serves_and_reloads_on_sighup(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": SERVE_SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with anyio.fail_after(90):
         from tests.kit.clientrpc import fake_network
 

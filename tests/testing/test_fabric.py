@@ -3,14 +3,24 @@ forward, seeded faults, the routed-message size limit and its counters."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 import anyio.lowlevel
 import pytest
+from trio.testing import MockClock
 
 from brmcp.testing import Fabric, Faults, LinkDownError, PMTooLargeError, uid
-from tests.kit.transport import until
+from tests.kit import until
 
 A, B, C = uid(10), uid(11), uid(12)
+
+
+def run_virtual(main: Callable[[], Awaitable[None]]) -> None:
+    """Run ``main`` on trio with a clock that jumps to the next timer whenever
+    every task waits: a wait of ``t`` seconds costs no real time and has let
+    every PM due within ``t`` arrive."""
+    anyio.run(main, backend="trio", backend_options={"clock": MockClock(autojump_threshold=0)})
 
 
 class Inbox:
@@ -89,45 +99,51 @@ async def test_per_link_fifo_with_latency_and_jitter() -> None:
         assert senders != sorted(senders)
 
 
-async def test_offline_recipient_gets_everything_in_order_when_back() -> None:
-    async with Fabric(faults=Faults(latency=0.05)) as fabric:
-        inbox = Inbox()
-        fabric.attach(B, inbox)
-        sender = fabric.sender(A)
-        # m0..m4 are still in flight when B goes offline; m5..m9 are sent while it is offline.
-        for i in range(5):
-            await sender.send_pm(B, f"m{i}")
-        fabric.set_offline(B)
-        assert fabric.is_offline(B)
-        for i in range(5, 10):
-            await sender.send_pm(B, f"m{i}")
-        await anyio.sleep(0.15)
-        assert inbox.got == []
-        assert fabric.stats.pms_stored == 5
-        fabric.set_online(B)
-        # Sent after coming back: must not overtake the stored PMs.
-        await sender.send_pm(B, "m10")
-        await until(lambda: len(inbox.got) == 11)
-        assert inbox.texts() == [f"m{i}" for i in range(11)]
+def test_offline_recipient_gets_everything_in_order_when_back() -> None:
+    async def main() -> None:
+        async with Fabric(faults=Faults(latency=0.05)) as fabric:
+            inbox = Inbox()
+            fabric.attach(B, inbox)
+            sender = fabric.sender(A)
+            # m0..m4 are still in flight when B goes offline; m5..m9 are sent while it is offline.
+            for i in range(5):
+                await sender.send_pm(B, f"m{i}")
+            fabric.set_offline(B)
+            assert fabric.is_offline(B)
+            for i in range(5, 10):
+                await sender.send_pm(B, f"m{i}")
+            await anyio.sleep(0.15)  # virtual time: three times every PM's latency
+            assert inbox.got == []
+            assert fabric.stats.pms_stored == 5
+            fabric.set_online(B)
+            # Sent after coming back: must not overtake the stored PMs.
+            await sender.send_pm(B, "m10")
+            await until(lambda: len(inbox.got) == 11)
+            assert inbox.texts() == [f"m{i}" for i in range(11)]
+
+    run_virtual(main)
 
 
-async def test_offline_with_instant_faults_holds_and_keeps_order() -> None:
-    async with Fabric() as fabric:
-        inbox = Inbox()
-        fabric.attach(B, inbox)
-        fabric.set_offline(B)
-        for i in range(3):
-            await fabric.sender(A).send_pm(B, f"m{i}")
-        await anyio.sleep(0.02)
-        assert inbox.got == []
-        fabric.set_online(B)
-        # The link still has a backlog, so this instant-faults send queues behind it.
-        await fabric.sender(A).send_pm(B, "m3")
-        await until(lambda: len(inbox.got) == 4)
-        assert inbox.texts() == ["m0", "m1", "m2", "m3"]
-        # Once drained, instant delivery resumes in the sender's task.
-        await fabric.sender(A).send_pm(B, "m4")
-        assert inbox.texts()[-1] == "m4"
+def test_offline_with_instant_faults_holds_and_keeps_order() -> None:
+    async def main() -> None:
+        async with Fabric() as fabric:
+            inbox = Inbox()
+            fabric.attach(B, inbox)
+            fabric.set_offline(B)
+            for i in range(3):
+                await fabric.sender(A).send_pm(B, f"m{i}")
+            await anyio.sleep(0.02)  # virtual time: the link worker has run and waits for B
+            assert inbox.got == []
+            fabric.set_online(B)
+            # The link still has a backlog, so this instant-faults send queues behind it.
+            await fabric.sender(A).send_pm(B, "m3")
+            await until(lambda: len(inbox.got) == 4)
+            assert inbox.texts() == ["m0", "m1", "m2", "m3"]
+            # Once drained, instant delivery resumes in the sender's task.
+            await fabric.sender(A).send_pm(B, "m4")
+            assert inbox.texts()[-1] == "m4"
+
+    run_virtual(main)
 
 
 async def _run_lossy(seed: int) -> tuple[list[str], tuple[int, int, int]]:
@@ -217,15 +233,18 @@ async def test_fail_sends_counts_down_and_restores() -> None:
         assert fabric.stats.pms_refused == 5
 
 
-async def test_close_stops_delivery_and_closes_routers() -> None:
-    async with Fabric(faults=Faults(latency=0.05)) as fabric:
-        inbox = Inbox()
-        fabric.attach(B, inbox)
-        router = fabric.router(A)
-        await fabric.sender(C).send_pm(B, "in flight")
-        fabric.close()
-        fabric.close()  # idempotent
-        assert router.closed
-        await fabric.sender(C).send_pm(B, "after close")
-        await anyio.sleep(0.1)
-        assert inbox.got == []
+def test_close_stops_delivery_and_closes_routers() -> None:
+    async def main() -> None:
+        async with Fabric(faults=Faults(latency=0.05)) as fabric:
+            inbox = Inbox()
+            fabric.attach(B, inbox)
+            router = fabric.router(A)
+            await fabric.sender(C).send_pm(B, "in flight")
+            fabric.close()
+            fabric.close()  # idempotent
+            assert router.closed
+            await fabric.sender(C).send_pm(B, "after close")
+            await anyio.sleep(0.1)  # virtual time: twice the in-flight PM's latency
+            assert inbox.got == []
+
+    run_virtual(main)

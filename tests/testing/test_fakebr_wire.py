@@ -15,6 +15,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from brmcp.testing.fakebr import KIND_PM, FakeBRClient
+from tests.kit import until
 from tests.kit.clientrpc import client_ssl, fake_network, raw_ws, recv_json, request
 
 
@@ -197,7 +198,9 @@ async def test_seventeenth_request_stalls_the_reader(tmp_path: Path) -> None:
                 await request(ws, rid, "VersionService.Version")
             await bot.wait_for(lambda: len(bot.requests) == 16)
             pong = await ws.ping(b"x" * 16)
-            await anyio.sleep(0.2)
+            # The reader took the 17th message and waits for a free slot: the
+            # ping behind it on the connection is not read, so not answered.
+            await until(lambda: len(bot.frames_in) == 17)
             assert not pong.done(), "a stalled reader must not answer pings"
             assert len(bot.requests) == 16
             assert bot.in_flight() == [16]
@@ -213,7 +216,9 @@ async def test_pongs_are_padded_to_16_bytes(tmp_path: Path) -> None:
             exact = await ws.ping(b"0123456789abcdef")
             await exact  # 16 bytes come back unchanged
             waiters = [await ws.ping(payload) for payload in (b"abcd", b"0123456789abcdefXYZ")]
-            await anyio.sleep(0.2)
+            # The reply to a request sent after the pings comes after their pongs.
+            await request(ws, 1, "VersionService.Version")
+            assert (await recv_json(ws))["id"] == 1
             # brclient pads/truncates pong payloads to 16 bytes, so these never match.
             assert not any(w.done() for w in waiters)
             assert bot.pings_received == [b"0123456789abcdef", b"abcd", b"0123456789abcdefXYZ"]

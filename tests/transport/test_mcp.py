@@ -1,6 +1,6 @@
 """The official MCP SDK client and server, unmodified, over Router + Conn +
 Fabric: the handshake flow, caller identity, a multi-part result,
-concurrency and both protocol eras (issue 3; WIRE.md §Sessions, §Eras)."""
+concurrency and both protocol eras (WIRE.md §Sessions, §Eras)."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from brmcp import wire
 from brmcp.transport._inbox import message_cost
 from brmcp.transport.conn import Conn
 from brmcp.transport.router import Router, RouterOptions
+from tests.kit import until
 
 PEER = "cd" * 32
 OTHER = "ef" * 32
@@ -94,9 +95,9 @@ async def test_read_messages_leave_the_tally() -> None:
 
     options = RouterOptions(inbox_bytes=300_000, peer_inbox_bytes=300_000)
     async with Router(_Null(), accept=reader, allow=lambda p: True, options=options) as router:
-        for _ in range(20):  # 2 MB in total, read as it arrives
+        for sent in range(1, 21):  # 2 MB in total, each read before the next arrives
             _feed(router, PEER, "d" * 16, _note(100_000))
-            await anyio.sleep(0.01)
+            await until(lambda n=sent: len(got) == n)
         assert len(got) == 20
         assert router.stats.inbox_overflows == 0
         assert router.queued_bytes(PEER) == 0

@@ -16,7 +16,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
-from brmcp import Conn, Router, RouterOptions, SendError, wire
+from brmcp import Conn, ManualClock, Router, RouterOptions, SendError, wire
 from brmcp.testing import Fabric, LinkDownError, PMTooLargeError, uid
 from tests.kit.transport import ALICE, BOT, MALLORY, Bot, bot_and_alice, call, echoed, session, until
 
@@ -107,13 +107,25 @@ async def test_idle_expiry_then_re_creation_for_a_stale_client() -> None:
 
 
 async def test_activity_keeps_a_session_alive() -> None:
-    async with bot_and_alice(idle_timeout=0.5) as (_fabric, bot, server, client), session(client, BOT) as s:
-        # About 1 s in all, well past the timeout, but never 0.5 s without traffic.
+    clock = ManualClock()  # both routers' time; only the bot's idle sweeper sleeps on it
+    bot = Bot()
+    async with (
+        Fabric() as fabric,
+        fabric.router(BOT, accept=bot.accept, idle_timeout=0.5, clock=clock) as server,
+        fabric.router(ALICE, clock=clock) as client,
+        session(client, BOT) as s,
+    ):
+        # 1 s in all, well past the timeout, but never 0.5 s without traffic;
+        # after each step the sweeper has looked at the session.
         for i in range(10):
             await call(s, "echo", {"token": i})
-            await anyio.sleep(0.1)
+            clock.advance(0.1)
+            await until(lambda: clock.sleepers == 1)
         assert server.stats.idle_expired == 0
         assert bot.accepts == 1
+        # Without traffic the same sweeper expires it.
+        clock.advance(0.6)
+        await until(lambda: server.stats.idle_expired == 1)
 
 
 async def test_per_peer_session_cap_refuses_the_third_session() -> None:
@@ -339,7 +351,7 @@ async def test_leaving_the_router_cancels_its_tasks() -> None:
         async with server, fabric.router(ALICE) as client:
             for _ in range(3):
                 await client.dial(BOT).write_stream.send(_notification())
-            await anyio.sleep(0.01)
+            await until(lambda: server.session_count == 3)
             names = sorted(t.get_name() for t in asyncio.all_tasks() - before)
             assert sum(name.startswith("brmcp-session-") for name in names) == 3
             assert "brmcp-router-idle-sweeper" in names

@@ -353,8 +353,8 @@ def _held_after(feed: object) -> int:
 
 
 def test_completed_and_dropped_messages_release_their_chunks_at_once() -> None:
-    """Issue 14: the deadline heap kept finished messages' chunks referenced
-    (100 completed 4 MiB messages held ~272 MiB). Bytes held must be bytes counted."""
+    """A deadline heap must not keep finished messages' chunks referenced
+    (100 completed 4 MiB messages once held ~272 MiB): bytes held are bytes counted."""
     chunk = 256 * 1024
     asm = Assembler(AssemblerConfig(max_total_bytes=64 << 20))
     now = 1_000.0

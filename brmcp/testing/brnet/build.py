@@ -44,6 +44,7 @@ __all__ = [
     "brnet_cache_dir",
     "brnet_source_dir",
     "go_executable",
+    "source_hash",
 ]
 
 #: Go build tags: ``noaudio`` skips bisonrelay's cgo audio code.

@@ -105,7 +105,7 @@ async def _tip_ready(target: Target) -> None:
     await anyio.sleep(target.tip_restart_delay + 0.5)
 
 
-async def probe_pm_shape(target: Target) -> Observation:
+async def _probe_pm_shape(target: Target) -> Observation:
     """A PM's event: keys, 64-bit values as strings, uid as base64, whole-second
     timestamps, the replay-log file index of its id."""
     a, b = await _clients(target)
@@ -127,7 +127,7 @@ async def probe_pm_shape(target: Target) -> Observation:
         await _close(a, b)
 
 
-async def probe_tips(target: Target) -> Observation:
+async def _probe_tips(target: Target) -> Observation:
     """Tip events and amounts: whole-atom rounding, event keys, completion."""
     await _tip_ready(target)
     a, b = await _clients(target)
@@ -148,7 +148,7 @@ async def probe_tips(target: Target) -> Observation:
         await _close(a, b)
 
 
-async def probe_tip_serialization(target: Target) -> Observation:
+async def _probe_tip_serialization(target: Target) -> Observation:
     """Three tips to one payee: completed one at a time (≈ 100 ms apart on a
     real client) or all together."""
     await _tip_ready(target)
@@ -168,7 +168,7 @@ async def probe_tip_serialization(target: Target) -> Observation:
         await _close(a, b)
 
 
-async def probe_errors(target: Target) -> Observation:
+async def _probe_errors(target: Target) -> Observation:
     """Error replies and the order of TipUser's checks."""
     a, b = await _clients(target)
     bob = target.uid("bob")
@@ -194,7 +194,7 @@ async def probe_errors(target: Target) -> Observation:
         await _close(a, b)
 
 
-async def probe_sizes(target: Target) -> Observation:
+async def _probe_sizes(target: Target) -> Observation:
     """The PM size limit (after compression on a real client) and the silent
     drop of a too-large compressible PM at the recipient."""
     a, b = await _clients(target)
@@ -219,7 +219,7 @@ async def probe_sizes(target: Target) -> Observation:
         await _close(a, b)
 
 
-async def probe_pacing(target: Target) -> Observation:
+async def _probe_pacing(target: Target) -> Observation:
     """20 back-to-back PMs: order and pacing (≈ 100 ms each on a real client)."""
     a, b = await _clients(target)
     try:
@@ -239,7 +239,7 @@ async def probe_pacing(target: Target) -> Observation:
         await _close(a, b)
 
 
-async def probe_restart_ids(target: Target) -> Observation:
+async def _probe_restart_ids(target: Target) -> Observation:
     """Unacked events replay after a brclient restart; ids keep growing."""
     a, b = await _clients(target)
     try:
@@ -272,7 +272,7 @@ async def probe_restart_ids(target: Target) -> Observation:
         await _close(a, b)
 
 
-async def probe_tipuser_after_start(target: Target) -> Observation:
+async def _probe_tipuser_after_start(target: Target) -> Observation:
     """TipUser right after a brclient start blocks until its restart delay passed."""
     await target.restart("alice")
     a, b = await _clients(target)
@@ -286,7 +286,7 @@ async def probe_tipuser_after_start(target: Target) -> Observation:
         await _close(a, b)
 
 
-async def probe_offline(target: Target) -> Observation:
+async def _probe_offline(target: Target) -> Observation:
     """PMs to an offline user are accepted and delivered on return; a PM from
     a user that is off the relay waits until it is back."""
     a, b = await _clients(target)
@@ -314,7 +314,7 @@ async def probe_offline(target: Target) -> Observation:
         await _close(a, b)
 
 
-async def probe_no_wallet(target: Target) -> Observation:
+async def _probe_no_wallet(target: Target) -> Observation:
     """A tip to a payee without a wallet (run on a network where bob has none)."""
     await _tip_ready(target)
     a, b = await _clients(target)
@@ -336,14 +336,14 @@ async def probe_no_wallet(target: Target) -> Observation:
 
 #: Probe name -> (function, needs a network where bob has no wallet).
 PROBES: dict[str, tuple[Callable[[Target], Awaitable[Observation]], bool]] = {
-    "pm_shape": (probe_pm_shape, False),
-    "tips": (probe_tips, False),
-    "tip_serialization": (probe_tip_serialization, False),
-    "errors": (probe_errors, False),
-    "sizes": (probe_sizes, False),
-    "pacing": (probe_pacing, False),
-    "restart_ids": (probe_restart_ids, False),
-    "tipuser_after_start": (probe_tipuser_after_start, False),
-    "offline": (probe_offline, False),
-    "no_wallet": (probe_no_wallet, True),
+    "pm_shape": (_probe_pm_shape, False),
+    "tips": (_probe_tips, False),
+    "tip_serialization": (_probe_tip_serialization, False),
+    "errors": (_probe_errors, False),
+    "sizes": (_probe_sizes, False),
+    "pacing": (_probe_pacing, False),
+    "restart_ids": (_probe_restart_ids, False),
+    "tipuser_after_start": (_probe_tipuser_after_start, False),
+    "offline": (_probe_offline, False),
+    "no_wallet": (_probe_no_wallet, True),
 }

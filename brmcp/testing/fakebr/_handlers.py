@@ -1,7 +1,8 @@
 """The unary clientrpc methods of a fake brclient: strict params decoding,
 then brclient's checks and error texts in its order (Version,
 UserPublicIdentity, UserNick, PM, TipUser, the three acks; docs/clientrpc.md
-§Methods brmcp calls, §Error texts)."""
+§Methods brmcp calls, §Error texts). Both transports (the websocket
+sessions and the POST endpoint) run them through :class:`_Methods`."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from typing import Any
 import anyio
 
 from ...clientrpc.types import PublicIdentity
-from ._conn import _Conn
-from ._events import _Events
+from ._events import _EventLog
 from ._limits import MAX_MSG_SIZE, estimated_wire_size, whole_atoms_matoms
 from ._protocol import (
     _ACKS,
@@ -26,37 +26,66 @@ from ._protocol import (
     _go_percent_f,
     _method_name,
 )
+from ._state import _Controls, _Settings
 from .params import ParamsError, decode_params
+from .relay import FakeRelay, RelayMember
 
-__all__ = ["_Handlers"]
+__all__ = ["_Methods"]
 
 
-class _Handlers(_Events):
-    """The method handlers of :class:`~.server.FakeBRClient`; each returns the
-    protojson result or raises :class:`RPCFault`."""
+class _Methods:
+    """The method handlers of one fake brclient; each returns the protojson
+    result or raises :class:`RPCFault`.
+
+    ``settings``: the brclient played (identity, ``TipUser`` guards, speed
+    options), read at each call; ``relay``: contacts, nicks, PM delivery and
+    tips; ``events``: the replay logs the acks apply to; ``controls``: held
+    methods and queued tip failures; ``member``: this user on the relay (the
+    tipper of its ``TipUser`` calls).
+    """
+
+    def __init__(
+        self,
+        settings: _Settings,
+        relay: FakeRelay,
+        events: _EventLog,
+        controls: _Controls,
+        member: RelayMember,
+    ) -> None:
+        self._settings = settings
+        self._relay = relay
+        self._events = events
+        self._controls = controls
+        self._member = member
+        self._started_at = 0.0
+
+    def mark_started(self) -> None:
+        """The fake started now: ``tip_restart_delay`` counts from here."""
+        self._started_at = time.monotonic()
 
     def public_identity(self) -> PublicIdentity:
-        return PublicIdentity(
-            name=self.name, nick=self.nick, sig_key=self.sig_key, identity=bytes.fromhex(self.uid)
-        )
+        """``UserPublicIdentity``: name, nick, signature key and uid."""
+        s = self._settings
+        return PublicIdentity(name=s.name, nick=s.nick, sig_key=s.sig_key, identity=bytes.fromhex(s.uid))
 
-    def _decode(self, name: str, params: Any, present: bool) -> dict[str, Any]:
+    def decode(self, name: str, params: Any, present: bool) -> dict[str, Any]:
+        """Strict protojson params of ``name`` (``Service.Method``); RPCFault
+        -32602 ``unable to decode params: ...``."""
         try:
             return decode_params(name, params, present=present)
         except ParamsError as exc:
             raise RPCFault(CODE_INVALID_PARAMS, f"unable to decode params: {exc}") from None
 
-    async def _execute(self, conn: _Conn | None, method: str, params: Any, present: bool) -> Any:
-        """Run a unary method; returns the protojson result or raises :class:`RPCFault`."""
+    async def execute(self, method: str, params: Any, present: bool) -> Any:
+        """Run a unary method (``method`` as sent, suffix included); returns
+        the protojson result or raises :class:`RPCFault`."""
         name = _method_name(method)
         if name in _STREAMS:
             raise RPCFault(CODE_INTERNAL, "fakebr: streams need the websocket transport")
-        request = self._decode(name, params, present)
-        gate = self._holds.get(name)
-        if gate is not None:
-            await gate.wait()
+        request = self.decode(name, params, present)
+        await self._controls.pass_hold(name)
         if name == "VersionService.Version":
-            return self.version.to_wire()
+            return self._settings.version.to_wire()
         if name == "ChatService.UserPublicIdentity":
             return self.public_identity().to_wire()
         if name == "ChatService.UserNick":
@@ -70,8 +99,7 @@ class _Handlers(_Events):
             return {}
         kind = _ACKS.get(name)
         if kind is not None:
-            self.logs[kind].ack(int(request.get("sequence_id", 0)))
-            self._changed()
+            self._events.ack(kind, int(request.get("sequence_id", 0)))
             return {}
         raise RPCFault(CODE_INTERNAL, "unknown method")  # pragma: no cover - MESSAGES and handlers agree
 
@@ -89,18 +117,18 @@ class _Handlers(_Events):
             uid = _go_hex_decode(hex_uid).hex()
         else:
             raise RPCFault(CODE_INTERNAL, "invalid uid and hex_uid")
-        if uid not in self.relay.contacts(self.uid):
+        if uid not in self._relay.contacts(self._settings.uid):
             raise RPCFault(CODE_INTERNAL, f"user {uid} not found")
-        return self.relay.nicks.get(uid, "")
+        return self._relay.nicks.get(uid, "")
 
     def _user_by_nick(self, user: str) -> str:
         """brclient's ``UserByNick``: a contact whose nick matches (case-insensitively,
         standing in for brclient's collator), else one whose hex id starts with
         ``user`` when that is longer than 4 characters."""
-        contacts = self.relay.contacts(self.uid)
+        contacts = self._relay.contacts(self._settings.uid)
         wanted = user.casefold()
         for uid in contacts:
-            if self.relay.nicks.get(uid, "").casefold() == wanted:
+            if self._relay.nicks.get(uid, "").casefold() == wanted:
                 return uid
         if len(user) > 4:
             for uid in contacts:
@@ -124,9 +152,9 @@ class _Handlers(_Events):
                 f"{estimate} > {MAX_MSG_SIZE}: RM is too large",
             )
         # A brclient that is off the relay holds the call until it is back.
-        await self.relay.wait_online(self.uid)
+        await self._relay.wait_online(self._settings.uid)
         try:
-            await self.relay.send_pm(self.uid, target, text, pacing=self.pm_pacing)
+            await self._relay.send_pm(self._settings.uid, target, text, pacing=self._settings.pm_pacing)
         except Exception as exc:  # the fabric's size limit or an injected link failure
             raise RPCFault(CODE_INTERNAL, str(exc)) from None
 
@@ -137,22 +165,24 @@ class _Handlers(_Events):
         user = str(request.get("user", ""))
         target = self._user_by_nick(user)
         dcr_amount = float(request.get("dcr_amount", 0.0))
-        if not self.allow_remote_send_tip:
+        settings = self._settings
+        if not settings.allow_remote_send_tip:
             raise RPCFault(CODE_INTERNAL, "remote tip sending not allowed")
-        if self.max_remote_send_tip_amt > 0 and dcr_amount > self.max_remote_send_tip_amt:
-            raise RPCFault(CODE_INTERNAL, f"tip exceeds max limit: {_go_float(self.max_remote_send_tip_amt)}")
+        cap = settings.max_remote_send_tip_amt
+        if cap > 0 and dcr_amount > cap:
+            raise RPCFault(CODE_INTERNAL, f"tip exceeds max limit: {_go_float(cap)}")
         if dcr_amount <= 0:
             raise RPCFault(CODE_INTERNAL, f"cannot pay user {_go_percent_f(dcr_amount)} <= 0")
         max_attempts = int(request.get("max_attempts", 0))
         if max_attempts <= 0:
             raise RPCFault(CODE_INTERNAL, f"maxAttempts {max_attempts} <= 0")
-        ready = self._started_at + self.tip_restart_delay - time.monotonic()
+        ready = self._started_at + settings.tip_restart_delay - time.monotonic()
         if ready > 0:
             await anyio.sleep(ready)
         if math.isnan(dcr_amount) or math.isinf(dcr_amount):
             raise RPCFault(CODE_INTERNAL, "invalid coin amount")
-        failure = self._tip_failures.pop(0) if self._tip_failures else None
-        self.relay.start_tip(self, target, whole_atoms_matoms(dcr_amount), max_attempts, failure)
+        failure = self._controls.next_tip_failure()
+        self._relay.start_tip(self._member, target, whole_atoms_matoms(dcr_amount), max_attempts, failure)
 
 
 def _go_hex_decode(text: str) -> bytes:

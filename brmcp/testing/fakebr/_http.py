@@ -1,43 +1,78 @@
 """The HTTP side of a fake brclient: brclient's Basic-auth wrapper and its
 texts (docs/clientrpc.md §Basic auth), the Origin check and upgrade of ``/ws``, and the
 plain POST JSON-RPC endpoint on every other path (with the no-auth wrapper
-bug that appends its text)."""
+bug that appends its text). :class:`_HTTP` also keeps the open
+websocket connections."""
 
 from __future__ import annotations
 
 import json
 
-import anyio
 from aiohttp import web
 
 from ...clientrpc.protojson import frame
 from ._conn import _Conn
+from ._events import _EventLog
+from ._handlers import _Methods
 from ._protocol import RPCFault, _basic_auth, _echo_id, _envelope, _http_error, _origin_ok, _skip_ws
-from ._session import _Session
+from ._session import _Sessions
+from ._state import _Changes, _Record, _Settings
 from .params import Pairs
 
 __all__ = ["_HTTP"]
 
 
-class _HTTP(_Session):
-    """The aiohttp handlers of :class:`~.server.FakeBRClient`."""
+class _HTTP:
+    """The aiohttp handlers of one fake brclient and its open connections
+    (:attr:`conns`, in accept order).
+
+    ``settings``: the auth mode and credentials, read per request;
+    ``record``: upgrade headers and the connection count; ``changes``:
+    signalled when a connection opens or closes; ``events``: the streams a
+    closed connection leaves; ``methods``: the POST endpoint's handlers;
+    ``sessions``: what runs each websocket connection.
+    """
+
+    def __init__(
+        self,
+        settings: _Settings,
+        record: _Record,
+        changes: _Changes,
+        events: _EventLog,
+        methods: _Methods,
+        sessions: _Sessions,
+    ) -> None:
+        self._settings = settings
+        self._record = record
+        self._changes = changes
+        self._events = events
+        self._methods = methods
+        self._sessions = sessions
+        self.conns: list[_Conn] = []
+        self._serial = 0
+
+    def routes(self, app: web.Application) -> None:
+        """Add ``/ws`` and the POST endpoint (every other path) to ``app``."""
+        app.router.add_route("*", "/ws", self._ws_handler)
+        app.router.add_route("*", "/{tail:.*}", self._post_handler)
 
     def _auth_failure(self, request: web.Request) -> web.Response | None:
         """brclient's Basic-auth wrapper (docs/clientrpc.md §Basic auth); None when the request passes."""
-        if not self.rpcuser or not self.rpcpass:
+        user, password = self._settings.rpcuser, self._settings.rpcpass
+        if not user or not password:
             return _http_error(401, "Forbidden")
         creds = _basic_auth(request.headers.get("Authorization"))
         if creds is None:
             resp = _http_error(401, "Unauthorized")
             resp.headers["WWW-Authenticate"] = 'Basic realm="Restricted"'
             return resp
-        if creds != (self.rpcuser, self.rpcpass):
+        if creds != (user, password):
             return _http_error(403, "Forbidden")
         return None
 
     async def _ws_handler(self, request: web.Request) -> web.StreamResponse:
-        self.upgrade_headers.append(dict(request.headers))
-        if self.auth_mode:
+        self._record.upgrade_headers.append(dict(request.headers))
+        if self._settings.auth_mode:
             failure = self._auth_failure(request)
             if failure is not None:
                 return failure
@@ -49,32 +84,25 @@ class _HTTP(_Session):
         transport = request.transport
         await ws.prepare(request)
         self._serial += 1
-        self.total_connections += 1
+        self._record.total_connections += 1
         conn = _Conn(ws, transport, self._serial)
-        self._conns.append(conn)
-        self._changed()
+        self.conns.append(conn)
+        self._changes.changed()
         try:
-            async with anyio.create_task_group() as tg:
-                conn.tg = tg
-                tg.start_soon(self._writer, conn)
-                if self.ping_interval is not None and self.ping_interval > 0:
-                    tg.start_soon(self._pinger, conn, self.ping_interval, self.ping_timeout)
-                await self._read_loop(conn)
-                tg.cancel_scope.cancel()
+            await self._sessions.serve(conn)
         finally:
             conn.closed = True
             conn.out.close()
-            if conn in self._conns:
-                self._conns.remove(conn)
-            for streams in self._streams.values():
-                streams[:] = [s for s in streams if s.conn is not conn]
-            self._changed()
+            if conn in self.conns:
+                self.conns.remove(conn)
+            self._events.forget_conn(conn)
+            self._changes.changed()
             if not ws.closed and transport is not None:
                 transport.abort()
         return ws
 
     async def _post_handler(self, request: web.Request) -> web.StreamResponse:
-        if self.auth_mode:
+        if self._settings.auth_mode:
             failure = self._auth_failure(request)
             if failure is not None:
                 return failure
@@ -99,7 +127,7 @@ class _HTTP(_Session):
             if env.get("id") is None or not isinstance(method, str):
                 continue
             try:
-                result = await self._execute(None, method, env.get("params"), "params" in env)
+                result = await self._methods.execute(method, env.get("params"), "params" in env)
                 line = {"jsonrpc": "2.0", "id": _echo_id(env["id"]), "result": result}
             except RPCFault as fault:
                 line = {
@@ -108,7 +136,7 @@ class _HTTP(_Session):
                     "error": {"code": fault.code, "message": fault.message},
                 }
             await resp.write(frame(line))
-        if not self.auth_mode:
+        if not self._settings.auth_mode:
             # brclient's auth wrapper does not return after serving: it goes on
             # checking and appends its error text to the POST response.
             appended = self._auth_failure(request)

@@ -17,6 +17,8 @@ import json
 import math
 import zlib
 
+from ...protocol.units import ATOMS_PER_DCR, milliatoms_from_atoms
+
 __all__ = ["COMPRESS_LEVEL", "MAX_MSG_SIZE", "RM_OVERHEAD", "estimated_wire_size", "whole_atoms_matoms"]
 
 #: The relay's max message size (bytes), v0 policy.
@@ -39,6 +41,6 @@ def estimated_wire_size(text: str, level: int = COMPRESS_LEVEL) -> int:
 def whole_atoms_matoms(dcr_amount: float) -> int:
     """Milliatoms of a DCR amount rounded to whole atoms (half away from zero,
     as Go's ``math.Round`` in ``dcrutil.NewAmount``)."""
-    atoms = dcr_amount * 1e8
+    atoms = dcr_amount * ATOMS_PER_DCR
     rounded = math.floor(atoms + 0.5) if atoms >= 0 else -math.floor(-atoms + 0.5)
-    return int(rounded) * 1000
+    return milliatoms_from_atoms(int(rounded))

@@ -54,7 +54,7 @@ from ...metrics.endpoint import cannot_listen
 from .relay import FakeRelay
 from .server import FakeBRClient
 
-__all__ = ["LOCK_FILE", "SUMMARY_FILE", "main"]
+__all__ = ["LOCK_FILE", "SUMMARY_FILE", "main", "write_confs"]
 
 #: The summary written into the data directory (and read back on the next run).
 SUMMARY_FILE = "fakebr.json"

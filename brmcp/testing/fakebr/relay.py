@@ -24,12 +24,12 @@ import anyio.abc
 
 from ..fabric import Fabric
 
-__all__ = ["FakeRelay", "TipFailure"]
+__all__ = ["FakeRelay", "RelayMember", "TipFailure"]
 
 log = logging.getLogger("brmcp.testing.fakebr")
 
 
-class FakeBRClient(Protocol):
+class RelayMember(Protocol):
     """What the relay needs of a fake brclient (:class:`~.server.FakeBRClient`
     has it; the relay does not import the server module)."""
 
@@ -80,11 +80,12 @@ class FakeRelay:
         self.fabric = fabric if fabric is not None else Fabric(seed=seed, max_pm_bytes=18 << 20)
         self.nicks: dict[str, str] = {}
         self._contacts: dict[str, dict[str, None]] = {}
-        self._clients: dict[str, FakeBRClient] = {}
+        self._clients: dict[str, RelayMember] = {}
         self._pm_times: dict[tuple[str, str], deque[tuple[str, int]]] = {}
         self._last_pm: dict[tuple[str, str], float] = {}
         self._tip_locks: dict[tuple[str, str], anyio.Lock] = {}
         self._online: anyio.Event | None = None
+        self._tips_waiting = 0
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def __aenter__(self) -> FakeRelay:
@@ -128,7 +129,7 @@ class FakeRelay:
         self._contacts.setdefault(uid, {})
         return uid
 
-    def kx(self, a: str | FakeBRClient, b: str | FakeBRClient) -> None:
+    def kx(self, a: str | RelayMember, b: str | RelayMember) -> None:
         """Make two users mutual contacts (a completed key exchange)."""
         ua, ub = _uid_of(a), _uid_of(b)
         for uid in (ua, ub):
@@ -139,13 +140,13 @@ class FakeRelay:
         self._contacts[ua][ub] = None
         self._contacts[ub][ua] = None
 
-    def unkx(self, a: str | FakeBRClient, b: str | FakeBRClient) -> None:
+    def unkx(self, a: str | RelayMember, b: str | RelayMember) -> None:
         """Remove a contact pair (both directions)."""
         ua, ub = _uid_of(a), _uid_of(b)
         self._contacts.get(ua, {}).pop(ub, None)
         self._contacts.get(ub, {}).pop(ua, None)
 
-    def kx_all(self, *users: str | FakeBRClient) -> None:
+    def kx_all(self, *users: str | RelayMember) -> None:
         """Make every pair of ``users`` contacts."""
         uids = [_uid_of(u) for u in users]
         for i, a in enumerate(uids):
@@ -159,7 +160,7 @@ class FakeRelay:
     def are_contacts(self, a: str, b: str) -> bool:
         return b in self._contacts.get(a, {})
 
-    def client(self, uid: str) -> FakeBRClient | None:
+    def client(self, uid: str) -> RelayMember | None:
         """The fake brclient of ``uid``, if any."""
         return self._clients.get(uid)
 
@@ -179,6 +180,12 @@ class FakeRelay:
     def is_offline(self, uid: str) -> bool:
         return self.fabric.is_offline(uid)
 
+    @property
+    def tips_waiting(self) -> int:
+        """Tips held until their payee is back on the relay (each has made its
+        attempts and waits for the payee's invoice)."""
+        return self._tips_waiting
+
     async def wait_online(self, uid: str) -> None:
         """Return once ``uid`` is on the relay."""
         while self.is_offline(uid):
@@ -187,7 +194,7 @@ class FakeRelay:
 
     # -- traffic ------------------------------------------------------------------------
 
-    def _register(self, client: FakeBRClient, uid: str | None) -> str:
+    def _register(self, client: RelayMember, uid: str | None) -> str:
         uid = self.add_user(client.nick, uid)
         self._clients[uid] = client
 
@@ -233,7 +240,7 @@ class FakeRelay:
 
     def start_tip(
         self,
-        sender: FakeBRClient,
+        sender: RelayMember,
         to_uid: str,
         amount_matoms: int,
         max_attempts: int,
@@ -246,7 +253,7 @@ class FakeRelay:
 
     async def _run_tip(
         self,
-        sender: FakeBRClient,
+        sender: RelayMember,
         to_uid: str,
         amount_matoms: int,
         max_attempts: int,
@@ -260,7 +267,7 @@ class FakeRelay:
 
     async def _run_one_tip(
         self,
-        sender: FakeBRClient,
+        sender: RelayMember,
         to_uid: str,
         amount_matoms: int,
         max_attempts: int,
@@ -287,9 +294,11 @@ class FakeRelay:
             )
             if not will_retry:
                 return
-        while self.is_offline(to_uid):
-            assert self._online is not None
-            await self._online.wait()
+        self._tips_waiting += 1
+        try:
+            await self.wait_online(to_uid)
+        finally:
+            self._tips_waiting -= 1
         recipient = self._clients.get(to_uid)
         if recipient is None:
             sender.emit_tip_progress(
@@ -328,5 +337,5 @@ def _relay_stamp() -> int:
     return int(time.time()) * 1000
 
 
-def _uid_of(user: str | FakeBRClient) -> str:
+def _uid_of(user: str | RelayMember) -> str:
     return user if isinstance(user, str) else user.uid

@@ -47,25 +47,25 @@ Control hooks for tests: :meth:`~FakeBRClient.drop_connections`,
 :meth:`~FakeBRClient.pause_reading`, :meth:`~FakeBRClient.hold`,
 :meth:`~FakeBRClient.fail_next_tip`, the ``emit_*`` injectors, and counters.
 
-Layout: this module holds the fake's lifecycle, addresses, config output,
-test state and control hooks; its other parts are mixins, one concept per
-module, over the shared state of ``_state``: ``_events`` (replay logs and
-the ``emit_*`` injectors), ``_handlers`` (the unary methods and brclient's
-checks), ``_session`` (one websocket connection's loops, requests and
-streams) and ``_http`` (Basic auth, the ``/ws`` upgrade, the POST endpoint).
+Layout: :class:`FakeBRClient` owns its lifecycle, addresses, config output,
+test state and control hooks, and composes its parts, one concept per
+module, each given what it depends on: ``_state`` (the settings played, the
+record tests read, the change signal, the test switches), ``_events`` (replay
+logs, open streams, the ``emit_*`` injectors, persistence), ``_handlers``
+(the unary methods and brclient's checks), ``_session`` (each websocket
+connection's loops, requests and streams) and ``_http`` (Basic auth, the
+``/ws`` upgrade, the POST endpoint, the open connections).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import anyio
 import anyio.abc
@@ -76,15 +76,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ...clientrpc.client import Client
 from ...clientrpc.config import BotConfig
 from ...clientrpc.types import (
+    PublicIdentity,
     ReceivedPM,
     ReceivedTip,
     TipProgressEvent,
     VersionResponse,
 )
-from ._conn import _Conn, _Stream
+from ._events import LOGS_FILE, _EventLog
+from ._handlers import _Methods
 from ._http import _HTTP
 from ._protocol import (
-    _STREAMS,
     CODE_EOF,
     CODE_INTERNAL,
     CODE_INVALID_PARAMS,
@@ -93,6 +94,8 @@ from ._protocol import (
     KIND_TIP_RECEIVED,
     RPCFault,
 )
+from ._session import _Sessions
+from ._state import _Changes, _Controls, _Record, _Settings
 from .certs import BRClientCerts, ensure_brclient_certs
 from .relay import FakeRelay, TipFailure
 from .replaylog import ReplayLog
@@ -110,8 +113,36 @@ __all__ = [
 
 log = logging.getLogger("brmcp.testing.fakebr")
 
+T = TypeVar("T")
 
-class FakeBRClient(_HTTP):
+
+class _In(Generic[T]):
+    """A :class:`FakeBRClient` attribute kept in one of its parts (the part
+    named ``part``, under the attribute's own name): reading and assigning it
+    on the client reads and assigns it there, so every part sees a change."""
+
+    def __init__(self, part: str) -> None:
+        self._part = part
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _In[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type) -> T: ...
+    def __get__(self, obj: object | None, owner: type) -> T | _In[T]:
+        if obj is None:
+            return self
+        value: T = getattr(getattr(obj, self._part), self._name)
+        return value
+
+    def __set__(self, obj: object, value: T) -> None:
+        setattr(getattr(obj, self._part), self._name, value)
+
+
+class FakeBRClient:
     """One fake brclient: a BR user on the :class:`FakeRelay` plus its clientrpc server.
 
     ``nick``: the user's nick (and ``name``, default the nick); ``root``: its
@@ -131,6 +162,48 @@ class FakeBRClient(_HTTP):
     Use as ``async with FakeBRClient(relay, "bot", path) as br:``; while it runs
     the user is online on the relay, otherwise offline (PMs and tips wait).
     """
+
+    # The brclient played, kept in its settings part (every part reads them live).
+    nick = _In[str]("_settings")
+    name = _In[str]("_settings")
+    uid = _In[str]("_settings")
+    sig_key = _In[bytes]("_settings")
+    version = _In[VersionResponse]("_settings")
+    auth_mode = _In[str]("_settings")
+    rpcuser = _In[str]("_settings")
+    rpcpass = _In[str]("_settings")
+    ping_interval = _In[float | None]("_settings")
+    ping_timeout = _In[float]("_settings")
+    allow_remote_send_tip = _In[bool]("_settings")
+    max_remote_send_tip_amt = _In[float]("_settings")
+    max_in_flight = _In[int]("_settings")
+    #: Speed option (0 = off): seconds between back-to-back PMs in one
+    #: direction, and the time one tip takes; a real brclient batches its
+    #: rendezvous subscriptions every 0.1 s.
+    pm_pacing = _In[float]("_settings")
+    #: Speed option (0 = off): ``TipUser`` blocks until this many seconds
+    #: after the fake started (brclient's ``tipuser.restartdelay``, 60 s).
+    tip_restart_delay = _In[float]("_settings")
+    # What it observed, kept in its record part.
+    #: Every request the fake accepted: ``(method as sent, params as a plain value)``.
+    requests = _In[list[tuple[str, Any]]]("_record")
+    #: Every websocket data message received, as bytes.
+    frames_in = _In[list[bytes]]("_record")
+    #: Headers of every request to ``/ws`` (before auth and upgrade).
+    upgrade_headers = _In[list[dict[str, str]]]("_record")
+    #: Payloads of the pings clients sent (each answered with a 16-byte pong).
+    pings_received = _In[list[bytes]]("_record")
+    #: Keepalive round trips completed (an identical pong to the fake's own ping).
+    keepalive_pongs = _In[int]("_record")
+    #: Connections accepted so far.
+    total_connections = _In[int]("_record")
+    #: The most requests seen in flight on one connection.
+    max_in_flight_seen = _In[int]("_record")
+    #: The replay logs by kind (``KIND_PM``, ``KIND_TIP_RECEIVED``, ``KIND_TIP_PROGRESS``).
+    logs = _In[dict[str, ReplayLog[Any]]]("_events")
+
+    #: Where the replay logs persist between runs on the same root.
+    LOGS_FILE = LOGS_FILE
 
     def __init__(
         self,
@@ -158,72 +231,53 @@ class FakeBRClient(_HTTP):
         tip_restart_delay: float = 0.0,
     ) -> None:
         self.relay = relay
-        self.nick = nick
-        self.name = name if name is not None else nick
         self.root = Path(root)
         self.host = host
         self.port = port
-        self.auth_mode = auth_mode
-        self.rpcuser = rpcuser
-        self.rpcpass = rpcpass
         self.require_client_cert = require_client_cert
-        self.ping_interval = ping_interval
-        self.ping_timeout = ping_timeout
-        self.allow_remote_send_tip = allow_remote_send_tip
-        self.max_remote_send_tip_amt = max_remote_send_tip_amt
-        self.version = VersionResponse(app_version=app_version, go_runtime=go_runtime, app_name="brclient")
-        self.max_in_flight = max_in_flight
         #: False models brclient's ``[payment] wallettype = disabled``: tips to
         #: this user never complete (it reports a 0-matoms tip at once).
         self.wallet = wallet
-        #: Speed option (0 = off): seconds between back-to-back PMs in one
-        #: direction, and the time one tip takes; a real brclient batches its
-        #: rendezvous subscriptions every 0.1 s.
-        self.pm_pacing = pm_pacing
-        #: Speed option (0 = off): ``TipUser`` blocks until this many seconds
-        #: after the fake started (brclient's ``tipuser.restartdelay``, 60 s).
-        self.tip_restart_delay = tip_restart_delay
-        self._started_at = 0.0
-        self.sig_key = (
-            Ed25519PrivateKey.generate()
+        self._settings = _Settings(
+            nick=nick,
+            name=name if name is not None else nick,
+            sig_key=Ed25519PrivateKey.generate()
             .public_key()
-            .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+            .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw),
+            version=VersionResponse(app_version=app_version, go_runtime=go_runtime, app_name="brclient"),
+            auth_mode=auth_mode,
+            rpcuser=rpcuser,
+            rpcpass=rpcpass,
+            ping_interval=ping_interval,
+            ping_timeout=ping_timeout,
+            allow_remote_send_tip=allow_remote_send_tip,
+            max_remote_send_tip_amt=max_remote_send_tip_amt,
+            max_in_flight=max_in_flight,
+            pm_pacing=pm_pacing,
+            tip_restart_delay=tip_restart_delay,
         )
-        self.uid = relay._register(self, uid)
+        self._settings.uid = relay._register(self, uid)
         self.certs = BRClientCerts(self.root)
-        # Replay logs and open streams, by kind.
-        self.logs: dict[str, ReplayLog[Any]] = {k: ReplayLog(k) for k in _STREAMS.values()}
-        self._load_logs()
-        self._streams: dict[str, list[_Stream]] = {k: [] for k in _STREAMS.values()}
-        self._conns: list[_Conn] = []
-        self._serial = 0
+        self._record = _Record()
+        self._changes = _Changes()
+        self._controls = _Controls()
+        self._events = _EventLog(self._settings, self._changes, relay.nicks)
+        self._events.load(self.root)
+        self._methods = _Methods(self._settings, relay, self._events, self._controls, member=self)
+        sessions = _Sessions(
+            self._settings, self._record, self._changes, self._controls, self._events, self._methods
+        )
+        self._http = _HTTP(self._settings, self._record, self._changes, self._events, self._methods, sessions)
         self._runner: web.AppRunner | None = None
-        self._change: anyio.Event | None = None
-        self._paused: anyio.Event | None = None
-        self._holds: dict[str, anyio.Event] = {}
-        self._tip_failures: list[TipFailure] = []
-        #: Every request the fake accepted: ``(method as sent, params as a plain value)``.
-        self.requests: list[tuple[str, Any]] = []
-        #: Every websocket data message received, as bytes.
-        self.frames_in: list[bytes] = []
-        #: Headers of every request to ``/ws`` (before auth and upgrade).
-        self.upgrade_headers: list[dict[str, str]] = []
-        #: Payloads of the pings clients sent (each answered with a 16-byte pong).
-        self.pings_received: list[bytes] = []
-        #: Connections accepted so far.
-        self.total_connections = 0
-        #: The most requests seen in flight on one connection.
-        self.max_in_flight_seen = 0
 
     # -- lifecycle --------------------------------------------------------------------
 
     async def __aenter__(self) -> FakeBRClient:
-        self._change = anyio.Event()
+        self._changes.start()
         self.certs = await anyio.to_thread.run_sync(ensure_brclient_certs, self.root)
         ctx = self.certs.server_ssl_context(require_client_cert=self.require_client_cert)
         app = web.Application()
-        app.router.add_route("*", "/ws", self._ws_handler)
-        app.router.add_route("*", "/{tail:.*}", self._post_handler)
+        self._http.routes(app)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -240,47 +294,10 @@ class FakeBRClient(_HTTP):
         site = web.SockSite(runner, sock, ssl_context=ctx)
         await site.start()
         self._runner = runner
-        self._started_at = time.monotonic()
+        self._methods.mark_started()
         self.relay.set_online(self.uid)
         log.info("fakebr: %s (%s) serving clientrpc on %s", self.nick, self.uid[:16], self.url)
         return self
-
-    #: Where the replay logs persist between runs on the same root.
-    LOGS_FILE = "fakebr-replaylogs.json"
-
-    def _load_logs(self) -> None:
-        """Reload the replay logs a previous fake on this root and uid left
-        (brclient's logs live on disk: ids keep growing across restarts)."""
-        try:
-            saved = json.loads((self.root / self.LOGS_FILE).read_text())
-        except (OSError, ValueError):
-            return
-        if not isinstance(saved, dict) or saved.get("uid") != self.uid:
-            return
-        decoders: dict[str, Callable[[Any], Any]] = {
-            KIND_PM: ReceivedPM.from_wire,
-            KIND_TIP_RECEIVED: ReceivedTip.from_wire,
-            KIND_TIP_PROGRESS: TipProgressEvent.from_wire,
-        }
-        for kind, log_state in (saved.get("logs") or {}).items():
-            decode = decoders.get(kind)
-            if decode is None:
-                continue
-            try:
-                self.logs[kind].restore(log_state, _by_value(decode))
-            except (KeyError, TypeError, ValueError) as exc:
-                log.warning("fakebr: %s: ignoring saved %s replay log: %s", self.nick, kind, exc)
-
-    def _save_logs(self) -> None:
-        state = {
-            "uid": self.uid,
-            "logs": {kind: rl.state(lambda ev: ev.to_wire()) for kind, rl in self.logs.items()},
-        }
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            (self.root / self.LOGS_FILE).write_text(json.dumps(state))
-        except OSError as exc:
-            log.warning("fakebr: %s: cannot save the replay logs: %s", self.nick, exc)
 
     async def __aexit__(
         self,
@@ -290,11 +307,64 @@ class FakeBRClient(_HTTP):
     ) -> None:
         self.relay.set_offline(self.uid)
         self.drop_connections()
-        self._save_logs()
+        self._events.save(self.root)
         runner, self._runner = self._runner, None
         if runner is not None:
             with anyio.CancelScope(shield=True):
                 await runner.cleanup()
+
+    # -- the relay's side -------------------------------------------------------------
+
+    def public_identity(self) -> PublicIdentity:
+        """This user's ``UserPublicIdentity`` (name, nick, signature key, uid)."""
+        return self._methods.public_identity()
+
+    def emit_pm(
+        self,
+        from_uid: str,
+        message: str,
+        *,
+        nick: str | None = None,
+        timestamp_ms: int | None = None,
+        mode: str = "MESSAGE_MODE_NORMAL",
+    ) -> ReceivedPM:
+        """Log a received PM (as if it came from ``from_uid``) and broadcast
+        it; ``nick`` defaults to the sender's on the relay, ``timestamp_ms``
+        to now (unix milliseconds)."""
+        return self._events.emit_pm(from_uid, message, nick=nick, timestamp_ms=timestamp_ms, mode=mode)
+
+    def emit_received_tip(
+        self, from_uid: str, amount_matoms: int, *, sequence_id: int | None = None
+    ) -> ReceivedTip:
+        """Log a received tip (milliatoms) and broadcast it. ``sequence_id``
+        overrides the id the log would give it (hostile-brclient tests)."""
+        return self._events.emit_received_tip(from_uid, amount_matoms, sequence_id=sequence_id)
+
+    def emit_tip_progress(
+        self,
+        to_uid: str,
+        amount_matoms: int,
+        *,
+        nick: str | None = None,
+        completed: bool = False,
+        attempt: int = 0,
+        attempt_err: str = "",
+        will_retry: bool = False,
+    ) -> TipProgressEvent:
+        """Log a tip-progress event for a tip to ``to_uid`` (milliatoms) and broadcast it."""
+        return self._events.emit_tip_progress(
+            to_uid,
+            amount_matoms,
+            nick=nick,
+            completed=completed,
+            attempt=attempt,
+            attempt_err=attempt_err,
+            will_retry=will_retry,
+        )
+
+    def _receive_pm(self, from_uid: str, text: str, timestamp_ms: int) -> None:
+        """The relay delivers a PM (:class:`~.relay.RelayMember`)."""
+        self._events.receive_pm(from_uid, text, timestamp_ms)
 
     @property
     def url(self) -> str:
@@ -373,19 +443,19 @@ class FakeBRClient(_HTTP):
     @property
     def connection_count(self) -> int:
         """Websocket connections open now."""
-        return len(self._conns)
+        return len(self._http.conns)
 
     def stream_count(self, kind: str) -> int:
         """Open streams of ``kind`` (``KIND_PM``, ``KIND_TIP_RECEIVED``, ``KIND_TIP_PROGRESS``)."""
-        return len(self._streams[kind])
+        return len(self._events.streams(kind))
 
     def stream_methods(self, kind: str) -> list[str]:
         """The exact method strings (suffix included) of the open streams of ``kind``."""
-        return [s.method for s in self._streams[kind]]
+        return [s.method for s in self._events.streams(kind)]
 
     def in_flight(self) -> list[int]:
         """Requests in flight (streams included) per open connection."""
-        return [c.in_flight for c in self._conns]
+        return [c.in_flight for c in self._http.conns]
 
     def pending_events(self, kind: str) -> list[Any]:
         """Events of ``kind`` still in the replay log (not acked), oldest first."""
@@ -394,56 +464,47 @@ class FakeBRClient(_HTTP):
     async def wait_for(self, predicate: Callable[[], bool]) -> None:
         """Wait until ``predicate()`` is true; it is re-checked whenever the fake's
         state changes (connections, streams, requests, events). Bound it with
-        ``anyio.fail_after``."""
-        while not predicate():
-            if self._change is None:
-                raise RuntimeError("FakeBRClient is not running")
-            await self._change.wait()
+        ``anyio.fail_after``; RuntimeError when the fake is not running."""
+        await self._changes.wait_for(predicate)
 
     async def wait_connections(self, count: int) -> None:
-        await self.wait_for(lambda: len(self._conns) >= count)
+        """Wait until at least ``count`` websocket connections are open."""
+        await self.wait_for(lambda: self.connection_count >= count)
 
     async def wait_streams(self, kind: str, count: int) -> None:
-        await self.wait_for(lambda: len(self._streams[kind]) >= count)
+        """Wait until at least ``count`` streams of ``kind`` are open."""
+        await self.wait_for(lambda: self.stream_count(kind) >= count)
 
     # -- control hooks -------------------------------------------------------------------
 
     def drop_connections(self) -> None:
         """Abort every websocket connection (TCP close, no close frame)."""
-        for conn in list(self._conns):
+        for conn in list(self._http.conns):
             conn.abort("dropped by the test")
 
     def send_raw(self, data: bytes | str) -> None:
         """Send ``data`` as one message on every connection (binary for bytes,
         text for str), in order with the fake's other output."""
         payload = data.encode("utf-8") if isinstance(data, str) else data
-        for conn in self._conns:
+        for conn in self._http.conns:
             conn.enqueue(payload)
 
     def send_notification(self, method: str, params: Mapping[str, Any]) -> None:
         """Send a notification with any method string on every connection."""
-        for conn in self._conns:
+        for conn in self._http.conns:
             conn.notify(method, params)
 
     def end_streams(self, kind: str | None = None, *, code: int = CODE_EOF, message: str = "EOF") -> int:
         """End the open streams (of ``kind``, or all) with an error response to
         their opening id (10000 ``EOF`` = clean end). Returns how many ended."""
-        ended = 0
-        for k, streams in self._streams.items():
-            if kind is not None and k != kind:
-                continue
-            for stream in list(streams):
-                stream.end = (code, message)
-                stream.ended.set()
-                ended += 1
-        return ended
+        return self._events.end_streams(kind, code, message)
 
     async def ping(self, payload: bytes) -> list[bytes]:
         """Ping every connection with ``payload`` (any length) and return the pong
         payloads that match it, one per connection that answered. Bound it with
         ``anyio.fail_after``."""
         answered: list[bytes] = []
-        for conn in list(self._conns):
+        for conn in list(self._http.conns):
             got = conn.test_pings[payload] = anyio.Event()
             await conn.ws.ping(payload)
             await got.wait()
@@ -452,33 +513,21 @@ class FakeBRClient(_HTTP):
 
     def pause_reading(self) -> None:
         """Stop reading from every connection (requests, acks and pongs stall)."""
-        if self._paused is None:
-            self._paused = anyio.Event()
+        self._controls.pause_reading()
 
     def resume_reading(self) -> None:
-        paused, self._paused = self._paused, None
-        if paused is not None:
-            paused.set()
+        """Undo :meth:`pause_reading`."""
+        self._controls.resume_reading()
 
     def hold(self, method: str) -> None:
         """Make unary ``method`` (``Service.Method``) block until :meth:`release`."""
-        self._holds.setdefault(method, anyio.Event())
+        self._controls.hold(method)
 
     def release(self, method: str) -> None:
-        gate = self._holds.pop(method, None)
-        if gate is not None:
-            gate.set()
+        """Let the calls of a held ``method`` go on (and later ones pass)."""
+        self._controls.release(method)
 
     def fail_next_tip(self, failure: TipFailure | None = None) -> None:
         """Apply ``failure`` (default: one failed attempt that will be retried) to
         the next ``TipUser`` call; calls queue up in order."""
-        self._tip_failures.append(failure or TipFailure())
-
-
-def _by_value(decode: Callable[[Any], Any]) -> Callable[[Any, int], Any]:
-    """A :meth:`ReplayLog.restore` decoder that needs only the stored value."""
-
-    def restore(value: Any, _seq: int) -> Any:
-        return decode(value)
-
-    return restore
+        self._controls.fail_next_tip(failure or TipFailure())
