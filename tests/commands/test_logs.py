@@ -55,11 +55,12 @@ async def test_autopay_payment_is_logged_with_its_spend_id(
     key = re.search(r"callKey ([0-9a-f]{8})", paying[0])
     assert key is not None, paying[0]
     assert f"callKey {key.group(1)}," in charged[0]
-    # The first call went with its payment alongside: the bot held it, and says so
-    # (a refusal line would read as if the call had failed).
-    assert any(m.startswith("holding call ") and f"of {CLIENT} to paid for 500 atoms" in m for m in lines), (
-        lines
-    )
+    # The first call went with its payment alongside: the bot held it until the tip
+    # came, and says so, or the tip came first and the call was simply charged.
+    # Either way no refusal line (it would read as if the call had failed).
+    holding = [m for m in lines if m.startswith("holding call ")]
+    assert all(f"of {CLIENT} to paid for 500 atoms" in m for m in holding), lines
+    assert len(holding) <= 1, lines
     assert not any(m.startswith("payment required:") for m in lines), lines
     _no_secret(caplog, TOKEN, admin)
 
