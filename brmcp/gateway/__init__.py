@@ -27,6 +27,7 @@ from .config import (
 )
 from .gateway import Gateway, GatewayError, list_upstream_tools
 from .prices import (
+    ALLOW_UNLISTED,
     FREE,
     HIDDEN,
     PRICES_FILE,
@@ -40,6 +41,7 @@ from .tools import UpstreamToolSpec
 from .upstream import Upstream, UpstreamStartError, UpstreamUnavailable
 
 __all__ = [
+    "ALLOW_UNLISTED",
     "CALLER_UID_KEY",
     "DEFAULT_CALL_TIMEOUT",
     "FREE",

@@ -31,7 +31,6 @@ in ``params._meta["brmcp/callerUid"]``.
 
 from __future__ import annotations
 
-import difflib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -98,7 +97,7 @@ from ..server.context import peer_of
 from ..server.ratelimit import RATE_LIMITED_TEXT
 from ..server.tools import Handler
 from .config import CALLER_UID_KEY, UpstreamConfig, UpstreamConfigError
-from .prices import PriceTable
+from .prices import PriceError, PriceTable, unlisted_text
 from .tools import strip_reserved, tool_specs
 from .upstream import (
     CLIENT_INFO,
@@ -118,10 +117,13 @@ _R = TypeVar("_R", bound=BaseModel)
 MAX_TOOL_PAGES = 100
 #: Most URIs the gateway keeps subscribed at the upstream (re-subscribed after a restart).
 _MAX_UPSTREAM_SUBSCRIPTIONS = 4096
+#: Most tool names remembered as listed once (a price for one the upstream dropped is kept).
+_MAX_REMEMBERED_TOOLS = 65536
 
 
 class GatewayError(Exception):
-    """The gateway cannot start (the upstream cannot be started or listed)."""
+    """The gateway cannot start: the upstream cannot be started or listed,
+    or ``prices.json`` prices a tool it does not list."""
 
 
 class Gateway:
@@ -132,9 +134,11 @@ class Gateway:
 
     ``async with anyio.create_task_group() as tg: await tg.start(gateway.run)``
     starts the upstream (raising :class:`GatewayError` when the first start
-    fails) and registers its tools and catalog on the harness before it
-    returns; start the harness's router afterwards. ``base_dir`` resolves a
-    relative ``headers_file``; ``errlog`` gets a stdio upstream's stderr.
+    fails, or when ``prices`` names a tool the upstream does not list, see
+    :meth:`PriceTable.check_listed`) and registers its tools and catalog on
+    the harness before it returns; start the harness's router afterwards.
+    ``base_dir`` resolves a relative ``headers_file``; ``errlog`` gets a
+    stdio upstream's stderr.
     Keyword ``upstream_options`` go to :class:`~.upstream.Upstream`
     (timeouts, backoff).
     """
@@ -167,6 +171,10 @@ class Gateway:
         )
         self._upstream_tools: list[Tool] = []
         self._served: set[str] = set()
+        #: Tool names the upstream has listed since the start (a price for one it drops is kept).
+        self._ever_listed: set[str] = set()
+        #: Priced names not listed, as last warned about; None until the start's check.
+        self._warned: set[str] | None = None
         self._inflight: dict[int, ServerRequestContext[Any]] = {}
         self._subscribed: set[str] = set()
         self._catalog_kinds: set[str] = set()
@@ -178,12 +186,13 @@ class Gateway:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[Gateway] = anyio.TASK_STATUS_IGNORED) -> None:
         """Start the upstream and keep it running until cancelled (see the class)."""
-        failure: UpstreamStartError | None = None
+        failure: UpstreamStartError | PriceError | None = None
         async with anyio.create_task_group() as tg:
             self._tg = tg
             try:
                 await tg.start(self.upstream.run)
-            except UpstreamStartError as exc:
+                self._check_start_prices()
+            except (UpstreamStartError, PriceError) as exc:
                 failure = exc
                 tg.cancel_scope.cancel()
             else:
@@ -191,6 +200,14 @@ class Gateway:
         self._tg = None
         if failure is not None:
             raise GatewayError(str(failure)) from None
+
+    def _check_start_prices(self) -> None:
+        """The start's check of ``prices.json`` against the first listing:
+        a name the upstream does not list is refused (PriceError), unless
+        ``allow_unlisted``, which warns."""
+        self._prices.check_listed(tool.name for tool in self._upstream_tools)
+        self._warned = set()
+        self._warn_unlisted(self._upstream_tools)
 
     @property
     def prices(self) -> PriceTable:
@@ -200,7 +217,15 @@ class Gateway:
         """Apply a new price table at once (the next tools/list and
         tools/call use it; running calls keep the price they were charged).
         When the tool list changed, open sessions are told in the background
-        (``notifications/tools/list_changed``); returns whether it changed."""
+        (``notifications/tools/list_changed``); returns whether it changed.
+
+        Once started, a table that names a tool the upstream does not list
+        is refused with :class:`PriceError` and the prices in force stay
+        (:meth:`PriceTable.check_listed`), unless it sets ``allow_unlisted``
+        or the upstream listed that tool earlier and dropped it while
+        running (a warning)."""
+        if self._warned is not None:
+            prices.check_listed((tool.name for tool in self._upstream_tools), dropped=self._ever_listed)
         self._prices = prices
         return self._apply_tools(self._upstream_tools, notify=True)
 
@@ -226,17 +251,12 @@ class Gateway:
 
     def _apply_tools(self, tools: list[Tool], *, notify: bool) -> bool:
         before = [spec.to_tool() for spec in self.harness.tools() if spec.name in self._served]
-        specs, unknown = tool_specs(tools, self._prices, self._handler_for)
-        if unknown:
-            listed = [tool.name for tool in tools]
-            for name in unknown:
-                close = difflib.get_close_matches(name, listed, n=1)
-                hint = f' (did you mean "{close[0]}"?)' if close else ""
-                log.warning(
-                    'prices.json: tools["%s"]: the upstream lists no such tool, so this price is not used%s',
-                    name,
-                    hint,
-                )
+        specs, _ = tool_specs(tools, self._prices, self._handler_for)
+        for tool in tools:
+            if len(self._ever_listed) >= _MAX_REMEMBERED_TOOLS:
+                break
+            self._ever_listed.add(tool.name)
+        self._warn_unlisted(tools)
         names = {spec.name for spec in specs}
         for name in self._served - names:
             self.harness.remove_tool(name)
@@ -249,6 +269,29 @@ class Gateway:
         if changed and notify and self._tg is not None:
             self._tg.start_soon(self._announce_tools)
         return changed
+
+    def _warn_unlisted(self, tools: list[Tool]) -> None:
+        """Warn once about the priced names ``tools`` lacks (a tool the
+        upstream dropped, or one ``allow_unlisted`` lets through); nothing
+        before the start's check, which refuses them instead."""
+        if self._warned is None:
+            return
+        listed = [tool.name for tool in tools]
+        unknown = self._prices.unlisted(set(listed))
+        new = [name for name in unknown if name not in self._warned]
+        self._warned = set(unknown)
+        dropped = [name for name in new if name in self._ever_listed]
+        never = [name for name in new if name not in self._ever_listed]
+        if dropped:
+            keys = ", ".join(f'tools["{name}"]' for name in dropped)
+            log.warning(
+                "%s: %s: the upstream no longer lists %s; the price applies again if it returns",
+                self._prices.source,
+                keys,
+                "this tool" if len(dropped) == 1 else "these tools",
+            )
+        if never:
+            log.warning("%s", unlisted_text(self._prices.source, never, listed, error=False))
 
     async def _announce_tools(self) -> None:
         sent = await self.harness.notify_tool_list_changed()

@@ -18,13 +18,20 @@ which tools are hidden (README.md, "Sell an MCP server you already have").
   not named in ``tools`` (``"hidden"`` makes ``tools`` an allowlist).
   Missing: ``"free"``.
 
+* ``allow_unlisted``: ``true`` to keep a price for a tool the upstream
+  does not list yet (one it adds at runtime). Missing: ``false``.
+
 Prices are advertised in each tool's ``_meta`` as ``brmcp/priceAtoms``
-exactly as for a native tool (WIRE.md §Payments). Names in ``tools`` that
-the upstream does not list are ignored, with a warning in the log naming
-the closest tool the upstream does list. An unknown top-level key is
-refused, naming the closest known one (a misspelt ``default`` would make
-every tool free). The first run writes the file with every tool the
-upstream lists at 0 atoms (:func:`prices_template`).
+exactly as for a native tool (WIRE.md §Payments). A name in ``tools`` that
+the upstream does not list is refused when the gateway starts and when
+prices are reloaded (:meth:`PriceTable.check_listed`), naming the closest
+tool the upstream does list: a misspelt name would leave the real tool at
+``default``, which the first run writes as ``"free"``. With
+``allow_unlisted`` it is a warning; a tool the upstream drops while the
+gateway runs is a warning too, and its price is kept for its return. An
+unknown top-level key is refused, naming the closest known one (a misspelt
+``default`` would make every tool free). The first run writes the file
+with every tool the upstream lists at 0 atoms (:func:`prices_template`).
 """
 
 from __future__ import annotations
@@ -32,12 +39,13 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ALLOW_UNLISTED",
     "FREE",
     "HIDDEN",
     "PRICES_FILE",
@@ -46,6 +54,7 @@ __all__ = [
     "PriceTable",
     "load_prices",
     "prices_template",
+    "unlisted_text",
 ]
 
 #: The prices file in the data directory.
@@ -56,7 +65,9 @@ HIDDEN = "hidden"
 #: The first-run ``prices.json`` when the upstream's tools are not known:
 #: every tool free until the operator prices it.
 PRICES_TEMPLATE = '{\n  "default": "free",\n  "tools": {}\n}\n'
-_TOP_KEYS = ("default", "tools")
+#: The key that allows prices for tools the upstream does not list.
+ALLOW_UNLISTED = "allow_unlisted"
+_TOP_KEYS = ("default", "tools", ALLOW_UNLISTED)
 
 #: Largest price accepted (an int64 of atoms, as the ledger stores).
 _MAX_ATOMS = (1 << 63) - 1
@@ -87,15 +98,36 @@ def _parse_price(value: Any, where: str, source: str) -> Price:
 @dataclass(frozen=True, slots=True)
 class PriceTable:
     """Parsed ``prices.json``: ``default`` and per-tool ``tools`` entries,
-    each atoms (``int``, 0 = free) or ``"hidden"``."""
+    each atoms (``int``, 0 = free) or ``"hidden"``; ``allow_unlisted``;
+    ``source``, the file named in errors (not compared)."""
 
     default: Price = 0
     tools: dict[str, Price] = field(default_factory=dict)
+    allow_unlisted: bool = False
+    source: str = field(default=PRICES_FILE, compare=False)
 
     def price(self, tool: str) -> int | None:
         """Atoms for one call of ``tool``, or None when it is hidden."""
         value = self.tools.get(tool, self.default)
         return None if value == HIDDEN else int(value)
+
+    def unlisted(self, listed: Collection[str]) -> list[str]:
+        """The names under ``tools`` that are not in ``listed``, sorted."""
+        return sorted(name for name in self.tools if name not in listed)
+
+    def check_listed(self, listed: Iterable[str], *, dropped: Collection[str] = ()) -> list[str]:
+        """Check ``tools`` against the names the upstream ``listed`` (in its
+        order). Raises :class:`PriceError` for a name it does not list,
+        naming the file, the key, the closest listed name and the fix,
+        unless ``allow_unlisted`` is set or the name is in ``dropped`` (a
+        tool the upstream listed earlier and dropped while running).
+        Returns the names not listed that were let through."""
+        names = list(dict.fromkeys(listed))
+        unknown = self.unlisted(set(names))
+        refused = [name for name in unknown if name not in dropped]
+        if refused and not self.allow_unlisted:
+            raise PriceError(unlisted_text(self.source, refused, names, error=True))
+        return unknown
 
     @classmethod
     def parse(cls, text: str, *, source: str = PRICES_FILE) -> PriceTable:
@@ -115,7 +147,8 @@ class PriceTable:
             close = difflib.get_close_matches(unknown[0].lower(), _TOP_KEYS, n=1)
             hint = f' (did you mean "{close[0]}"?)' if close else ""
             raise PriceError(
-                f"{source}: unknown key(s) {', '.join(unknown)}{hint}; the keys are default and tools"
+                f"{source}: unknown key(s) {', '.join(unknown)}{hint}; the keys are default, tools and "
+                f"{ALLOW_UNLISTED}"
             )
         default = _parse_price(data.get("default", FREE), "default", source)
         raw_tools = data.get("tools", {})
@@ -124,7 +157,38 @@ class PriceTable:
         if not isinstance(raw_tools, dict):
             raise PriceError(f"{source}: tools must be an object mapping tool names to prices")
         tools = {name: _parse_price(value, f'tools["{name}"]', source) for name, value in raw_tools.items()}
-        return cls(default=default, tools=tools)
+        allow = data.get(ALLOW_UNLISTED, False)
+        if not isinstance(allow, bool):
+            raise PriceError(f"{source}: {ALLOW_UNLISTED} must be true or false, got {json.dumps(allow)}")
+        return cls(default=default, tools=tools, allow_unlisted=allow, source=source)
+
+
+def unlisted_text(source: str, unknown: Iterable[str], listed: Iterable[str], *, error: bool) -> str:
+    """The one line about names under ``tools`` that the upstream does not
+    list: each with the closest name it does list, and, for an ``error``,
+    the fix (else: that the price is not used while the tool is missing)."""
+    names = list(listed)
+    keys = []
+    hinted = False
+    for name in unknown:
+        close = difflib.get_close_matches(name, names, n=1)
+        hinted = hinted or bool(close)
+        keys.append(f'tools["{name}"]' + (f' (did you mean "{close[0]}"?)' if close else ""))
+    what = ", ".join(keys)
+    if not error:
+        return f"{source}: {what}: the upstream lists no such tool, so this price is not used"
+    lists = "" if hinted else f" (it lists {_some(names)})"
+    return (
+        f"{source}: {what}: the upstream lists no such tool{lists}; correct or remove the name, or add "
+        f'"{ALLOW_UNLISTED}": true to keep a price for a tool the upstream lists later'
+    )
+
+
+def _some(names: list[str], most: int = 8) -> str:
+    if not names:
+        return "none"
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def prices_template(tool_names: Iterable[str]) -> str:

@@ -194,7 +194,9 @@ class ServeApp:
         (no restart; sessions already open keep running, but every new
         message is checked against the new allowlist). Raises
         :class:`ServeConfigError` and keeps the settings in force when a
-        file is invalid. The ``upstream`` block is read only at start.
+        file is invalid, or when ``prices.json`` prices a tool the upstream
+        does not list (:meth:`~brmcp.gateway.Gateway.set_prices`). The
+        ``upstream`` block is read only at start.
         This is what SIGHUP does (followed there by
         :meth:`release_held_tips`, for the uids the new allowlist allows)."""
         config = load_serve_config(self.config_path)
@@ -202,9 +204,9 @@ class ServeApp:
         if self.gateway is not None:
             try:
                 prices = load_prices(self.datadir / PRICES_FILE)
+                self.gateway.set_prices(prices)
             except PriceError as exc:
                 raise ServeConfigError(str(exc)) from None
-            self.gateway.set_prices(prices)
             log.info("reloaded %s", self.datadir / PRICES_FILE)
         self.harness.set_allowed_peers(config.allowed_uids)
         self.harness.set_calls_per_minute(config.rate)

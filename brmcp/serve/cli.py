@@ -271,39 +271,54 @@ def _upstream_from_args(args: argparse.Namespace, datadir: Path) -> UpstreamConf
 
 
 def _first_run_text(datadir: Path, created: list[Path], tool_names: Sequence[str] = ()) -> str:
+    """What a first run prints: the files created, then one numbered item
+    per file to edit (numbered as printed: only created files have one)."""
     conf, harness_file = bot_config_path(datadir), datadir / SERVE_CONFIG_FILE
-    lines = [f"{PROG}: created {', '.join(str(p) for p in created)}", "", "Before the next run:"]
+    items: list[list[str]] = []
     if conf in created:
-        lines += [
-            f"  1. {conf} says how to reach your brclient. The defaults expect brclient's files",
-            "     in ~/.brclient and its clientrpc at wss://127.0.0.1:7676/ws: enable it in",
-            "     brclient.conf, section [clientrpc], with 'jsonrpclisten = 127.0.0.1:7676', and",
-            "     adjust brrpcurl, servercertpath, clientcertpath and clientkeypath if yours differ",
-            "     (rpcuser/rpcpass matter only when brclient sets rpcauthmode).",
-        ]
+        items.append(
+            [
+                f"{conf} says how to reach your brclient. The defaults expect brclient's files",
+                "in ~/.brclient and its clientrpc at wss://127.0.0.1:7676/ws: enable it in",
+                "brclient.conf, section [clientrpc], with 'jsonrpclisten = 127.0.0.1:7676', and",
+                "adjust brrpcurl, servercertpath, clientcertpath and clientkeypath if yours differ",
+                "(rpcuser/rpcpass matter only when brclient sets rpcauthmode).",
+            ]
+        )
     if harness_file in created:
-        lines += [
-            f"  2. {harness_file} says who may call the tools: put the Bison Relay uids",
-            '     (64 hex characters) of your callers in "allowed_uids"; an empty list refuses',
-            '     everyone. "calls_per_minute" limits each caller (0 means 30).',
-        ]
+        items.append(
+            [
+                f"{harness_file} says who may call the tools: put the Bison Relay uids",
+                '(64 hex characters) of your callers in "allowed_uids"; an empty list refuses',
+                'everyone. "calls_per_minute" limits each caller (0 means 30).',
+            ]
+        )
     prices = datadir / PRICES_FILE
     if prices in created:
         if tool_names:
             shown = ", ".join(tool_names[:8]) + (
                 f" and {len(tool_names) - 8} more" if len(tool_names) > 8 else ""
             )
-            lines += [
-                f"  3. {prices} lists the {len(tool_names)} tool(s) of the upstream MCP server,",
-                f"     each at 0 atoms (free): {shown}.",
-                '     Set atoms per call, "free" or "hidden" per tool under "tools"; "default" prices',
-                "     tools the upstream adds later.",
-            ]
+            items.append(
+                [
+                    f"{prices} lists the {len(tool_names)} tool(s) of the upstream MCP server,",
+                    f"each at 0 atoms (free): {shown}.",
+                    'Set atoms per call, "free" or "hidden" per tool under "tools"; "default" prices',
+                    "tools the upstream adds later.",
+                ]
+            )
         else:
-            lines += [
-                f"  3. {prices} sets what each tool of the upstream MCP server costs (it listed none):",
-                '     atoms per call, "free" or "hidden", per tool under "tools", "default" for the others.',
-            ]
+            items.append(
+                [
+                    f"{prices} sets what each tool of the upstream MCP server costs (it listed none):",
+                    'atoms per call, "free" or "hidden", per tool under "tools", "default" for the others.',
+                ]
+            )
+    lines = [f"{PROG}: created {', '.join(str(p) for p in created)}"]
+    if items:
+        lines += ["", "Before the next run:"]
+        for number, (first, *rest) in enumerate(items, 1):
+            lines += [f"  {number}. {first}", *(f"     {line}" for line in rest)]
     lines += ["", f"Then start it again: {PROG} --datadir {datadir}" + (" ..." if prices in created else "")]
     return "\n".join(lines)
 

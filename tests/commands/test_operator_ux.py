@@ -399,6 +399,8 @@ def test_write_confs_follows_ports_and_keeps_the_users_settings(tmp_path: Path) 
         nick: str
         uid: str
         url: str
+        rpcuser: str = ""
+        rpcpass: str = ""
 
         def bot_config(self, datadir: Path, name: str) -> BotConfig:
             cfg = BotConfig.defaults(datadir, name)
@@ -426,6 +428,16 @@ def test_write_confs_follows_ports_and_keeps_the_users_settings(tmp_path: Path) 
     assert load_settings(bridge / "mcpclient.json").mode == "autopay"
     assert load_settings(bridge / "mcpclient.json").token == settings.token
     assert str(bridge / "mcpclient.json") not in second["written"]
+    # Only alice's URL moved: her bridge's .conf is the one changed, with the daemon to restart.
+    assert first["changed"] == []
+    assert second["changed"] == [
+        {
+            "nick": "alice",
+            "path": str(bridge / "brmcp-bridge.conf"),
+            "daemon": f"brmcp-bridge --datadir {bridge}",
+        }
+    ]
+    assert write_confs(tmp_path, [bot, alice])["changed"] == []  # type: ignore[list-item]
     assert any(
         f"brmcp-bridge --datadir {bridge} config-snippet {bot.uid}" in line for line in second["next_steps"]
     )

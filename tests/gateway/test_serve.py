@@ -133,6 +133,15 @@ async def test_serve_app_sells_the_upstream_and_reloads_prices(tmp_path: Path) -
                     with pytest.raises(ServeConfigError, match=r"prices\.json"):
                         app.reload()
                     assert [spec.price_atoms for spec in app.harness.tools()] == [5]
+                    # So is a price for a tool the upstream does not list.
+                    write_serve_config(datadir / "prices.json", '{"tools": {"get_curent_time": 5}}')
+                    with pytest.raises(ServeConfigError) as info:
+                        app.reload()
+                    assert str(info.value).startswith(
+                        f'{datadir / "prices.json"}: tools["get_curent_time"] (did you mean '
+                        '"get_current_time"?): the upstream lists no such tool; correct or remove the name'
+                    )
+                    assert [spec.price_atoms for spec in app.harness.tools()] == [5]
                 tg.cancel_scope.cancel()
 
 
@@ -154,6 +163,11 @@ async def test_console_command_with_upstream_reloads_prices_on_sighup(tmp_path: 
                     write_serve_config(datadir / "prices.json", '{"default": 9}')
                     proc.send_signal(signal.SIGHUP)
                     await _read_until(proc.stderr, log, b"1 allowed caller(s)")
+                    # A misspelt tool name: the reload is refused, the prices in force stay.
+                    write_serve_config(datadir / "prices.json", '{"default": 9, "tools": {"convert_tme": 1}}')
+                    proc.send_signal(signal.SIGHUP)
+                    await _read_until(proc.stderr, log, b'(did you mean "convert_time"?)')
+                    assert b"reload refused, keeping the previous settings: " in log
                     async with caller_on(alice) as caller, caller.session(bot.uid) as s:
                         await s.initialize()
                         tools = {t.name: t.meta for t in (await s.list_tools()).tools}

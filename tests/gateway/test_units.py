@@ -4,8 +4,10 @@ what an upstream may not put in a result."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +15,9 @@ import anyio
 import pytest
 from mcp.types import CallToolResult, TextContent
 
-from brmcp.gateway import PriceError, PriceTable, Upstream, UpstreamConfig, load_prices
+from brmcp.gateway import Gateway, PriceError, PriceTable, Upstream, UpstreamConfig, load_prices
 from brmcp.gateway.tools import strip_reserved
+from brmcp.server import Harness, HarnessConfig
 from tests.kit.gateway import call, gateway_stack, pid_wrapped, time_server_command, until
 
 
@@ -81,6 +84,61 @@ async def test_restart_backoff_doubles_up_to_the_cap(tmp_path: Path) -> None:
             await until(lambda: upstream.generation == 2 and upstream.session is not None)
             tg.cancel_scope.cancel()
     assert upstream.delays[:5] == [0.02, 0.04, 0.08, 0.08, 0.08]
+
+
+#: A stdio MCP server whose tools are the names in the file argv[1], read at each start.
+LISTED_SERVER = """\
+import sys
+from pathlib import Path
+from mcp.server import MCPServer
+server = MCPServer("listed")
+for name in Path(sys.argv[1]).read_text().split():
+    server.add_tool(lambda: "ok", name=name)
+server.run()
+"""
+
+
+async def test_a_tool_the_upstream_drops_while_running_is_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The start refuses a price for a tool the upstream does not list; one
+    it drops later (here: across a restart) is only a warning, the bot keeps
+    serving, and a reload that still names it is taken; a new unknown name
+    in a reload is refused and the prices in force stay."""
+    script, names, pidfile = tmp_path / "listed.py", tmp_path / "names", tmp_path / "pid"
+    script.write_text(LISTED_SERVER)
+    names.write_text("alpha beta")
+    command = pid_wrapped([sys.executable, str(script), str(names)], pidfile)
+    prices = PriceTable.parse('{"tools": {"alpha": 3, "beta": 4}}', source="/d/prices.json")
+    harness = Harness(HarnessConfig(data_dir=tmp_path / "bot", tools_list_changed=True))
+    gateway = Gateway(harness, UpstreamConfig(command=tuple(command)), prices, backoff_initial=0.02)
+    served = lambda: sorted((spec.name, spec.price_atoms) for spec in harness.tools())  # noqa: E731
+    with anyio.fail_after(60), caplog.at_level(logging.WARNING, logger="brmcp.gateway"):
+        async with anyio.create_task_group() as tg:
+            await tg.start(gateway.run)
+            assert served() == [("alpha", 3), ("beta", 4)]
+            assert caplog.records == []
+            # The upstream comes back without beta.
+            names.write_text("alpha")
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            await until(lambda: gateway.upstream.generation == 2 and served() == [("alpha", 3)])
+            assert [r.getMessage() for r in caplog.records if "prices.json" in r.getMessage()] == [
+                '/d/prices.json: tools["beta"]: the upstream no longer lists this tool; the price applies '
+                "again if it returns"
+            ]
+            # A reload still pricing beta is taken (a warning was given already).
+            gateway.set_prices(PriceTable.parse('{"tools": {"alpha": 5, "beta": 4}}'))
+            assert served() == [("alpha", 5)]
+            # A new name the upstream never listed is refused; the prices in force stay.
+            refused = r'^/e/prices\.json: tools\["alpah"\] \(did you mean "alpha"\?\)'
+            with pytest.raises(PriceError, match=refused):
+                gateway.set_prices(PriceTable.parse('{"tools": {"alpah": 9}}', source="/e/prices.json"))
+            assert served() == [("alpha", 5)]
+            # Back with beta: served at its price again.
+            names.write_text("alpha beta")
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            await until(lambda: served() == [("alpha", 5), ("beta", 4)])
+            tg.cancel_scope.cancel()
 
 
 async def test_an_upstream_cannot_forge_our_meta_keys(tmp_path: Path) -> None:

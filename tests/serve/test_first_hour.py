@@ -8,11 +8,13 @@ commands they run:
   as such, not as another program holding that brclient;
 * typos in ``brmcp.json``, ``mcpclient.json`` and ``prices.json`` are named,
   with the closest known key; wrong values name the file, key, value and
-  what is allowed; Go-written files load without a word;
+  what is allowed; Go-written files load without a word; a price for a tool
+  the upstream does not list stops the start and is refused by a reload;
 * ``--help`` says that no command runs the daemon, ``--upstream`` is last on
   its usage line, ``-datadir DIR`` (the Go flag) works, and amounts read
   ``10,000`` for humans and ``10000`` in ``--json``;
-* a gateway's first run lists the upstream's tools in ``prices.json``;
+* a gateway's first run lists the upstream's tools in ``prices.json`` and
+  numbers the files to edit as printed;
   ``brmcp-fakebr --write-confs --gateway CMD`` writes a gateway bot's configs.
 
 The plain-chat reply is in test_chat_help.py.
@@ -45,6 +47,7 @@ from brmcp.clientrpc import ClientrpcConfigError, check_server_certificate, writ
 from brmcp.gateway import (
     PASSTHROUGH_ENV,
     Gateway,
+    GatewayError,
     PriceError,
     PriceTable,
     UpstreamConfig,
@@ -404,25 +407,55 @@ def test_prices_json_typos_are_named(tmp_path: Path, caplog: pytest.LogCaptureFi
         PriceTable.parse('{"defualt": 1000}', source="p.json")
     assert (
         str(info.value)
-        == 'p.json: unknown key(s) defualt (did you mean "default"?); the keys are default and tools'
+        == 'p.json: unknown key(s) defualt (did you mean "default"?); the keys are default, tools and '
+        "allow_unlisted"
     )
 
 
-async def test_a_price_for_a_tool_the_upstream_does_not_list_is_a_warning(
+#: The one line for a price of a tool the upstream does not list (mcp-server-time's).
+UNLISTED = (
+    '{}: tools["convert_tme"] (did you mean "convert_time"?): the upstream lists no such tool; correct '
+    'or remove the name, or add "allow_unlisted": true to keep a price for a tool the upstream lists later'
+)
+
+
+async def test_a_price_for_a_tool_the_upstream_does_not_list_is_an_error_at_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, needs_env: list[str]
 ) -> None:
-    harness = Harness(HarnessConfig(data_dir=tmp_path, tools_list_changed=True))
-    gateway = Gateway(
-        harness, UpstreamConfig(command=tuple(needs_env)), PriceTable(tools={"get_curent_time": 5})
+    """A misspelt name would sell the real tool at "default" (the first
+    run writes "free"): the gateway does not start, unless allow_unlisted."""
+    upstream = UpstreamConfig(command=tuple(needs_env))
+    prices = PriceTable.parse('{"tools": {"convert_tme": 2500}}', source="/d/prices.json")
+    harness = Harness(HarnessConfig(data_dir=tmp_path / "a", tools_list_changed=True))
+    with anyio.fail_after(60), pytest.raises(GatewayError) as info:
+        await Gateway(harness, upstream, prices).run()
+    assert str(info.value) == UNLISTED.format("/d/prices.json")
+    # A name with nothing close: the line says what the upstream lists.
+    far = PriceTable.parse('{"tools": {"weather": 1}}', source="p.json")
+    harness = Harness(HarnessConfig(data_dir=tmp_path / "b", tools_list_changed=True))
+    with anyio.fail_after(60), pytest.raises(GatewayError) as info:
+        await Gateway(harness, upstream, far).run()
+    assert str(info.value).startswith(
+        'p.json: tools["weather"]: the upstream lists no such tool (it lists get_current_time, '
+        "convert_time); correct or remove the name"
     )
+    # Allowed: a warning, and the bot starts.
+    allowed = PriceTable.parse(
+        '{"tools": {"convert_tme": 2500}, "allow_unlisted": true}', source="/d/prices.json"
+    )
+    harness = Harness(HarnessConfig(data_dir=tmp_path / "c", tools_list_changed=True))
+    gateway = Gateway(harness, upstream, allowed)
     with anyio.fail_after(60), caplog.at_level(logging.WARNING, logger="brmcp.gateway"):
         async with anyio.create_task_group() as tg:
             await tg.start(gateway.run)
+            assert sorted(spec.name for spec in harness.tools()) == ["convert_time", "get_current_time"]
             tg.cancel_scope.cancel()
     assert [r.getMessage() for r in caplog.records] == [
-        'prices.json: tools["get_curent_time"]: the upstream lists no such tool, so this price is not used '
-        '(did you mean "get_current_time"?)'
+        '/d/prices.json: tools["convert_tme"] (did you mean "convert_time"?): the upstream lists no such '
+        "tool, so this price is not used"
     ]
+    with pytest.raises(PriceError, match='allow_unlisted must be true or false, got "yes"'):
+        PriceTable.parse('{"allow_unlisted": "yes"}')
 
 
 # -- 4. the command line --------------------------------------------------------------------
@@ -555,7 +588,26 @@ def test_fakebr_writes_a_gateway_bot_that_serves(tmp_path: Path, needs_env: list
             "get_current_time": 0,
             "convert_time": 0,
         }
-        assert "lists the 2 tool(s) of the upstream MCP server," in first.stdout
+        prices = gateway_dir / "prices.json"
+        # fakebr wrote brmcp-serve.conf and brmcp.json: one item to edit, numbered 1.
+        assert first.stdout == (
+            f"brmcp-serve: created {prices}\n"
+            "\n"
+            "Before the next run:\n"
+            f"  1. {prices} lists the 2 tool(s) of the upstream MCP server,\n"
+            "     each at 0 atoms (free): get_current_time, convert_time.\n"
+            '     Set atoms per call, "free" or "hidden" per tool under "tools"; "default" prices\n'
+            "     tools the upstream adds later.\n"
+            "\n"
+            f"Then start it again: brmcp-serve --datadir {gateway_dir} ...\n"
+        )
+        # A misspelt tool name is refused at start, naming the file, the key and the fix.
+        good = prices.read_text()
+        prices.write_text('{"default": "free", "tools": {"get_current_time": 0, "convert_tme": 2500}}')
+        refused = _serve("--datadir", str(gateway_dir), env=_clean_env())
+        assert refused.returncode == 1
+        assert refused.stderr.strip().splitlines()[-1] == "brmcp-serve: " + UNLISTED.format(prices)
+        prices.write_text(good)
         proc = subprocess.Popen(
             [sys.executable, "-m", "brmcp.serve", "--datadir", str(gateway_dir)],
             env=_clean_env(),
@@ -566,6 +618,14 @@ def test_fakebr_writes_a_gateway_bot_that_serves(tmp_path: Path, needs_env: list
         try:
             lines = _read_stderr_until(proc, "selling 2 tool(s)")
             assert any(f"brclient at {bot['url']}" in line for line in lines), lines
+            # SIGHUP with the misspelt name: refused, the bot keeps serving.
+            prices.write_text('{"default": "free", "tools": {"get_current_time": 0, "convert_tme": 2500}}')
+            proc.send_signal(signal.SIGHUP)
+            lines = _read_stderr_until(proc, "reload refused")
+            assert lines[-1].endswith(
+                "reload refused, keeping the previous settings: " + UNLISTED.format(prices)
+            ), lines
+            assert proc.poll() is None
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0

@@ -122,11 +122,12 @@ def _users_in(datadir: Path) -> dict[str, dict[str, str]]:
     return {u["nick"]: u for u in json.loads((datadir / "fakebr.json").read_text())["users"]}
 
 
-async def _run_until_ready(datadir: Path, users: str) -> tuple[str, str]:
+async def _run_until_ready(datadir: Path, users: str, *options: str) -> tuple[str, str]:
     """Run brmcp-fakebr (text output) until it is serving, stop it with
     SIGTERM; returns (stdout, stderr before the stop)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "brmcp.testing.fakebr", "--datadir", str(datadir), "--users", users]
+    cmd += options
     with anyio.fail_after(60):
         async with await anyio.open_process(cmd, env=env) as proc:
             try:
@@ -175,3 +176,63 @@ def test_fakebr_command_rejects_bad_user_lists(tmp_path: Path) -> None:
         "b": _Previous("2" * 64, 0),
         "c": _Previous("3" * 64, 0),
     }
+
+
+async def test_a_moved_port_names_the_changed_configs_and_the_daemons_to_restart(tmp_path: Path) -> None:
+    """The configs --write-confs rewrote for a user whose port moved are
+    named, with the daemons to restart (SIGHUP does not reload a .conf)."""
+    datadir, confs = tmp_path / "br", tmp_path / "confs"
+    options = ("--write-confs", str(confs), "--gateway", "true")
+    _, err = await _run_until_ready(datadir, "bot,alice,bob", *options)
+    assert err == ""
+    first = _users_in(datadir)
+    bot_port, alice_port = _port(first["bot"]), _port(first["alice"])
+    # The second run, while other programs hold the bot's and alice's ports.
+    with socket.socket() as squat_bot, socket.socket() as squat_alice:
+        for squatter, port in ((squat_bot, bot_port), (squat_alice, alice_port)):
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            squatter.bind(("127.0.0.1", port))
+            squatter.listen(1)
+        out, err = await _run_until_ready(datadir, "bot,alice,bob", *options)
+    assert f"brmcp-serve --datadir {confs / 'brmcp-serve'}" in out  # the next steps, as before
+    again = _users_in(datadir)
+    assert _port(again["bob"]) == _port(first["bob"])
+    serve, gateway, alices = confs / "brmcp-serve", confs / "brmcp-gateway", confs / "brmcp-bridge-alice"
+    assert err.splitlines() == [
+        f"brmcp-fakebr: bot's previous port {bot_port} is not free (Address already in use); "
+        f"using {_port(again['bot'])} (pin ports with --port)",
+        f"brmcp-fakebr: alice's previous port {alice_port} is not free (Address already in use); "
+        f"using {_port(again['alice'])} (pin ports with --port)",
+        f"brmcp-fakebr: changed {serve}/brmcp-serve.conf, {gateway}/brmcp-serve.conf and "
+        f"{alices}/brmcp-bridge.conf; SIGHUP does not reload a .conf, so restart whichever of these "
+        f"runs: brmcp-serve --datadir {serve}; brmcp-serve --datadir {gateway}; "
+        f"brmcp-bridge --datadir {alices}",
+    ]
+    summary = json.loads((datadir / "fakebr.json").read_text())
+    assert [entry["path"] for entry in summary["confs"]["changed"]] == [
+        f"{serve}/brmcp-serve.conf",
+        f"{gateway}/brmcp-serve.conf",
+        f"{alices}/brmcp-bridge.conf",
+    ]
+    # Only alice's port moves: one file, one daemon.
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", _port(again["alice"])))
+        squatter.listen(1)
+        _, err = await _run_until_ready(datadir, "bot,alice,bob", *options)
+    assert err.splitlines()[1] == (
+        f"brmcp-fakebr: changed {alices}/brmcp-bridge.conf; SIGHUP does not reload a .conf, so restart "
+        f"it: brmcp-bridge --datadir {alices}"
+    )
+    # Without --write-confs nothing is rewritten: the notice says what to update.
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        moved = _port(_users_in(datadir)["alice"])
+        squatter.bind(("127.0.0.1", moved))
+        squatter.listen(1)
+        _, err = await _run_until_ready(datadir, "bot,alice,bob")
+    assert err.splitlines() == [
+        f"brmcp-fakebr: alice's previous port {moved} is not free (Address already in use); using "
+        f"{_port(_users_in(datadir)['alice'])}: update configs that name wss://127.0.0.1:{moved}/ws and "
+        "restart the daemons using them, or pin ports with --port"
+    ]

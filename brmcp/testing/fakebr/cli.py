@@ -12,7 +12,9 @@ process per DIR: a second one on a DIR in use exits 1 naming the first's pid.
 The next run on the same DIR reuses each user's uid and, unless ``--port`` is
 given, its port from ``fakebr.json``, so configs written for the previous run
 (allowlists, ``brmcp-serve.conf``) stay valid; a port that is taken now is
-replaced by a free one, with a notice on stderr. ``--port N`` gives the users
+replaced by a free one, with a notice on stderr that names the config
+files ``--write-confs`` changed and the daemons to restart (SIGHUP does not
+reload a ``.conf``). ``--port N`` gives the users
 the ports N, N+1, … in ``--users`` order; when one of them (or ``--host``)
 cannot be bound, it prints one line naming the address
 (``brmcp-fakebr: cannot listen on 127.0.0.1:N: address already in use
@@ -43,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -53,6 +55,9 @@ from ..._ops.lockfile import LockHeldError, acquire
 from ...metrics.endpoint import cannot_listen
 from .relay import FakeRelay
 from .server import FakeBRClient
+
+if TYPE_CHECKING:
+    from ...clientrpc import BotConfig
 
 __all__ = ["LOCK_FILE", "SUMMARY_FILE", "main", "write_confs"]
 
@@ -201,32 +206,75 @@ def _check_ports(host: str, first: int, count: int) -> None:
             raise _cannot_listen(host, port, exc) from None
 
 
-async def _start(stack: contextlib.AsyncExitStack, fake: FakeBRClient, explicit: bool) -> FakeBRClient:
+@dataclass(frozen=True, slots=True)
+class _Moved:
+    """A user whose port from the previous run was taken: it got another."""
+
+    nick: str
+    old_port: int
+    new_port: int
+    old_url: str
+    why: str
+
+
+async def _start(
+    stack: contextlib.AsyncExitStack, fake: FakeBRClient, explicit: bool
+) -> tuple[FakeBRClient, _Moved | None]:
     """Start ``fake`` on its port; a port remembered from the previous run
-    that is taken now falls back to a free one (explicit ports do not).
-    Raises :class:`_CannotListen` when the address cannot be bound."""
-    previous: tuple[int, OSError] | None = None
+    that is taken now falls back to a free one (explicit ports do not),
+    returned as a :class:`_Moved`. Raises :class:`_CannotListen` when the
+    address cannot be bound."""
+    previous: tuple[int, str, OSError] | None = None
     try:
         _probe(fake.host, fake.port)
     except OSError as exc:
         if explicit or fake.port == 0:
             raise _cannot_listen(fake.host, fake.port, exc) from None
-        previous, fake.port = (fake.port, exc), 0
+        previous, fake.port = (fake.port, fake.url, exc), 0
     try:
         started = await stack.enter_async_context(fake)
     except OSError as exc:
         if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
             raise _cannot_listen(fake.host, fake.port, exc) from None
         raise
-    if previous is not None:
-        port, why = previous
-        print(
-            f"brmcp-fakebr: {fake.nick}'s previous port {port} is not free ({why.strerror or why}); "
-            f"using {started.port}: update configs that name {fake.nick}'s old URL, or pin ports with --port",
-            file=sys.stderr,
-            flush=True,
+    if previous is None:
+        return started, None
+    port, url, why = previous
+    return started, _Moved(fake.nick, port, started.port, url, str(why.strerror or why))
+
+
+def _notices(moved: Sequence[_Moved], changed: Sequence[dict[str, str]]) -> list[str]:
+    """The stderr lines after a start: one per user whose port moved, then
+    one naming the config files ``--write-confs`` changed (``changed``:
+    ``{"nick", "path", "daemon"}``) and the daemons to restart."""
+    lines = []
+    covered = {entry["nick"] for entry in changed}
+    for move in moved:
+        line = (
+            f"brmcp-fakebr: {move.nick}'s previous port {move.old_port} is not free ({move.why}); "
+            f"using {move.new_port}"
         )
-    return started
+        if move.nick in covered:
+            line += " (pin ports with --port)"
+        else:
+            line += (
+                f": update configs that name {move.old_url} and restart the daemons using them, "
+                "or pin ports with --port"
+            )
+        lines.append(line)
+    if changed:
+        paths = _and([entry["path"] for entry in changed])
+        daemons = list(dict.fromkeys(entry["daemon"] for entry in changed))
+        which = "it" if len(daemons) == 1 else "whichever of these runs"
+        lines.append(
+            f"brmcp-fakebr: changed {paths}; SIGHUP does not reload a .conf, so restart {which}: "
+            + "; ".join(daemons)
+        )
+    return lines
+
+
+def _and(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _plural(count: int, word: str) -> str:
@@ -245,6 +293,7 @@ async def _serve(
     summary_path = datadir / SUMMARY_FILE
     async with FakeRelay() as relay, contextlib.AsyncExitStack() as stack:
         fakes: list[FakeBRClient] = []
+        moved: list[_Moved] = []
         for index, nick in enumerate(nicks):
             previous = known.get(nick)
             fake = FakeBRClient(
@@ -258,7 +307,10 @@ async def _serve(
                 rpcuser=user,
                 rpcpass=password,
             )
-            fakes.append(await _start(stack, fake, explicit=bool(args.port)))
+            started, move = await _start(stack, fake, explicit=bool(args.port))
+            fakes.append(started)
+            if move is not None:
+                moved.append(move)
         relay.kx_all(*fakes)
         described = [_describe(f, await anyio.to_thread.run_sync(f.write_brclient_conf)) for f in fakes]
         summary: dict[str, Any] = {"relay": "fake", "users": described}
@@ -266,6 +318,8 @@ async def _serve(
             summary["confs"] = await anyio.to_thread.run_sync(
                 partial(write_confs, Path(args.write_confs), fakes, gateway=args.gateway_command)
             )
+        for line in _notices(moved, summary["confs"]["changed"] if args.write_confs else []):
+            print(line, file=sys.stderr, flush=True)
         await anyio.to_thread.run_sync(_write_summary, summary_path, summary)
         # Signals are caught before the summary says the network is up, so a
         # stop right after it is still a clean one.
@@ -297,26 +351,34 @@ def write_confs(
     The ``.conf`` files follow the fakes' current URLs on every run; the
     JSON files are written only when missing, so the user's own settings
     survive. Returns ``{"serve": dir, "gateway": dir (with ``gateway``),
-    "bridges": {nick: dir}, "written": [paths], "next_steps": [lines]}``.
+    "bridges": {nick: dir}, "written": [paths], "changed": [{"nick", "path",
+    "daemon"}], "next_steps": [lines]}``, where ``changed`` lists the
+    ``.conf`` files that existed with another URL, certificate path or
+    (with Basic auth) credentials, each with the command of the daemon
+    that reads it (a running one must be restarted to follow).
     Raises OSError or ClientrpcConfigError when a file cannot be written."""
     from ...bridge.settings import MODE_APPROVAL, SETTINGS_FILE, Settings, mint_token, save_settings
-    from ...clientrpc import write_bot_config
 
     bot, others = fakes[0], list(fakes[1:])
     written: list[str] = []
+    changed: list[dict[str, str]] = []
     allowed = [f.uid for f in others]
     serve_dir = target / "brmcp-serve"
-    written += _write_bot_dir(serve_dir, bot, {"allowed_uids": allowed, "calls_per_minute": 30})
+    written += _write_bot_dir(serve_dir, bot, {"allowed_uids": allowed, "calls_per_minute": 30}, changed)
     gateway_dir = target / "brmcp-gateway"
     if gateway:
         block = {"allowed_uids": allowed, "calls_per_minute": 30, "upstream": {"command": list(gateway)}}
-        written += _write_bot_dir(gateway_dir, bot, block)
+        written += _write_bot_dir(gateway_dir, bot, block, changed)
     bridges: dict[str, str] = {}
     for fake in others:
         bridge_dir = target / f"brmcp-bridge-{fake.nick}"
         bridge_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_bot_config(bridge_dir / "brmcp-bridge.conf", fake.bot_config(bridge_dir, "brmcp-bridge"))
-        written.append(str(bridge_dir / "brmcp-bridge.conf"))
+        conf = bridge_dir / "brmcp-bridge.conf"
+        if _write_conf(conf, fake, fake.bot_config(bridge_dir, "brmcp-bridge")):
+            changed.append(
+                {"nick": fake.nick, "path": str(conf), "daemon": f"brmcp-bridge --datadir {bridge_dir}"}
+            )
+        written.append(str(conf))
         settings_path = bridge_dir / SETTINGS_FILE
         if not settings_path.exists():
             settings = Settings(
@@ -344,17 +406,42 @@ def write_confs(
     result: dict[str, Any] = {"serve": str(serve_dir)}
     if gateway:
         result["gateway"] = str(gateway_dir)
-    return result | {"bridges": bridges, "written": written, "next_steps": steps}
+    return result | {"bridges": bridges, "written": written, "changed": changed, "next_steps": steps}
 
 
-def _write_bot_dir(directory: Path, bot: FakeBRClient, harness: dict[str, Any]) -> list[str]:
+def _write_conf(path: Path, fake: FakeBRClient, cfg: BotConfig) -> bool:
+    """Write ``cfg`` to ``path``; True when the file existed and a daemon
+    reading it would now reach brclient differently (URL, certificate
+    paths, or the credentials of a fake with Basic auth; without auth the
+    credentials are random each run and brclient ignores them)."""
+    from ...clientrpc import ClientrpcConfigError, load_bot_config, write_bot_config
+
+    old: BotConfig | None = None
+    existed = path.exists()
+    if existed:
+        with contextlib.suppress(ClientrpcConfigError, OSError):
+            old = load_bot_config(path)
+    write_bot_config(path, cfg)
+    if not existed:
+        return False
+    if old is None:
+        return True
+    fields = ["brrpcurl", "servercertpath", "clientcertpath", "clientkeypath"]
+    if fake.rpcuser or fake.rpcpass:
+        fields += ["rpcuser", "rpcpass"]
+    return any(getattr(old, name) != getattr(cfg, name) for name in fields)
+
+
+def _write_bot_dir(
+    directory: Path, bot: FakeBRClient, harness: dict[str, Any], changed: list[dict[str, str]]
+) -> list[str]:
     """``brmcp-serve.conf`` for ``bot`` (always) and ``brmcp.json`` with
-    ``harness`` (only when missing) in ``directory``; the paths written."""
-    from ...clientrpc import write_bot_config
-
+    ``harness`` (only when missing) in ``directory``; the paths written. A
+    changed ``.conf`` (:func:`_write_conf`) is added to ``changed``."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     conf = directory / "brmcp-serve.conf"
-    write_bot_config(conf, bot.bot_config(directory, "brmcp-serve"))
+    if _write_conf(conf, bot, bot.bot_config(directory, "brmcp-serve")):
+        changed.append({"nick": bot.nick, "path": str(conf), "daemon": f"brmcp-serve --datadir {directory}"})
     written = [str(conf)]
     allow = directory / "brmcp.json"
     if not allow.exists():
