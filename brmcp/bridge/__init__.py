@@ -24,7 +24,7 @@ from .admin import ConfigSnippet
 from .approvals import PendingPayment
 from .bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN, Bridge, BridgeConfig
 from .daemon import BridgeDaemon
-from .errors import BridgeError, SettingsError
+from .errors import BridgeError, SettingsError, SettingsFileBroken
 from .listener import ListenerLimits
 from .retry import RetryPolicy
 from .settings import MODE_APPROVAL, MODE_AUTOPAY, SETTINGS_FILE, Settings
@@ -53,6 +53,7 @@ __all__ = [
     "RetryPolicy",
     "Settings",
     "SettingsError",
+    "SettingsFileBroken",
     "SpendEntry",
     "SpendSummary",
     "SystemClock",

@@ -17,16 +17,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._command import PROG
+from ._command import cli_command
 from .bridge import ADMIN_TOKEN_FILE
 from .errors import BridgeError
 from .runtime import RUNTIME_FILE, read_runtime, runtime_stale_reason
 from .settings import SETTINGS_FILE, load_settings
 
-__all__ = ["REQUEST_TIMEOUT", "AdminError", "CLIError", "Daemon", "Disabled", "NotRunning", "admin", "locate"]
+__all__ = [
+    "OTHER_DATADIR_HINT",
+    "REQUEST_TIMEOUT",
+    "AdminError",
+    "CLIError",
+    "Daemon",
+    "Disabled",
+    "NotRunning",
+    "admin",
+    "locate",
+]
 
 #: Seconds a subcommand waits for the daemon's answer.
 REQUEST_TIMEOUT = 15.0
+#: Said whenever no daemon runs on the data directory a command was given:
+#: the usual cause is a daemon started with another ``--datadir``. (Daemons
+#: are found only through the runtime file in their own data directory;
+#: nothing lists them all.)
+OTHER_DATADIR_HINT = "if the daemon runs with another data directory, add --datadir DIR to this command"
 
 
 class CLIError(Exception):
@@ -38,12 +53,17 @@ class Disabled(CLIError):
 
 
 class NotRunning(CLIError):
-    """No daemon runs on the data directory; ``detail`` says how we know."""
+    """No daemon runs on the data directory; ``detail`` says how we know.
+    The message says how to start one there, and to add ``--datadir`` when
+    the daemon runs on another data directory (:data:`OTHER_DATADIR_HINT`)."""
 
     def __init__(self, datadir: Path, detail: str) -> None:
         self.datadir = datadir
         self.detail = detail
-        super().__init__(f"the daemon is not running ({detail}); start it with: {PROG} --datadir {datadir}")
+        super().__init__(
+            f"the daemon is not running ({detail}); start it with: {cli_command(datadir)} "
+            f"({OTHER_DATADIR_HINT})"
+        )
 
 
 class AdminError(CLIError):
@@ -162,7 +182,7 @@ def admin(daemon: Daemon, method: str, path: str, body: Any = None) -> Any:
     cannot be reached, refuses the admin token or answers malformed JSON."""
     disabled = Disabled(
         "the bridge is disabled, so its admin surface is off; enable it with: "
-        f"{PROG} --datadir {daemon.datadir} settings set enabled=true"
+        f"{cli_command(daemon.datadir)} settings set enabled=true"
     )
     try:
         return _request(daemon, method, path, body)

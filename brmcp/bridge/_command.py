@@ -32,8 +32,9 @@ def _normal(path: Path) -> str:
 
 def cli_command(data_dir: str | os.PathLike[str]) -> str:
     """``brmcp-bridge`` for the default data directory, else
-    ``brmcp-bridge --datadir <data_dir>`` (quoted for a POSIX shell when needed)."""
-    path = Path(data_dir)
+    ``brmcp-bridge --datadir <data_dir>``: the directory made absolute (a
+    hint is pasted from anywhere) and quoted for a POSIX shell when needed."""
+    path = Path(data_dir).expanduser()
     if _normal(path) == _normal(default_datadir()):
         return PROG
-    return f"{PROG} --datadir {shlex.quote(str(path))}"
+    return f"{PROG} --datadir {shlex.quote(os.path.abspath(path))}"

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..transport.conn import SendReceipt, send_deadline, send_receipt
 from ..transport.router import Router
-from ._linkbase import TRANSPORT_ERROR_CODES, LinkError, LinkSessions, _describe, log
+from ._linkbase import TRANSPORT_ERROR_CODES, HostOffline, LinkError, LinkSessions, _describe, log
 from .retry import RetryPolicy, RttEstimator
 
 __all__ = ["DeadlineError", "ProgressFn", "Resender", "first_answer"]
@@ -243,8 +243,13 @@ class Resender:
         ``deadline`` (on :func:`anyio.current_time`) ends the wait earlier:
         the logical call's own deadline.
 
-        Raises :class:`DeadlineError` at the deadline, :class:`LinkError`
-        when the link is closed, and :class:`MCPError` for the bot's error."""
+        A copy that fails while the bridge's own brclient is down (its PM
+        sender says so, :meth:`LinkSessions.host_offline`) ends the request
+        at once with :class:`HostOffline`: no copy can reach the bot.
+
+        Raises :class:`DeadlineError` at the deadline, :class:`HostOffline`,
+        :class:`LinkError` when the link is closed, and :class:`MCPError`
+        for the bot's error."""
         start = anyio.current_time()
         ttl = self._router.options.ttl
         if deadline is not None:
@@ -272,6 +277,16 @@ class Resender:
 
         callback = cast(ProgressFnT, on_progress) if progress is not None else None
 
+        def offline() -> bool:
+            """The bridge's own brclient is down (a copy just failed because
+            of it): the request fails now, naming it (:class:`HostOffline`)."""
+            reason = self._sessions.host_offline()
+            if reason is None:
+                return False
+            replies.append(HostOffline(reason))  # type: ignore[arg-type]
+            done.set()
+            return True
+
         async def attempt(copy: _Copy) -> None:
             nonlocal sends, bot_errors
             token = send_deadline.set(cap)
@@ -290,7 +305,8 @@ class Resender:
                         if exc.error.code in TRANSPORT_ERROR_CODES:
                             self._sessions.reset(gen)
                             last.append(exc)
-                            wakes[-1].set()
+                            if not offline():
+                                wakes[-1].set()
                             return
                         if self._sessions.era_refused(exc, gen):
                             # The bot wants the handshake era: the next copy
@@ -327,11 +343,17 @@ class Resender:
                         self._on_sample()
                     replies.append(reply)
                     done.set()
+            except HostOffline as exc:
+                last.append(exc)
+                replies.append(exc)  # type: ignore[arg-type]
+                done.set()
             except LinkError as exc:
                 last.append(exc)
                 if self._sessions.closed:
                     replies.append(exc)  # type: ignore[arg-type]
                     done.set()
+                else:
+                    offline()
             finally:
                 send_receipt.reset(receipt_token)
                 send_deadline.reset(token)
@@ -407,6 +429,8 @@ class Resender:
             tg.cancel_scope.cancel()
         if replies:
             reply = replies[0]
+            if isinstance(reply, HostOffline):
+                raise HostOffline(str(reply), sends=sends) from None
             if isinstance(reply, LinkError | MCPError):
                 raise reply
             return reply

@@ -18,6 +18,7 @@ from mcp.types import INTERNAL_ERROR
 from starlette.types import Send
 
 from ._asgi import send_json, send_text
+from ._linkbase import HostOffline
 
 __all__ = [
     "ADMIN_UNAUTHORIZED_HINT",
@@ -138,11 +139,12 @@ def malformed_uid_text(path: str) -> str:
     )
 
 
-def not_allowed_hint(uid: str) -> str:
-    """The 404 text for a well-formed bot uid missing from ``allowed_bots``."""
+def not_allowed_hint(uid: str, command: str = "brmcp-bridge") -> str:
+    """The 404 text for a well-formed bot uid missing from ``allowed_bots``.
+    ``command`` is the bridge's command line (with ``--datadir`` when needed)."""
     return (
         f"unknown bot: {uid} is not on the bridge's allowed_bots; its user can allow it with: "
-        f"brmcp-bridge settings set allowed_bots=<the uids allowed now>,{uid}"
+        f"{command} settings set allowed_bots=<the uids allowed now>,{uid}"
     )
 
 
@@ -154,11 +156,12 @@ async def send_jsonrpc_error(send: Send, status: int, code: int, message: str) -
 async def send_unavailable(send: Send, exc: BaseException, message: dict[str, Any] | None) -> None:
     """503 for a bot that cannot be reached (``exc``, raised for the request
     ``message``; None: not a POST). When it did not answer (the
-    hint of :func:`~brmcp.bridge.link.no_answer_hint`), the hint is the
-    answer: a JSON-RPC error for the request (SDK clients show its message)
-    or the plain-text body."""
+    hint of :func:`~brmcp.bridge.link.no_answer_hint`), or the bridge's own
+    brclient is down (:class:`~._linkbase.HostOffline`, naming it), that
+    text is the answer: a JSON-RPC error for the request (SDK clients show
+    its message) or the plain-text body."""
     text = str(exc)
-    if "no answer from bot" not in text:
+    if not isinstance(exc, HostOffline) and "no answer from bot" not in text:
         await send_text(send, 503, "bot unavailable")
         return
     request_id = message.get("id") if message is not None else None

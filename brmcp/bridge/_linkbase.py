@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import anyio
 from mcp import ClientSession
@@ -32,14 +32,17 @@ __all__ = [
     "MAX_TOOL_LIST_BYTES",
     "MAX_TOOL_PAGES",
     "TRANSPORT_ERROR_CODES",
+    "HostOffline",
     "LinkError",
     "LinkSessions",
+    "OfflineAware",
     "RateGate",
     "SnapshotSessions",
     "ToolListBudget",
     "ToolListTooLarge",
     "json_bytes",
     "no_answer_hint",
+    "sender_offline",
 ]
 
 log = logging.getLogger("brmcp.bridge")
@@ -76,6 +79,43 @@ MAX_TOOL_LIST_BYTES = 4 * 1024 * 1024
 
 class LinkError(Exception):
     """The bot could not be reached: dialing, initialize or tools/list failed."""
+
+
+class HostOffline(LinkError):
+    """The bridge itself is off Bison Relay: its host's PM sender says it is
+    offline (:class:`OfflineAware`; the daemon: its brclient is not
+    connected, and a PM already waited out a reconnect,
+    ``RECONNECT_WAIT``), so no request can reach any bot. A request then
+    fails with this at once, its message the sender's reason (naming the
+    bridge's own brclient, not the bot), instead of being re-sent until its
+    deadline. ``sends``: copies of the request handed to a session before
+    (a copy may have reached the bot before the connection went down)."""
+
+    def __init__(self, message: str, *, sends: int = 0) -> None:
+        super().__init__(message)
+        self.sends = sends
+
+
+@runtime_checkable
+class OfflineAware(Protocol):
+    """A :class:`~brmcp.PMSender` that can tell when it cannot reach Bison
+    Relay at all (the daemon's :class:`~brmcp.bridge.patient.PatientSender`):
+    ``offline_reason()`` is None while it can (or may), else one line saying
+    why not and how to check, shown to the agent (no secret in it)."""
+
+    def offline_reason(self) -> str | None: ...
+
+
+def sender_offline(sender: object) -> str | None:
+    """``sender.offline_reason()`` when ``sender`` is :class:`OfflineAware`
+    and says it is offline, else None (also when asking it fails)."""
+    if not isinstance(sender, OfflineAware):
+        return None
+    try:
+        reason = sender.offline_reason()
+    except Exception:
+        return None
+    return reason if isinstance(reason, str) and reason else None
 
 
 class ToolListTooLarge(LinkError):
@@ -237,6 +277,11 @@ class LinkSessions(Protocol):
     def era_refused(self, exc: BaseException, gen: int, *, probe: bool = False) -> bool:
         """True when ``exc`` (the bot's answer on session ``gen``) says the
         request needs the handshake era; the link then switches to it."""
+        ...
+
+    def host_offline(self) -> str | None:
+        """Why the bridge cannot reach Bison Relay at all right now (its
+        own brclient is down), or None (see :class:`HostOffline`)."""
         ...
 
 

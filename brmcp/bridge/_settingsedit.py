@@ -26,12 +26,15 @@ from .settings import (
     MODE_AUTOPAY,
     SETTINGS_FILE,
     Settings,
+    broken_file_refusal,
     check_new_token,
     load_settings,
     mint_token,
     save_settings,
     setting_names,
+    settings_file_problem,
     settings_from_json,
+    unknown_setting_hint,
 )
 
 __all__ = ["RELOAD_WAIT", "edit_file", "parse_pairs", "set_offline"]
@@ -59,7 +62,8 @@ def parse_pairs(pairs: Sequence[str]) -> dict[str, Any]:
     ``approval`` or ``autopay``, the caps and timeouts integers (atoms,
     seconds), ``allowed_bots`` and ``prepay_bots`` comma-separated uids, a
     ``token`` checked as a new token. Raises :class:`CLIError` for no
-    pairs, a malformed pair, an unknown key or a bad value."""
+    pairs, a malformed pair, an unknown key (naming the closest key, e.g.
+    ``did you mean per_call_cap_atoms?``) or a bad value."""
     if not pairs:
         raise CLIError(f"settings set needs KEY=VALUE pairs; keys: {', '.join(setting_names())}")
     changes: dict[str, Any] = {}
@@ -69,7 +73,7 @@ def parse_pairs(pairs: Sequence[str]) -> dict[str, Any]:
         if not sep or not key:
             raise CLIError(f"{pair!r}: expected KEY=VALUE")
         if key not in setting_names():
-            raise CLIError(f"unknown setting {key!r}; keys: {', '.join(setting_names())}")
+            raise CLIError(unknown_setting_hint(key))
         if key == "enabled":
             if value.lower() not in _BOOLS:
                 raise CLIError(f"enabled={value!r}: use true or false")
@@ -103,8 +107,12 @@ def _unit(key: str) -> str:
 def edit_file(datadir: Path, changes: dict[str, Any]) -> tuple[Path, Settings]:
     """Apply ``changes`` to ``mcpclient.json`` itself, with the validation the
     admin surface applies; enabling without a token mints one. Returns the
-    file's path and the settings saved. Raises :class:`CLIError`."""
+    file's path and the settings saved. Raises :class:`CLIError`, also for a
+    file that fails to load (it is left as it is: :func:`broken_file_refusal`)."""
     path = datadir / SETTINGS_FILE
+    problem = settings_file_problem(path)
+    if problem is not None:
+        raise CLIError(broken_file_refusal(problem))
     try:
         current = load_settings(path)
         candidate = settings_from_json(json.dumps(changes), base=current).normalized()

@@ -47,6 +47,8 @@ from ._linkbase import (
     MAX_TOOL_LIST_BYTES,
     MAX_TOOL_PAGES,
     MAX_TOOLS,
+    TRANSPORT_ERROR_CODES,
+    HostOffline,
     LinkError,
     SnapshotSessions,
     ToolListBudget,
@@ -306,11 +308,24 @@ class ToolSnapshot:
         async with self._lock:
             if self._tools is not None and not self._changed and (not self._stale or self.era_confirmed):
                 return self._tools
-            return await self._fetch()
+            before = self._tools
+            tools = await self._fetch()
+        if before is not None and tools != before and not self._sessions.closed:
+            # Fetched for a call or a list that found the snapshot wrong (a
+            # bot restarted with other tools sends no list change): the
+            # agents that listed the old tools hear of the new ones, and of
+            # their prices, as after a list change the bot announced.
+            self._tg.start_soon(self._subscriptions.broadcast, ToolListChangedNotification())
+        return tools
 
     async def _fetch(self) -> list[Tool]:
         """``tools/list`` now (holding the snapshot lock), switching to the
-        handshake era once when the bot refuses the modern request."""
+        handshake era once when the bot refuses the modern request, and
+        asking once more on a fresh session when the bot answers it with an
+        error (a bot restarted, or another program on its identity, forgets
+        the handshake session: its SDK refuses a request before
+        ``initialize``)."""
+        fresh_tried = False
         for _attempt in range(3):
             async with self._sessions.lease() as (session, gen):
                 era = self._sessions.session_era(gen) or ERA_HANDSHAKE
@@ -353,15 +368,38 @@ class ToolSnapshot:
                         self._changed = self._doubted = False
                     raise
                 except TimeoutError:
+                    offline = self._sessions.host_offline()
                     if era != ERA_MODERN:
                         self._sessions.reset(gen)
+                        if offline is not None:
+                            raise HostOffline(offline) from None
                         raise LinkError("tools/list: no answer from the bot") from None
+                    if offline is not None:
+                        raise HostOffline(offline) from None
                     # Kept: the request may still reach a bot that comes back.
                     raise LinkError(no_answer_hint(self.uid, limit, self._sessions.own_uid)) from None
                 except Exception as exc:
                     if self._sessions.era_refused(exc, gen, probe=True):
                         continue
                     self._sessions.reset(gen)
+                    offline = self._sessions.host_offline()
+                    if offline is not None:
+                        raise HostOffline(offline) from exc
+                    if (
+                        not fresh_tried
+                        and era == ERA_HANDSHAKE
+                        and isinstance(exc, MCPError)
+                        and exc.error.code not in TRANSPORT_ERROR_CODES
+                    ):
+                        # The bot answered, but maybe for a session it forgot:
+                        # the next lease initializes a new one first.
+                        fresh_tried = True
+                        log.info(
+                            "bot %s answered tools/list with %s; asking again on a fresh session",
+                            self.uid[:8],
+                            _describe(exc),
+                        )
+                        continue
                     raise LinkError(f"tools/list: {_describe(exc)}") from exc
                 self.refreshes += 1
                 self._fetched_at = anyio.current_time()

@@ -20,8 +20,9 @@ although loading ``mcpclient.json`` reads any other value as approval (Go's
 rule). Errors are ``{"error": "<reason>"}`` with status 400 (bad input), 404
 (unknown path or id), 405 (wrong method), 409 (a decision for a payment
 withdrawn because its agent went away: ``payment <id> was withdrawn: the
-agent went away; nothing was paid``), 413 (body too large) or 500 (state
-could not be written).
+agent went away; nothing was paid``; a change of the settings while
+``mcpclient.json`` fails to load, which is not overwritten), 413 (body too
+large) or 500 (state could not be written).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 
 from ._asgi import PathHandler, read_body, send_json
 from .approvals import PendingPayment
-from .errors import BridgeError, SettingsError
+from .errors import BridgeError, SettingsError, SettingsFileBroken
 from .settings import (
     MODE_APPROVAL,
     MODE_AUTOPAY,
@@ -43,6 +44,7 @@ from .settings import (
     is_uid,
     setting_names,
     settings_from_json,
+    unknown_setting_hint,
 )
 from .spend import SpendSummary
 from .ui import TICKET_TTL, UISessions
@@ -225,7 +227,7 @@ async def _set_settings(bridge: AdminHost, receive: Receive, send: Send) -> None
         return
     unknown = sorted(set(changes) - set(setting_names()))
     if unknown:
-        await send_json(send, 400, {"error": f"unknown setting {unknown[0]!r}"})
+        await send_json(send, 400, {"error": unknown_setting_hint(unknown[0])})
         return
     try:
         check_new_token(changes.get("token"))
@@ -239,6 +241,9 @@ async def _set_settings(bridge: AdminHost, receive: Receive, send: Send) -> None
         applied = await bridge._commit_settings(candidate, source="admin API")
     except SettingsError as exc:
         await send_json(send, 400, {"error": str(exc)})
+        return
+    except SettingsFileBroken as exc:
+        await send_json(send, 409, {"error": str(exc)})
         return
     except BridgeError as exc:
         await send_json(send, 500, {"error": str(exc)})

@@ -22,12 +22,13 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import anyio
 
 from .._ops.clock import Clock, go_duration
+from .spend import SpendEntry, SpendTicket
 
 __all__ = [
     "MAX_ARGUMENT_CHARS",
@@ -173,12 +174,22 @@ class PendingPayment:
 @dataclass(frozen=True, slots=True)
 class EndedPayment:
     """How a parked payment ended: ``outcome``, at ``ended`` (unix seconds,
-    the bridge clock), after waiting at most ``timeout_secs`` seconds."""
+    the bridge clock), after waiting at most ``timeout_secs`` seconds. For
+    an approved payment, what became of it once approved (as
+    :meth:`ApprovalQueue.ended` and :meth:`ApprovalQueue.recent` read it,
+    at that moment): ``spend``, its entry in the spend log (``status``
+    ``pending``, ``paid`` or ``failed``, with ``err``), ``paying`` while
+    this process makes it, or ``not_paid``, why it was not made after all
+    (a cap lowered or the bot de-listed meanwhile; None when it was, or
+    when it is still waiting to start)."""
 
     payment: PendingPayment
     outcome: Outcome
     ended: float
     timeout_secs: float
+    spend: SpendEntry | None = None
+    paying: bool = False
+    not_paid: str | None = None
 
     def late_text(self) -> str:
         """Why a decision for this payment no longer counts (the 409 text)."""
@@ -210,6 +221,9 @@ class ApprovalQueue:
         self._clock = clock
         self._parked: dict[str, _Parked] = {}
         self._ended: OrderedDict[str, EndedPayment] = OrderedDict()
+        #: Approved payment id → its spend entry (as it changes), or why it was not made.
+        self._spends: dict[str, SpendTicket] = {}
+        self._not_paid: dict[str, str] = {}
         self._on_change = on_change
 
     def _changed(self) -> None:
@@ -236,8 +250,33 @@ class ApprovalQueue:
 
     def ended(self, payment_id: str) -> EndedPayment | None:
         """How ``payment_id`` ended (a decision counts from the moment it is
-        made), or None while it waits or when it is unknown or forgotten."""
-        return self._ended.get(payment_id)
+        made), or None while it waits or when it is unknown or forgotten;
+        an approved one with what became of it so far (:class:`EndedPayment`)."""
+        ended = self._ended.get(payment_id)
+        return self._with_spend(ended) if ended is not None else None
+
+    def note_spend(self, payment_id: str, ticket: SpendTicket) -> None:
+        """The approved payment ``payment_id`` was recorded in the spend log
+        as ``ticket`` and is being made: its outcome is read from there."""
+        if payment_id in self._ended:
+            self._spends[payment_id] = ticket
+            self._changed()
+
+    def note_not_paid(self, payment_id: str, reason: str) -> None:
+        """The approved payment ``payment_id`` was not made after all
+        (``reason``, e.g. the per-call cap was lowered meanwhile)."""
+        if payment_id in self._ended:
+            self._spends.pop(payment_id, None)
+            self._not_paid[payment_id] = reason
+            self._changed()
+
+    def _with_spend(self, ended: EndedPayment) -> EndedPayment:
+        pid = ended.payment.id
+        ticket = self._spends.get(pid)
+        if ticket is not None:
+            return replace(ended, spend=ticket.entry, paying=ticket.live)
+        reason = self._not_paid.get(pid)
+        return replace(ended, not_paid=reason) if reason is not None else ended
 
     def recent(self, since: float, limit: int) -> list[EndedPayment]:
         """At most ``limit`` payments that ended at or after ``since`` (unix
@@ -248,7 +287,7 @@ class ApprovalQueue:
             if len(out) >= limit:
                 break
             if ended.ended >= since and ended.payment.bot:
-                out.append(ended)
+                out.append(self._with_spend(ended))
         return out
 
     def late(self, payment_id: str) -> str | None:
@@ -280,7 +319,9 @@ class ApprovalQueue:
         self._ended[payment.id] = EndedPayment(payment, outcome, self._clock.now(), timeout_secs)
         self._ended.move_to_end(payment.id)
         while len(self._ended) > MAX_ENDED:
-            self._ended.popitem(last=False)
+            forgotten, _ = self._ended.popitem(last=False)
+            self._spends.pop(forgotten, None)
+            self._not_paid.pop(forgotten, None)
 
     async def wait(
         self,

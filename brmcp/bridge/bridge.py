@@ -29,14 +29,23 @@ from ._command import cli_command
 from ._files import read_text, write_atomic
 from .admin import ConfigSnippet, admin_handler, config_snippet
 from .approvals import PendingPayment
-from .errors import BridgeError
+from .errors import BridgeError, SettingsFileBroken
 from .funding import Funding
 from .http import MAX_BODY_BYTES, BridgeApp
 from .link import CONNECT_TIMEOUT, BotLink
-from .listener import ListenerLimits, OwnedListener, bind_failure_hint, parse_listen_address
+from .listener import SHUTDOWN_GRACE, ListenerLimits, OwnedListener, bind_failure_hint, parse_listen_address
 from .proxy import BotProxy
 from .retry import RetryPolicy, relay_estimator
-from .settings import SETTINGS_FILE, Settings, describe_changes, load_settings, mint_token, save_settings
+from .settings import (
+    SETTINGS_FILE,
+    Settings,
+    broken_file_refusal,
+    describe_changes,
+    load_settings,
+    mint_token,
+    save_settings,
+    settings_file_problem,
+)
 from .settle import Payer, Settler
 from .snapshots import BotSnapshot, SnapshotStore
 from .spend import SPEND_FILE, BotBalance, SpendLog, SpendSummary
@@ -209,12 +218,28 @@ class Bridge:
         await self._reconcile()
 
     async def close(self) -> None:
-        """Stop the listener, end every HTTP session, close every BR session
-        and the router, and cancel the bridge's tasks. Idempotent; call from
-        the task that called :meth:`start`."""
+        """Answer every agent call in flight, then stop the listener, end
+        every HTTP session, close every BR session and the router, and
+        cancel the bridge's tasks. Idempotent; call from the task that
+        called :meth:`start`.
+
+        Each call in flight ends with an error saying the bridge is stopping
+        and what was paid for it (a payment parked for approval is
+        withdrawn, nothing paid; one in flight completes first), and the
+        answers are written to the agents' streams, for at most
+        :data:`~.listener.SHUTDOWN_GRACE` seconds, before any HTTP session
+        ends."""
         if self._closed:
             return
         self._closed = True
+        for proxy in self._proxies.values():
+            proxy.stop()
+        # Shielded: close usually runs under cancellation, and the answers
+        # must still be written.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_GRACE):
+            if self._app.calls_in_flight:
+                log.info("stopping: answering %d agent call(s) in flight", self._app.calls_in_flight)
+            await self._app.calls_answered()
         self._app.drop_all()
         for link in self._links.values():
             link.close()
@@ -282,10 +307,10 @@ class Bridge:
 
     def _approval_hint(self, payment_id: str) -> str:
         """How the user decides a parked payment (logged when it parks)."""
-        command = f"brmcp-bridge --datadir {self._data_dir} approvals"
+        command = f"{self.cli_command} approvals"
         page = ""
         if self._listener is not None:
-            page = f", or on the approvals page (login link: brmcp-bridge --datadir {self._data_dir} ui)"
+            page = f", or on the approvals page (login link: {self.cli_command} ui)"
         return f"approve with: {command} approve {payment_id} (or: {command} deny {payment_id}){page}"
 
     def _allow_peer(self, peer: str) -> bool:
@@ -299,10 +324,11 @@ class Bridge:
         stopped, or restarted when the token changed (which cuts every
         stream opened under the old token). Returns the applied settings.
 
-        Raises :class:`SettingsError` (invalid) or :class:`BridgeError`
-        (write failed) with the prior settings still in force; a
-        :class:`BridgeError` from binding the listener leaves the new
-        settings applied and persisted."""
+        Raises :class:`SettingsError` (invalid), :class:`SettingsFileBroken`
+        (``mcpclient.json`` was edited and fails to load: it is not
+        overwritten) or :class:`BridgeError` (write failed) with the prior
+        settings still in force; a :class:`BridgeError` from binding the
+        listener leaves the new settings applied and persisted."""
         applied = await self._commit_settings(settings, source="apply_settings")
         await self._reconcile()
         return applied
@@ -323,6 +349,12 @@ class Bridge:
         if settings.enabled and not settings.token:
             settings = settings.replace(token=mint_token())
         async with self._commit_lock:
+            # A hand edit that fails to load (its reload was refused) holds
+            # other changes too: writing the settings in force over it would
+            # lose them.
+            problem = await anyio.to_thread.run_sync(settings_file_problem, self._settings_path)
+            if problem is not None:
+                raise SettingsFileBroken(broken_file_refusal(problem))
             # Shielded: once the file is written, memory must follow it.
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(save_settings, self._settings_path, settings)
@@ -376,7 +408,9 @@ class Bridge:
                 try:
                     bound = await listener.start(tg)
                 except OSError as exc:
-                    raise BridgeError(f"listen {address}: {exc}{bind_failure_hint(exc)}") from None
+                    raise BridgeError(
+                        f"listen {address}: {exc}{bind_failure_hint(exc, self.cli_command)}"
+                    ) from None
                 self._listener = listener
                 self._listener_token = settings.token
                 url = _http_url(bound, address)

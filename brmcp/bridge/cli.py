@@ -29,7 +29,15 @@ enabled. Without it (the daemon is not running, or the bridge is disabled):
 * ``approvals`` and ``config-snippet`` fail: parked payments live only in the
   running daemon's memory, and the snippet needs its live endpoint.
 
+Without a daemon on the data directory given, each of them also says that a
+daemon running with another data directory needs ``--datadir``. While the
+daemon runs and ``mcpclient.json`` fails to load (a hand edit its reload
+refused), ``settings`` warns so on stderr and ``settings set`` refuses to
+overwrite the file.
+
 The agents' token is shown as ``<hidden>`` unless ``--show-token`` is given.
+Every long option may also be given with one dash, as Go's flag package
+takes them (``-datadir DIR``, ``-listen=ADDR``; :mod:`brmcp._ops.goflags`).
 Errors are one line on stderr, exit status 1.
 
 This module parses the arguments and runs the commands; how they reach the
@@ -55,14 +63,23 @@ import anyio
 
 from .._ops.botlog import LEVEL_CHOICES, LogSetupError, bot_logging
 from .._ops.console import add_version, quiet_broken_pipe
+from .._ops.goflags import go_style, long_options
 from ..clientrpc import BotConfig, ClientrpcConfigError
-from ._adminclient import AdminError, CLIError, Disabled, NotRunning, admin, locate
-from ._command import PROG, default_datadir
+from ._adminclient import OTHER_DATADIR_HINT, AdminError, CLIError, Disabled, NotRunning, admin, locate
+from ._command import PROG, cli_command, default_datadir
 from ._settingsedit import edit_file, parse_pairs, set_offline
 from .bridge import DEFAULT_LISTEN
 from .daemon import BOT_CONFIG_NAME, BridgeDaemon, load_daemon_config
 from .errors import BridgeError
-from .settings import SETTINGS_FILE, Settings, is_uid, load_settings, save_settings, setting_names
+from .settings import (
+    SETTINGS_FILE,
+    Settings,
+    is_uid,
+    load_settings,
+    save_settings,
+    setting_names,
+    settings_file_problem,
+)
 from .spend import SPEND_FILE, SpendLog
 
 __all__ = ["CLIError", "default_datadir", "main"]
@@ -76,6 +93,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog=PROG,
         description="Let local MCP agents call Bison Relay bots through your brclient, paying for "
         "tools within your caps. Without a command, run the daemon.",
+        epilog="Long options may also be given with one dash, as Go programs take them "
+        "(-datadir DIR, -listen=HOST:PORT).",
     )
     add_version(parser, PROG)
     parser.add_argument(
@@ -136,7 +155,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ui.add_argument("--open", action="store_true", help="also open the link in the default web browser")
     snippet = sub.add_parser("config-snippet", parents=[common], help="agent configuration for one bot")
     snippet.add_argument("uid", metavar="BOT_UID", help="the bot's 64-hex uid")
-    return parser.parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    # Go's flag syntax (-datadir DIR, -listen=ADDR): every long option.
+    return parser.parse_args(go_style(args, long_options(parser)))
 
 
 # -- commands ----------------------------------------------------------------------------
@@ -147,25 +168,39 @@ def _offline_note(exc: CLIError, path: Path, missing: str) -> str:
     (``missing``: what is shown when the file does not exist)."""
     if isinstance(exc, NotRunning):
         why = f"the daemon is not running ({exc.detail})"
+        other = f" ({OTHER_DATADIR_HINT})"
     else:
         why = "the bridge is disabled, so the daemon's admin surface is off"
+        other = ""
     shown = f"read from {path}" if path.exists() else f"{path} does not exist yet ({missing})"
-    return f"{PROG}: {why}; {shown}"
+    return f"{PROG}: {why}; {shown}{other}"
 
 
 def _cmd_settings(datadir: Path, args: argparse.Namespace) -> None:
     if args.action is None:
         if args.pairs:
             raise CLIError("to change settings use: settings set KEY=VALUE...")
+        path = datadir / SETTINGS_FILE
         try:
-            result = admin(locate(datadir), "GET", "/admin/settings")
+            daemon = locate(datadir)
+            result = admin(daemon, "GET", "/admin/settings")
         except (NotRunning, Disabled) as exc:
-            path = datadir / SETTINGS_FILE
             try:
                 result = load_settings(path).to_dict()
             except BridgeError as error:
                 raise CLIError(str(error)) from None
             print(_offline_note(exc, path, "defaults shown"), file=sys.stderr)
+        else:
+            problem = settings_file_problem(path)
+            if problem is not None:
+                # The daemon refused to reload it (SIGHUP): what it shows is
+                # not what the file says.
+                print(
+                    f"{PROG}: warning: {problem}; the daemon (pid {daemon.pid}) still runs on the "
+                    "settings it loaded before, shown below; fix the file, then send it SIGHUP "
+                    f"(kill -HUP {daemon.pid}) or restart it to load it",
+                    file=sys.stderr,
+                )
     else:
         changes = parse_pairs(args.pairs)
         try:
@@ -174,7 +209,7 @@ def _cmd_settings(datadir: Path, args: argparse.Namespace) -> None:
             path, saved = edit_file(datadir, changes)
             print(
                 f"{PROG}: saved {path}; the daemon is not running ({exc.detail}), so these settings apply "
-                f"when it starts: {PROG} --datadir {datadir}",
+                f"when it starts: {cli_command(datadir)} ({OTHER_DATADIR_HINT})",
                 file=sys.stderr,
             )
             result = saved.to_dict()
@@ -189,7 +224,7 @@ def _cmd_settings(datadir: Path, args: argparse.Namespace) -> None:
 
 
 def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
-    listing = f"{PROG} --datadir {datadir} approvals"
+    listing = f"{cli_command(datadir)} approvals"
     if args.action == "list" and args.id is not None:
         raise CLIError("usage: approvals [approve ID | deny ID]")
     if args.action != "list" and not args.id:
@@ -199,7 +234,7 @@ def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
     except NotRunning as exc:
         raise CLIError(
             f"approvals live in the running daemon's memory, and it is not running ({exc.detail}); "
-            f"start it with: {PROG} --datadir {datadir}"
+            f"start it with: {cli_command(datadir)} ({OTHER_DATADIR_HINT})"
         ) from None
     try:
         if args.action == "list":
@@ -211,7 +246,7 @@ def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
         raise CLIError(
             "approvals live in the running daemon's memory and are reached through its admin surface, "
             "which is off while the bridge is disabled; enable it with: "
-            f"{PROG} --datadir {datadir} settings set enabled=true"
+            f"{cli_command(datadir)} settings set enabled=true"
         ) from None
     except AdminError as exc:
         if exc.status == 404 and args.action != "list":
@@ -276,7 +311,7 @@ def _cmd_spend(datadir: Path, args: argparse.Namespace) -> None:
         atoms = sum(p.get("atoms", 0) for p in waiting if isinstance(p.get("atoms"), int))
         print(
             f"waiting for your approval: {len(waiting)} payment(s), {_atoms(atoms)} atoms in all "
-            f"(not paid yet); see them with: {PROG} --datadir {datadir} approvals"
+            f"(not paid yet); see them with: {cli_command(datadir)} approvals"
         )
 
 
@@ -297,7 +332,7 @@ def _cmd_config_snippet(datadir: Path, args: argparse.Namespace) -> None:
     if not result.get("allowed", True):
         print(
             f"{PROG}: note: {uid.lower()} is not on allowed_bots yet; add it with: "
-            f"{PROG} --datadir {daemon.datadir} settings set allowed_bots=<uid>,...",
+            f"{cli_command(daemon.datadir)} settings set allowed_bots=<uid>,...",
             file=sys.stderr,
         )
 
@@ -308,14 +343,14 @@ def _cmd_ui(datadir: Path, args: argparse.Namespace) -> None:
     except NotRunning as exc:
         raise CLIError(
             f"the approvals page is served by the running daemon, and it is not running ({exc.detail}); "
-            f"start it with: {PROG} --datadir {datadir}"
+            f"start it with: {cli_command(datadir)} ({OTHER_DATADIR_HINT})"
         ) from None
     try:
         result = admin(daemon, "POST", "/admin/ui-login", {})
     except Disabled:
         raise CLIError(
             "the approvals page shares the endpoint's listener, which is off while the bridge is "
-            f"disabled; enable it with: {PROG} --datadir {datadir} settings set enabled=true"
+            f"disabled; enable it with: {cli_command(datadir)} settings set enabled=true"
         ) from None
     url = str(result.get("url", ""))
     if args.json:
@@ -417,7 +452,7 @@ def _run_daemon(args: argparse.Namespace, datadir: Path) -> int:
 def _first_run_text(datadir: Path, created: list[Path], cfg: BotConfig) -> str:
     """What the first run wrote and what to do next (like brmcp-serve's)."""
     conf = datadir / f"{BOT_CONFIG_NAME}.conf"
-    here = f"{PROG} --datadir {datadir}"
+    here = cli_command(datadir)
     lines = [f"{PROG}: created {', '.join(str(p) for p in created)}", "", "Before the next run:"]
     lines += [
         f"  1. {conf} says how to reach your brclient. The defaults expect brclient's files",

@@ -10,7 +10,9 @@ What the daemon supplies to the bridge:
 * inbound PMs: every PM from ``ChatService.PMStream`` goes to
   :meth:`Bridge.handle_pm`, then ``AckReceivedPM``;
 * sender: wrapped in a :class:`~.patient.PatientSender` (:mod:`.patient`),
-  so a PM sent during a reconnect waits for it;
+  so a PM sent during a reconnect waits for it, and once that wait ran out
+  calls fail at once naming this brclient, the daemon's command line and
+  its log file, until brclient is connected again;
 * payer: :class:`~.tippayer.TipPayer` (:mod:`.tippayer`) pays with
   ``PaymentsService.TipUser`` (``dcr_amount`` = atoms / 1e8, 3 attempts)
   and returns once the matching terminal ``TipProgress`` event says the tip
@@ -63,11 +65,12 @@ from ..clientrpc import (
 from ..clientrpc._glue import Acker, connection_signals, flush_on_connect
 from ..protocol.units import atoms_from_milliatoms
 from ..transport.router import RouterOptions
+from ._command import cli_command
 from .approvals import PendingPayment
 from .bridge import DEFAULT_LISTEN, Bridge, BridgeConfig
 from .errors import BridgeError
 from .listener import parse_listen_address
-from .patient import PatientSender
+from .patient import DEFAULT_OFFLINE_HINT, PatientSender
 from .runtime import (
     RUNTIME_FILE,
     read_runtime,
@@ -154,7 +157,8 @@ class BridgeDaemon:
     :class:`~brmcp.clientrpc.Client` for the user's brclient; ``listen`` the
     endpoint address (loopback; port 0 picks a free port once, see
     :func:`resolve_listen`); ``clock``, ``name`` and ``router_options`` go
-    to :class:`BridgeConfig`. Construction loads the settings and spend log
+    to :class:`BridgeConfig`; ``logfile`` (the config's) is named in the
+    error a call gets while brclient is down. Construction loads the settings and spend log
     (raises :class:`BridgeError` naming a malformed file, ValueError for a
     bad address) and opens nothing.
 
@@ -174,6 +178,7 @@ class BridgeDaemon:
         router_options: RouterOptions | None = None,
         max_attempts: int = TIP_MAX_ATTEMPTS,
         notify_command: str | None = None,
+        logfile: str | os.PathLike[str] | None = None,
     ) -> None:
         self.datadir = Path(datadir)
         #: Run on each new payment waiting for approval (see :meth:`_notify`).
@@ -187,10 +192,14 @@ class BridgeDaemon:
         self.listen = resolve_listen(listen)
         self.matcher = TipMatcher()
         self.payer = TipPayer(client, self.matcher, max_attempts=max_attempts)
+        where = f" (also in {logfile})" if logfile else ""
+        hint = (
+            f"{DEFAULT_OFFLINE_HINT} The log of {cli_command(self.datadir)} says why it cannot connect{where}"
+        )
         self.bridge = Bridge(
             BridgeConfig(
                 data_dir=self.datadir,
-                sender=PatientSender(client),
+                sender=PatientSender(client, hint=hint),
                 payer=self.payer,
                 listen=self.listen,
                 name=name,
@@ -242,7 +251,14 @@ class BridgeDaemon:
             )
         client = Client.from_config(cfg, **dict(client_options or {}))
         command = notify_command if notify_command is not None else cfg.extra.get(NOTIFY_KEY, "")
-        daemon = cls(root, client, listen=listen, clock=clock, notify_command=command.strip() or None)
+        daemon = cls(
+            root,
+            client,
+            listen=listen,
+            clock=clock,
+            notify_command=command.strip() or None,
+            logfile=cfg.logfile.strip() or None,
+        )
         daemon.config_created = created
         return daemon
 
@@ -411,7 +427,7 @@ class BridgeDaemon:
             "BRMCP_BOT": payment.bot,
             "BRMCP_TOOL": payment.tool,
             "BRMCP_ATOMS": str(payment.atoms),
-            "BRMCP_APPROVE_COMMAND": f"brmcp-bridge --datadir {self.datadir} approvals approve {payment.id}",
+            "BRMCP_APPROVE_COMMAND": f"{self.bridge.cli_command} approvals approve {payment.id}",
         }
         try:
             with anyio.fail_after(NOTIFY_TIMEOUT):
@@ -436,9 +452,8 @@ class BridgeDaemon:
             log.info("settings in force: %s", _describe(settings))
         else:
             log.warning(
-                "bridge disabled, no endpoint; to enable: brmcp-bridge --datadir %s %s",
-                self.datadir,
-                "settings set enabled=true",
+                "bridge disabled, no endpoint; to enable: %s settings set enabled=true",
+                self.bridge.cli_command,
             )
 
     def _write_runtime(self, sighup: bool) -> None:

@@ -291,6 +291,10 @@ class BridgeApp:
         self._max_body = max_body_bytes
         self._endpoints: dict[str, _Endpoint] = {}
         self._lock = anyio.Lock()
+        #: ``tools/call`` requests being served, and an event set while there are none.
+        self._calls = 0
+        self._idle = anyio.Event()
+        self._idle.set()
         #: The protocol version each recent agent session asked for in initialize.
         self._versions: OrderedDict[str, str] = OrderedDict()
 
@@ -341,6 +345,17 @@ class BridgeApp:
         """End every HTTP session (token rotated, bridge disabled or closing)."""
         for uid in list(self._endpoints):
             self.drop(uid)
+
+    @property
+    def calls_in_flight(self) -> int:
+        """``tools/call`` requests being served (their answer not written yet)."""
+        return self._calls
+
+    async def calls_answered(self) -> None:
+        """Return once no ``tools/call`` request is being served: each has
+        written its answer (or its connection went away). Bound it with a
+        timeout."""
+        await self._idle.wait()
 
     # -- ASGI -----------------------------------------------------------------
 
@@ -407,7 +422,7 @@ class BridgeApp:
             await send_text(send, 404, malformed_uid_text(path))
             return
         if not settings.allows(uid):
-            await send_text(send, 404, not_allowed_hint(uid))
+            await send_text(send, 404, not_allowed_hint(uid, bridge.cli_command))
             return
         method = scope.get("method", "")
         if method not in _MCP_METHODS:
@@ -479,6 +494,9 @@ class BridgeApp:
 
         accepts = b",".join(header_values(scope, b"accept")).lower()
         out = _LargeAsJson(watch, message.get("id"), b"application/json" in accepts or b"*/*" in accepts)
+        if self._calls == 0:
+            self._idle = anyio.Event()
+        self._calls += 1
         try:
             async with anyio.create_task_group() as tg:
 
@@ -490,6 +508,9 @@ class BridgeApp:
                 await endpoint.manager.handle_request(scope, receive, out)
                 tg.cancel_scope.cancel()
         finally:
+            self._calls -= 1
+            if self._calls == 0:
+                self._idle.set()
             sessions = header_values(scope, b"mcp-session-id")
             if not finished and len(sessions) == 1 and "id" in message:
                 session_id = sessions[0].decode("latin-1")

@@ -79,11 +79,13 @@ from ._exchange import DeadlineError, ProgressFn, Resender, first_answer
 from ._linkbase import (
     CONNECT_TIMEOUT,
     TRANSPORT_ERROR_CODES,
+    HostOffline,
     LinkError,
     _describe,
     _Session,
     log,
     no_answer_hint,
+    sender_offline,
 )
 from ._toolsnap import ToolSnapshot
 from .relay import Relay
@@ -100,6 +102,7 @@ __all__ = [
     "TRANSPORT_ERROR_CODES",
     "BotLink",
     "DeadlineError",
+    "HostOffline",
     "LinkError",
     "ProgressFn",
     "no_answer_hint",
@@ -325,6 +328,9 @@ class BotLink:
                 if not state.ready.is_set():
                     # The dial goes on in the background (re-sending initialize);
                     # the next request joins it.
+                    offline = self.host_offline()
+                    if offline is not None:
+                        raise HostOffline(offline)
                     raise LinkError(no_answer_hint(self.uid, answer, self.own_uid))
                 if not state.switch:
                     break
@@ -339,6 +345,9 @@ class BotLink:
             if state.session is None:
                 if self._current is state:
                     self._current = None
+                offline = self.host_offline()
+                if offline is not None:
+                    raise HostOffline(offline)
                 error = state.error
                 raise LinkError(_describe(error) if error is not None else "session closed")
             return state
@@ -540,6 +549,14 @@ class BotLink:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def host_offline(self) -> str | None:
+        """Why this bridge cannot reach Bison Relay at all right now, as its
+        PM sender says (:class:`~._linkbase.OfflineAware`: the daemon's
+        brclient is down and a PM already waited out a reconnect), else None.
+        A request then fails with :class:`HostOffline` instead of blaming
+        the bot."""
+        return sender_offline(self._router.sender)
 
     @property
     def era(self) -> Era | None:

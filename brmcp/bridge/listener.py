@@ -192,17 +192,18 @@ def parse_listen_address(address: str) -> tuple[str, int]:
     return host, port
 
 
-def bind_failure_hint(exc: OSError) -> str:
+def bind_failure_hint(exc: OSError, command: str = "brmcp-bridge") -> str:
     """What to add to a bind failure's message: how to pick another address.
     The address comes only from ``brmcp-bridge --listen`` (default
     ``127.0.0.1:8891``); ``brmcp-bridge.conf`` has no key for it, like the Go
-    bridge, whose listen address is host start-up configuration."""
+    bridge, whose listen address is host start-up configuration. ``command``
+    is the bridge's command line (with ``--datadir`` when needed)."""
     if exc.errno == errno.EADDRINUSE:
         return (
-            " (another program, perhaps another brmcp-bridge, is using that port: start brmcp-bridge "
-            "with --listen 127.0.0.1:<free port> to pick another; brmcp-bridge.conf has no key for it)"
+            f" (another program, perhaps another brmcp-bridge, is using that port: start it as {command} "
+            "--listen 127.0.0.1:<free port> to pick another; brmcp-bridge.conf has no key for it)"
         )
-    return " (start brmcp-bridge with --listen HOST:PORT to pick another loopback address)"
+    return f" (start it as {command} --listen HOST:PORT to pick another loopback address)"
 
 
 class _Server(uvicorn.Server):

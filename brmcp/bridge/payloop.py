@@ -68,7 +68,7 @@ from ._money import refunded as refunded_of
 from .approvals import PendingPayment, call_arguments
 from .budget import CallBudget, listing_of
 from .funding import Funding, Payment
-from .link import BotLink, DeadlineError, LinkError
+from .link import BotLink, DeadlineError, HostOffline, LinkError
 from .relay import AgentCall, strip_reserved_meta
 from .settings import Settings
 from .settle import Settler, WhileParked
@@ -83,6 +83,7 @@ __all__ = [
     "MAX_PAYMENTS",
     "POLL_ATTEMPTS",
     "POLL_INTERVAL",
+    "STOPPING",
     "WITHDRAWN",
     "PaymentLoop",
 ]
@@ -129,6 +130,19 @@ class _Withdrawn:
 #: alongside failed; ask again unmarked.
 WITHDRAWN = _Withdrawn()
 
+#: The error of a call in flight when the bridge stops (:meth:`PaymentLoop.stop`),
+#: followed by what was paid for it.
+STOPPING = "the bridge is stopping, so this call ends without the bot's result"
+
+
+class _Alongside:
+    """The payment made alongside one call, while its budget does not count it."""
+
+    __slots__ = ("payment",)
+
+    def __init__(self) -> None:
+        self.payment: Payment | None = None
+
 
 class PaymentLoop:
     """The payment loop of the calls to one bot. Requests go over ``link``;
@@ -163,6 +177,9 @@ class PaymentLoop:
         self.epoch = epoch
         #: Input-schema validators per tool, with the snapshot entry they were built from.
         self._validators: dict[str, tuple[Any, Any]] = {}
+        #: The bridge is stopping (:meth:`stop`); the scopes of the calls running.
+        self._stopping = False
+        self._calls: set[anyio.CancelScope] = set()
 
     async def _send(
         self,
@@ -239,6 +256,17 @@ class PaymentLoop:
         except Exception:  # a schema that cannot be applied: let the bot decide
             return False
 
+    def stop(self) -> None:
+        """The bridge is stopping: every call in this loop ends now, and any
+        that starts from now on at once, with :class:`MCPError`
+        (:data:`STOPPING`, and what was paid for it). A payment parked for
+        approval is withdrawn (nothing is paid); one already in flight
+        completes first (it is never interrupted), and the call then says
+        it was paid."""
+        self._stopping = True
+        for scope in list(self._calls):
+            scope.cancel()
+
     async def run(
         self,
         tool: str,
@@ -257,12 +285,41 @@ class PaymentLoop:
         ``reused``: ``key`` is an earlier copy's; ``budget`` carries what
         earlier copies of this call already paid (an agent's re-send, or a
         payment in doubt after a restart). Raises :class:`MCPError` at the
-        deadline or for an unreachable bot, saying what was paid."""
+        deadline, for an unreachable bot, when the bridge's own brclient
+        is down (:class:`HostOffline`), or when the bridge stops
+        (:meth:`stop`), saying what was paid."""
+        if budget is None:
+            budget = CallBudget(listing_of(self.link.tool(tool)))
+        alongside = _Alongside()
+        scope = anyio.CancelScope()
+        self._calls.add(scope)
+        try:
+            with scope:
+                if self._stopping:
+                    scope.cancel()
+                return await self._run(tool, arguments, tracked, key, reused, budget, alongside)
+        finally:
+            self._calls.discard(scope)
+        # Only a stop of the bridge cancels this scope (and ends up here).
+        paid = charged(*spent(budget, alongside.payment))
+        log.info("call of %s to bot %s ended: the bridge is stopping; %s", tool, self.link.uid[:8], paid)
+        raise MCPError(INTERNAL_ERROR, f"{STOPPING}; {paid}")
+
+    async def _run(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        tracked: AgentCall | None,
+        key: str,
+        reused: bool,
+        budget: CallBudget,
+        alongside: _Alongside,
+    ) -> CallToolResult:
+        """:meth:`run`'s loop; ``alongside.payment`` mirrors the payment made
+        alongside the call until the budget counts it."""
         wants_progress = tracked is not None and tracked.wants_progress
         progress = tracked.progress if tracked is not None and wants_progress else None
         gone = tracked.gone if tracked is not None else None
-        if budget is None:
-            budget = CallBudget(listing_of(self.link.tool(tool)))
         request = CallToolRequest(
             params=CallToolRequestParams(
                 name=tool,
@@ -290,6 +347,7 @@ class PaymentLoop:
             and self._arguments_valid(tool, arguments)
             else None
         )
+        alongside.payment = ahead
         plain = request
         retries = 0
         # The logical call's deadline: the message TTL from its start, plus
@@ -335,6 +393,15 @@ class PaymentLoop:
                 raise MCPError(
                     INTERNAL_ERROR, f"{text if late else exc}; {charged(*spent(budget, ahead))}"
                 ) from None
+            except HostOffline as exc:
+                # The bridge's own brclient is down: say so, and what was paid;
+                # a copy sent before, or a payment made, makes the agent's
+                # re-send reuse this callKey (paying nothing twice).
+                paid = spent(budget, ahead)
+                if tracked is not None and (exc.sends or paid[1]):
+                    tracked.unknown = True
+                log.warning("call of %s to bot %s failed: %s", tool, bot[:8], exc)
+                raise MCPError(INTERNAL_ERROR, f"{exc}; {charged(*paid)}") from None
             except LinkError as exc:
                 raise MCPError(
                     INTERNAL_ERROR, f"bot unavailable: {exc}; {charged(*spent(budget, ahead))}"
@@ -391,6 +458,7 @@ class PaymentLoop:
                 # that payment, then reissue as after any payment.
                 failed = await ahead.wait()
                 amount, shared, ahead = ahead.amount, ahead.prepay, None
+                alongside.payment = None
                 if failed is not None and not shared:
                     note = TextContent(type="text", text=f"{self._name}: payment not made: {failed}")
                     return result.model_copy(update={"content": [*result.content, note]})

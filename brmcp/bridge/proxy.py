@@ -28,7 +28,6 @@ earlier copies paid, and a payment in doubt it counts as its own.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -52,7 +51,8 @@ from mcp.types import (
 )
 
 from .._ops.clock import Clock
-from .budget import CallBudget, listing_of
+from ._linkbase import HostOffline
+from .budget import CallBudget, Listing, listing_of
 from .funding import Funding
 from .link import BotLink, LinkError
 from .mirror import Mirror, MirrorServer
@@ -153,6 +153,11 @@ class BotProxy:
         """This bridge process's caller epoch (16 hex characters)."""
         return self._payments.epoch
 
+    def stop(self) -> None:
+        """The bridge is stopping: every call to this bot ends with an error
+        saying so and what was paid for it (:meth:`.PaymentLoop.stop`)."""
+        self._payments.stop()
+
     @property
     def funding(self) -> Funding | None:
         """The known balance, pay alongside and prepay (:mod:`.funding`);
@@ -192,19 +197,42 @@ class BotProxy:
     ) -> CallToolResult:
         """Run one logical call through the payment loop. ``agent`` is the
         agent's request context: the bot's in-call traffic is relayed to it
-        and written before the result. Raises :class:`MCPError` for an
-        unknown tool (-32602 ``unknown tool "<name>"``), an unreachable bot,
-        or a second transport failure."""
+        and written before the result.
+
+        A tool the snapshot lacks is looked up at the bot first (a bot
+        restarted with other tools tells nobody; at most once per
+        ``RECHECK_INTERVAL`` s): when the bot lists it now, a free one is
+        called; one with a price is refused, since no agent was shown that
+        price (the agents get ``notifications/tools/list_changed``, and a
+        call after the next ``tools/list`` pays within it).
+
+        Raises :class:`MCPError`: -32602 ``unknown tool "<name>"``, or
+        -32602 naming the new price of a tool the bot lists only now; -32603
+        for an unreachable bot (also when the look-up failed), the bridge's
+        own brclient not connected, or a second transport failure."""
         if self.link.tools is None:
             # First contact: the snapshot request also settles the bot's era.
             try:
                 await self.link.refresh()
+            except HostOffline as exc:
+                raise MCPError(INTERNAL_ERROR, f"{exc}; nothing was paid for this call") from None
             except LinkError as exc:
                 raise MCPError(INTERNAL_ERROR, f"bot unavailable: {exc}") from None
         if self.link.tools is not None and self.link.tool(tool) is None:
             if self.link.doubt_tools() or self.link.stale:
-                with contextlib.suppress(LinkError):
+                try:
                     await self.link.refresh()
+                except HostOffline as exc:
+                    raise MCPError(INTERNAL_ERROR, f"{exc}; nothing was paid for this call") from None
+                except LinkError as exc:
+                    raise MCPError(
+                        INTERNAL_ERROR,
+                        f'bot unavailable: {exc}; tool "{tool}" is not among the tools it listed before, '
+                        "and its list could not be asked for again",
+                    ) from None
+                spec = self.link.tool(tool)
+                if spec is not None and listing_of(spec).kind != "free":
+                    raise MCPError(INVALID_PARAMS, new_priced_tool_text(tool, listing_of(spec)))
             if self.link.tool(tool) is None:
                 raise MCPError(INVALID_PARAMS, f'unknown tool "{tool}"')
         metrics = self._settler.metrics
@@ -335,6 +363,17 @@ class BotProxy:
         self._retained.move_to_end((tracked.agent, tracked.fingerprint))
         while len(self._retained) > MAX_RETAINED:
             self._retained.popitem(last=False)
+
+
+def new_priced_tool_text(tool: str, listing: Listing) -> str:
+    """The refusal of a call to a tool with a price that the bot lists only
+    since the call looked it up (BRIDGE.md §Eras and snapshots): the agent
+    was shown no price for it, so nothing is paid until it lists again."""
+    return (
+        f'tool "{tool}" was not in the tool list this bridge served; the bot lists it now '
+        f"({listing.describe()} per call). Nothing was sent to the bot or paid: list the tools again "
+        "(tools/list) to see it and its price, then call it"
+    )
 
 
 def _fingerprint(tool: str, arguments: dict[str, Any] | None) -> str:

@@ -47,14 +47,18 @@ __all__ = [
     "MODE_AUTOPAY",
     "SETTINGS_FILE",
     "Settings",
+    "broken_file_refusal",
     "check_new_token",
+    "closest_setting",
     "is_uid",
     "load_settings",
     "mint_token",
     "save_settings",
     "setting_names",
+    "settings_file_problem",
     "settings_file_warnings",
     "settings_from_json",
+    "unknown_setting_hint",
 ]
 
 log = logging.getLogger("brmcp.bridge")
@@ -283,6 +287,30 @@ def settings_from_json(text: str | bytes, *, base: Settings | None = None) -> Se
     return result.replace(**fields)
 
 
+def closest_setting(key: str) -> str | None:
+    """The settings key most like ``key`` (case and a typo or a missing
+    ``_atoms`` forgiven: ``per_call_cap`` → ``per_call_cap_atoms``), or
+    None when none is close. What the file loader's warnings, ``settings
+    set`` and the admin API suggest ("did you mean")."""
+    names = list(_FIELDS)
+    folded = key.casefold()
+    close = difflib.get_close_matches(folded, names, n=1)
+    if close:
+        return close[0]
+    # A prefix of a key (the unit left out) is as good a guess.
+    starts = [name for name in names if len(folded) >= 4 and name.startswith(folded)]
+    return starts[0] if len(starts) == 1 else None
+
+
+def unknown_setting_hint(key: str) -> str:
+    """The refusal of an unknown key in a change of the settings (``settings
+    set``, the admin API): ``unknown setting 'per_call_cap' (did you mean
+    per_call_cap_atoms?); keys: enabled, token, …``."""
+    close = closest_setting(key)
+    hint = f" (did you mean {close}?)" if close is not None else ""
+    return f"unknown setting {key!r}{hint}; keys: {', '.join(_FIELDS)}"
+
+
 def settings_file_warnings(text: str | bytes, source: str) -> list[str]:
     """One line per surprise in a settings file that still loads: an
     unknown key (``<source>: unknown key "per_call_cap" ignored (did you
@@ -302,8 +330,8 @@ def settings_file_warnings(text: str | bytes, source: str) -> list[str]:
     for key, value in parsed:
         name = key if key in _FIELDS else folded.get(key.casefold())
         if name is None:
-            close = difflib.get_close_matches(key.casefold(), names, n=1)
-            hint = f'did you mean "{close[0]}"?' if close else f"the keys are {', '.join(names)}"
+            guess = closest_setting(key)
+            hint = f'did you mean "{guess}"?' if guess else f"the keys are {', '.join(names)}"
             out.append(f"{source}: unknown key {_go_quote(key)} ignored ({hint})")
         elif name == "mode" and value is not None:
             mode = value
@@ -316,6 +344,33 @@ def settings_file_warnings(text: str | bytes, source: str) -> list[str]:
             "waits for your approval"
         )
     return out
+
+
+def settings_file_problem(path: Path) -> str | None:
+    """Why ``path`` (``mcpclient.json``) fails to load, as
+    :func:`load_settings` would raise it (``parse <path>: …``, ``read
+    <path>: …``), or None when it loads or does not exist. Logs nothing
+    (a file that loads with warnings is no problem here)."""
+    try:
+        text = read_text(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"read {path}: {exc}"
+    if text is None:
+        return None
+    try:
+        settings_from_json(text).normalized().validate()
+    except SettingsError as exc:
+        return f"parse {path}: {exc}{_held_value(text, str(exc))}"
+    return None
+
+
+def broken_file_refusal(problem: str) -> str:
+    """The refusal of a change that would overwrite a settings file that
+    fails to load (``problem``: :func:`settings_file_problem`)."""
+    return (
+        f"{problem}; nothing was changed: a settings file that fails to load is not overwritten (its "
+        "other edits would be lost); fix it or remove it, then change the settings again"
+    )
 
 
 def load_settings(path: Path) -> Settings:

@@ -432,7 +432,7 @@ class Settler:
             async with self._lock:
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(self._now()))
             if reason is not None:
-                return reason, False
+                return self._not_made(approved, reason), False
             if gone is not None and gone.is_set():
                 return self._gone(approved), False
             if (ask or not settings.autopay) and approved is None:
@@ -455,7 +455,7 @@ class Settler:
                 now = self._now()
                 reason = _policy_refusal(settings, bot, amount, self._spend.day_total(now))
                 if reason is not None:
-                    return reason, False
+                    return self._not_made(approved, reason), False
                 if gone is not None and gone.is_set():
                     return self._gone(approved), False
                 if isinstance(gone, AgentGone) and gone.detached:
@@ -463,12 +463,17 @@ class Settler:
                 ticket = self._spend.launch(
                     ts=now, bot=bot, tool=tool, atoms=amount, prepay=prepay, call_key=call_key
                 )
+                if approved is not None:
+                    self.approvals.note_spend(approved, ticket)
                 try:
                     await self._persist()
                 except BridgeError as exc:
                     self._spend.withdraw(ticket)
                     log.error("spend log not written, payment to %s not made: %s", bot, exc)
-                    return f"could not record the spend, so nothing was paid: {exc}", False
+                    reason = f"could not record the spend, so nothing was paid: {exc}"
+                    if approved is not None:
+                        self.approvals.note_not_paid(approved, reason)
+                    return reason, False
             spend_id = secrets.token_hex(4)
             log.info(
                 "spend %s: paying %d atoms to bot %s for tool %s (%s%s; recorded pending in the spend log)",
@@ -484,6 +489,13 @@ class Settler:
             # does not interrupt it (the tip wait still bounds it).
             with anyio.CancelScope(shield=True):
                 return await self._pay(ticket, bot, amount, settings.tip_wait_secs, spend_id, gone), True
+
+    def _not_made(self, approved: str | None, reason: str) -> str:
+        """``reason``, after an approved payment (id ``approved``) is not
+        made after all: the approvals page says so instead of "being made"."""
+        if approved is not None:
+            self.approvals.note_not_paid(approved, reason)
+        return reason
 
     def _gone(self, approved: str | None) -> str:
         """The agent went away before its payment started: an approval it

@@ -273,7 +273,14 @@ class SpendTicket:
 
     @property
     def entry(self) -> SpendEntry:
+        """The entry as it is now (it changes when the payment ends or a
+        late outcome settles it)."""
         return self._row.entry
+
+    @property
+    def live(self) -> bool:
+        """True while this process is still making the payment."""
+        return self._row.live
 
 
 class SpendLog:

@@ -41,7 +41,7 @@ async def test_settings_show_and_set(tmp_path: Path) -> None:
             on_disk = json.loads((env.data_dir / "mcpclient.json").read_text())
             assert on_disk["per_day_cap_atoms"] == 5_000
             for body, fragment in (
-                ({"per_day_cap": 1}, "unknown setting"),
+                ({"per_day_cap": 1}, "unknown setting 'per_day_cap' (did you mean per_day_cap_atoms?)"),
                 ({"allowed_bots": ["zz"]}, 'allowed bot "zz" is not a 64-hex uid'),
                 ({"per_call_cap_atoms": "lots"}, "per_call_cap_atoms"),
                 ([1, 2], "JSON object"),

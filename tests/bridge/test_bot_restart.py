@@ -9,17 +9,20 @@ tool the bot says it does not know must not stay listed.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp.types as types
 import pytest
+from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
 from brmcp.bridge.snapshots import SNAPSHOT_DIR
 from brmcp.server import CallContext, Harness, HarnessConfig
-from tests.kit.bridge import BOT, CLIENT, Env, bridge_env, call, until
+from tests.kit.bridge import BOT, CLIENT, Env, bridge_env, call, joined, until
 
 
 def _restarted_bot(data_dir: Path) -> Harness:
@@ -177,3 +180,105 @@ async def test_agent_that_only_lists_sees_a_restarted_bots_tools(
                 listed = {t.name for t in (await session.list_tools()).tools}
                 assert "newer" in listed
                 assert "free" not in listed
+
+
+def _program(data_dir: Path, executions: dict[str, int], **prices: int) -> Harness:
+    """A bot program that declares tool list changes (brmcp-serve selling an
+    upstream, in the user's case), so the bridge reaches it in the handshake
+    era, with one tool per keyword: its price in atoms (0: free). A tool
+    answers ``{"tool": <name>}``."""
+    harness = Harness(HarnessConfig(data_dir=str(data_dir), allowed_peers={CLIENT}, tools_list_changed=True))
+    for name, price in prices.items():
+
+        async def handler(ctx: CallContext, args: dict[str, Any], name: str = name) -> dict[str, Any]:
+            executions[name] = executions.get(name, 0) + 1
+            return {"tool": name}
+
+        harness.add_tool(name, handler, description=name, input_schema={"type": "object"}, price_atoms=price)
+    return harness
+
+
+@contextlib.asynccontextmanager
+async def _swapped(
+    tmp_path: Path, **prices: int
+) -> AsyncIterator[tuple[Env, ClientSession, dict[str, int], list[str]]]:
+    """An agent session through the bridge to a first program at BOT
+    (``echo``, free, in the handshake era) that is then replaced by another
+    program on the same identity serving ``prices``; yields the fixture,
+    the agent's session, the second program's executions and the
+    notifications the agent got."""
+    changes: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ServerNotification):
+            changes.append(message.method)
+
+    second: dict[str, int] = {}
+    async with bridge_env(tmp_path) as env, _program(tmp_path / "first", {}, echo=0) as first:
+        await _serve(env, first)
+        async with env.session(message_handler=on_message) as session:
+            assert {t.name for t in (await session.list_tools()).tools} == {"echo"}
+            assert not (await call(session, "echo")).is_error
+            link = env.bridge.link(BOT)
+            assert link is not None
+            assert link.era == "handshake"
+            # The first program stops receiving; the second answers at BOT.
+            async with _program(tmp_path / "second", second, **prices) as swapped:
+                await _serve(env, swapped)
+                env.payer.harness = swapped
+                yield env, session, second, changes
+
+
+async def test_a_bot_swapped_behind_a_handshake_session_is_asked_on_a_fresh_one(tmp_path: Path) -> None:
+    """The user runs another bot program on the bot's identity. The bridge
+    had a handshake-era session with the first program, which the second
+    does not know (its SDK refuses a request before initialize). A call to
+    a tool the snapshot lacks asks the bot for its list on a fresh session,
+    and runs, instead of being refused as unknown without the bot's list."""
+    with anyio.fail_after(60):
+        async with _swapped(tmp_path, get_current_time=0, convert_time=300) as (
+            env,
+            session,
+            second,
+            changes,
+        ):
+            result = await call(session, "get_current_time")
+            assert not result.is_error, joined(result)
+            assert result.structured_content == {"tool": "get_current_time"}
+            assert second == {"get_current_time": 1}
+            # The agents that listed hear that the list changed, with its prices.
+            await until(lambda: "notifications/tools/list_changed" in changes)
+            tools = {t.name: t for t in (await session.list_tools()).tools}
+            assert set(tools) == {"get_current_time", "convert_time"}
+            assert tools["convert_time"].meta == {"brmcp/priceAtoms": 300}
+            assert env.payer.calls == []
+
+
+async def test_a_priced_tool_the_bot_lists_only_now_is_not_paid_for_unseen(tmp_path: Path) -> None:
+    """A call to a tool with a price that the bot lists only since the swap:
+    no agent was shown that price, so nothing is sent or paid and the agent
+    is told the price and to list again; after it lists, the call pays
+    within the listed price."""
+    with anyio.fail_after(60):
+        async with _swapped(tmp_path, get_current_time=0, convert_time=300) as (
+            env,
+            session,
+            second,
+            changes,
+        ):
+            with pytest.raises(MCPError) as refused:
+                await call(session, "convert_time")
+            assert refused.value.error.code == types.INVALID_PARAMS
+            assert refused.value.error.message == (
+                'tool "convert_time" was not in the tool list this bridge served; the bot lists it now '
+                "(listed at 300 atoms per call). Nothing was sent to the bot or paid: list the tools "
+                "again (tools/list) to see it and its price, then call it"
+            )
+            assert second == {}
+            assert env.payer.calls == []
+            await until(lambda: "notifications/tools/list_changed" in changes)
+            assert "convert_time" in {t.name for t in (await session.list_tools()).tools}
+            result = await call(session, "convert_time")
+            assert not result.is_error, joined(result)
+            assert second == {"convert_time": 1}
+            assert env.payer.calls == [(BOT, 300)]

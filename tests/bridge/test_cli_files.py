@@ -24,6 +24,7 @@ from brmcp.bridge.runtime import RUNTIME_FILE, _process_started, runtime_stale_r
 from brmcp.bridge.settings import load_settings
 
 BOT = "ab" * 32
+OTHER_DATADIR = "if the daemon runs with another data directory, add --datadir DIR to this command"
 
 
 def run(*argv: str) -> tuple[int, str, str]:
@@ -51,6 +52,7 @@ def test_settings_set_and_show_without_a_daemon(tmp_path: Path) -> None:
     assert json.loads(out) == Settings().to_dict()
     assert err.strip() == (
         f"brmcp-bridge: the daemon is not running (no {runtime}); {path} does not exist yet (defaults shown)"
+        f" ({OTHER_DATADIR})"
     )
 
     # The CLI's validation, before anything is written.
@@ -76,7 +78,7 @@ def test_settings_set_and_show_without_a_daemon(tmp_path: Path) -> None:
     assert status == 0, err
     assert err.strip() == (
         f"brmcp-bridge: saved {path}; the daemon is not running (no {runtime}), so these settings "
-        f"apply when it starts: brmcp-bridge --datadir {datadir}"
+        f"apply when it starts: brmcp-bridge --datadir {datadir} ({OTHER_DATADIR})"
     )
     saved = load_settings(path)
     assert (saved.enabled, saved.mode, saved.allowed_bots) == (True, "autopay", (BOT,))
@@ -88,7 +90,9 @@ def test_settings_set_and_show_without_a_daemon(tmp_path: Path) -> None:
     assert status == 0
     assert json.loads(out) == {**saved.to_dict(), "token": "<hidden>"}
     assert saved.token not in out
-    assert err.strip() == f"brmcp-bridge: the daemon is not running (no {runtime}); read from {path}"
+    assert err.strip() == (
+        f"brmcp-bridge: the daemon is not running (no {runtime}); read from {path} ({OTHER_DATADIR})"
+    )
     status, out, _ = run("--datadir", d, "--json", "settings", "--show-token")
     assert json.loads(out) == saved.to_dict()
 
@@ -138,6 +142,7 @@ def test_spend_from_the_file(tmp_path: Path) -> None:
     assert json.loads(out) == {"entries": entries, "day_total_atoms": 10_000}
     assert err.strip() == (
         f"brmcp-bridge: the daemon is not running (no {tmp_path / RUNTIME_FILE}); read from {path}"
+        f" ({OTHER_DATADIR})"
     )
     status, out, _ = run("--datadir", str(tmp_path), "spend")
     assert status == 0
@@ -160,7 +165,7 @@ def test_approvals_need_the_daemon(tmp_path: Path) -> None:
     assert status == 1
     assert err.strip() == (
         "brmcp-bridge: approvals live in the running daemon's memory, and it is not running "
-        f"(no {tmp_path / RUNTIME_FILE}); start it with: brmcp-bridge --datadir {tmp_path}"
+        f"(no {tmp_path / RUNTIME_FILE}); start it with: brmcp-bridge --datadir {tmp_path} ({OTHER_DATADIR})"
     )
     status, _, err = run("--datadir", d, "approvals", "approve")
     assert status == 1

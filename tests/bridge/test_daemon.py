@@ -39,6 +39,7 @@ from tests.kit.clientrpc import FAST, fake_network
 from tests.kit.serve import ServeEnv, serve_network, until
 
 TOKEN = "agent-token-0123456789abcdef"
+OTHER_DATADIR = "if the daemon runs with another data directory, add --datadir DIR to this command"
 
 
 class FastPollClock:
@@ -270,14 +271,15 @@ async def test_paid_call_through_the_daemon_and_the_cli(tmp_path: Path) -> None:
             assert status == 0
             assert err.strip() == (
                 f"brmcp-bridge: the daemon is not running (no {datadir / RUNTIME_FILE}); "
-                f"read from {datadir / 'mcpspend.json'}"
+                f"read from {datadir / 'mcpspend.json'} ({OTHER_DATADIR})"
             )
             assert "spent in the last 24 hours: 20,000 atoms" in out
             status, _, err = await cli("--datadir", str(datadir), "approvals")
             assert status == 1
             assert err.strip() == (
                 "brmcp-bridge: approvals live in the running daemon's memory, and it is not running "
-                f"(no {datadir / RUNTIME_FILE}); start it with: brmcp-bridge --datadir {datadir}"
+                f"(no {datadir / RUNTIME_FILE}); start it with: brmcp-bridge --datadir {datadir} "
+                f"({OTHER_DATADIR})"
             )
             status, _, err = await cli("--datadir", str(datadir), "config-snippet", bot.uid)
             assert status == 1
@@ -371,7 +373,8 @@ async def test_reload_logs_the_endpoint_and_survives_a_taken_port(
                 assert daemon.bridge.settings.enabled
                 assert "reloaded settings: enabled=true mode=autopay" in caplog.text
                 assert f"the endpoint could not be opened: listen {daemon.listen}" in caplog.text
-                assert "start brmcp-bridge with --listen 127.0.0.1:<free port> to pick another" in caplog.text
+                command = f"brmcp-bridge --datadir {datadir}"
+                assert f"start it as {command} --listen 127.0.0.1:<free port> to pick another" in caplog.text
                 assert daemon.bridge.listen_address is None
                 # The next reload opens it, and says where.
                 caplog.clear()
@@ -517,7 +520,7 @@ async def test_console_daemon_enabled_by_the_cli_via_sighup(tmp_path: Path) -> N
             assert status == 0
             assert err.strip() == (
                 f"brmcp-bridge: the daemon is not running ({stale}); "
-                f"{datadir / 'mcpspend.json'} does not exist yet (nothing was paid)"
+                f"{datadir / 'mcpspend.json'} does not exist yet (nothing was paid) ({OTHER_DATADIR})"
             )
             assert out.startswith("no payments yet\n")
             status, _, err = await cli("--datadir", d, "approvals")

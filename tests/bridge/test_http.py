@@ -219,6 +219,11 @@ async def test_teardown(tmp_path: Path) -> None:
                 response = await http.post(f"/mcp/{BOT}", json=INIT, headers=auth())
                 assert response.status_code == 404
                 assert response.text.startswith(f"unknown bot: {BOT} is not on the bridge's allowed_bots")
+                # The command that allows it names this bridge's data directory.
+                assert (
+                    f"allow it with: brmcp-bridge --datadir {env.data_dir} settings set allowed_bots="
+                    in response.text
+                )
             # PMs from a de-listed bot are dropped by the router's allow check.
             denied = env.bridge.router.stats.dropped_denied
             env.bridge.handle_pm(BOT, "--mcp[v=1,sid=ab,mid=cd,seq=1/1,exp=0]--e30=")

@@ -83,7 +83,11 @@ async def test_login_needs_the_admin_token_and_works_once(tmp_path: Path) -> Non
             assert (await http.post("/admin/ui-login", headers=agent)).status_code == 401
             no_session = await http.get("/ui/")
             assert no_session.status_code == 401
-            assert "brmcp-bridge ui" in no_session.text
+            assert f"brmcp-bridge --datadir {env.data_dir} ui" in no_session.text
+            answer = (await http.get("/ui/state", headers={"Accept": "application/json"})).json()
+            assert answer == {
+                "error": f"not logged in; get a login link with: brmcp-bridge --datadir {env.data_dir} ui"
+            }
             state = await http.get("/ui/state", headers={"Accept": "application/json"})
             assert state.status_code == 401
             forged = await http.get("/ui/login?ticket=" + "0" * 32)
@@ -397,12 +401,70 @@ async def test_a_pending_payment_shows_its_arguments_time_left_and_then_the_deci
             state = (await http.get("/ui/state")).json()
             assert state["pending"] == []
             assert f"Approved: 500 atoms to {prefix} for tool paid" in state["decisions"]
+            # Once the spend log says it was paid, so does the decision.
+            assert [e.status for e in env.bridge.spend_log().entries] == ["paid"]
+            assert f"Approved: 500 atoms to {prefix} for tool paid; paid " in state["decisions"]
+            assert "being made" not in state["decisions"]
+            assert '<li class="approved paid">' in state["decisions"]
             assert "2027-01-15 08:00:30 UTC" in state["decisions"]
             # It stays listed for ten minutes (bridge clock), then goes.
             env.clock.advance(599)
             assert "Approved: 500 atoms" in (await http.get("/ui/state")).json()["decisions"]
             env.clock.advance(2)
             assert "No payment ended" in (await http.get("/ui/state")).json()["decisions"]
+
+
+@pytest.mark.parametrize("outcome", ["failed", "unknown", "not made"])
+async def test_recent_decisions_say_what_became_of_an_approved_payment(tmp_path: Path, outcome: str) -> None:
+    """An approved payment that brclient refused, whose outcome is not
+    known, or that was not made after all (the cap was lowered while it
+    waited): "Recent decisions" says so from the spend log, instead of
+    "being made" forever."""
+    settings = fixture_settings(mode="approval")
+    with anyio.fail_after(60):
+        async with bridge_env(tmp_path, settings=settings, auto_clock=False) as env, env.http() as http:
+            csrf = await _login(env, http)
+
+            async def refused(payee: str, atoms: int) -> None:
+                raise RuntimeError("insufficient funds")
+
+            class MayLand(Exception):
+                may_land = True
+
+            async def stalled(payee: str, atoms: int) -> None:
+                raise MayLand("tip cannot complete now: no route; brclient retries it later")
+
+            if outcome == "failed":
+                env.payer.behaviour = refused
+            elif outcome == "unknown":
+                env.payer.behaviour = stalled
+            async with env.session() as session, anyio.create_task_group() as tg:
+                tg.start_soon(call, session, "paid")
+                await until(lambda: len(env.bridge.pending_payments()) == 1)
+                (pending,) = env.bridge.pending_payments()
+                if outcome == "not made":
+                    await env.bridge.apply_settings(env.bridge.settings.replace(per_call_cap_atoms=100))
+                decided = await http.post(f"/ui/approvals/{pending.id}/approve", headers=_csrf_headers(csrf))
+                assert decided.status_code == 200
+                # The call's answer (after the task group) comes after the payment's end.
+            decisions = (await http.get("/ui/state")).json()["decisions"]
+            assert "being made" not in decisions
+            prefix = f"{BOT[:16]}…"
+            what = f"Approved: 500 atoms to {prefix} for tool paid; "
+            if outcome == "failed":
+                assert f"{what}the payment failed: insufficient funds; nothing was paid" in decisions
+                assert '<li class="approved failed">' in decisions
+            elif outcome == "unknown":
+                why = "tip cannot complete now: no route; brclient retries it later"
+                assert (
+                    f"{what}its outcome is not known yet ({why}); it stays pending, and counted, in Spending"
+                    " until brclient reports it"
+                ) in decisions
+                assert '<li class="approved pending">' in decisions
+            else:
+                assert f"{what}not paid: 500 atoms exceeds the per-call cap (100)" in decisions
+                assert '<li class="approved not-paid">' in decisions
+                assert env.payer.calls == []
 
 
 async def test_an_approval_that_comes_too_late_is_refused_with_the_reason(tmp_path: Path) -> None:

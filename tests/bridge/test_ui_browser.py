@@ -155,7 +155,7 @@ async def test_the_page_needs_the_admin_login(
             await _browser(driver.get, f"{env.base_url}/ui/")
             body = await _browser(_text, driver, "login-needed")
             assert "not logged in" in body
-            assert "brmcp-bridge ui" in body
+            assert f"brmcp-bridge --datadir {env.data_dir} ui" in body
             link = await _login_link(env, capsys)
             await _browser(driver.get, link)
             await _browser(_wait_for, driver, lambda d: d.current_url == f"{env.base_url}/ui/")

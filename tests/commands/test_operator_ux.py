@@ -118,7 +118,7 @@ async def test_uids_without_case_and_a_not_allowed_bot_is_told_how(tmp_path: Pat
             unlisted = await http.post(f"/mcp/{OTHER_BOT.upper()}", json=INIT, headers=auth())
             assert unlisted.status_code == 404
             assert OTHER_BOT in unlisted.text
-            assert "brmcp-bridge settings set allowed_bots=" in unlisted.text
+            assert f"brmcp-bridge --datadir {env.data_dir} settings set allowed_bots=" in unlisted.text
             malformed = await http.post("/mcp/xyz", json=INIT, headers=auth())
             assert malformed.status_code == 404
             assert malformed.text.startswith('unknown bot: malformed uid "xyz" in the path')

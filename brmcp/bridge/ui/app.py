@@ -274,16 +274,19 @@ def ui_handler(host: UIHost, *, nicks: NickBook | None = None) -> UIHandler:
             ticket = (_query(scope).get("ticket") or [""])[0]
             session = host.ui_sessions.redeem(ticket) if ticket else None
             if session is None:
-                await _html(send, 401, render_login_needed("This login link is unknown, used or expired."))
+                reason = "This login link is unknown, used or expired."
+                await _html(send, 401, render_login_needed(reason, host.cli_command))
                 return
             await _redirect(send, UI_PREFIX + "/", [_set_cookie(session.sid, int(SESSION_TTL))])
             return
         session = host.ui_sessions.session(_cookie_value(scope))
         if session is None:
             if route.startswith("/state") or _wants_json(scope):
-                await send_json(send, 401, {"error": "not logged in; get a login link with: brmcp-bridge ui"})
+                error = f"not logged in; get a login link with: {host.cli_command} ui"
+                await send_json(send, 401, {"error": error})
             else:
-                await _html(send, 401, render_login_needed("You are not logged in (or the session ended)."))
+                reason = "You are not logged in (or the session ended)."
+                await _html(send, 401, render_login_needed(reason, host.cli_command))
             return
         if route == "/" and method == "GET":
             await _html(send, 200, render_page(await _state(host, book), session.csrf))

@@ -21,13 +21,14 @@ from ..settings import (
     MODE_AUTOPAY,
     Settings,
 )
-from ..spend import DAY_SECONDS, STATUS_FAILED, BotBalance, SpendEntry, SpendSummary
+from ..spend import DAY_SECONDS, STATUS_FAILED, STATUS_PAID, BotBalance, SpendEntry, SpendSummary
 
 __all__ = [
     "RECENT_ROWS",
     "RECENT_SECS",
     "SPEND_ROWS",
     "PageState",
+    "approved_outcome",
     "bot_label",
     "decision_text",
     "render_fragments",
@@ -122,17 +123,55 @@ _OUTCOME_LABEL = {
 
 def decision_text(ended: EndedPayment, nicks: Mapping[str, str]) -> str:
     """How a payment ended, in one line of plain text (not escaped), e.g.
-    ``Approved: 500 atoms to "alice" (1a2b3c4d5e6f7a8b…) for tool paid``."""
+    ``Approved: 500 atoms to "alice" (1a2b3c4d5e6f7a8b…) for tool paid; paid``.
+    An approved payment says what became of it, from the spend log
+    (:func:`approved_outcome`)."""
     p = ended.payment
     label = _OUTCOME_LABEL[ended.outcome]
     what = f"{label}: {_atoms(p.atoms)} atoms to {bot_label(p.bot, nicks)} for tool {p.tool}"
     if ended.outcome == "approved":
-        return f"{what}; the payment is being made (see Spending)"
+        return f"{what}; {approved_outcome(ended)}"
     if ended.outcome == "denied":
         return f"{what}; nothing was paid"
     if ended.outcome == "timeout":
         return f"{what}: no decision within {go_duration(ended.timeout_secs)}, so nothing was paid"
     return f"{what}: the agent went away, so nothing was paid"
+
+
+def approved_outcome(ended: EndedPayment) -> str:
+    """What became of an approved payment, from its spend entry: ``the
+    payment is being made (see Spending)``, ``paid``, ``the payment failed:
+    <error>; nothing was paid``, ``its outcome is not known yet (<why>); it
+    stays pending, and counted, in Spending until brclient reports it``, or
+    ``not paid: <reason>`` when it was not made after all."""
+    if ended.not_paid is not None:
+        return f"not paid: {ended.not_paid}"
+    spend = ended.spend
+    if spend is None or ended.paying:
+        return "the payment is being made (see Spending)"
+    if spend.status == STATUS_PAID:
+        return f"paid ({spend.err})" if spend.err else "paid"
+    if spend.status == STATUS_FAILED:
+        return f"the payment failed: {spend.err or 'no reason given'}; nothing was paid"
+    why = spend.err or "brclient has not reported it"
+    return (
+        f"its outcome is not known yet ({why}); it stays pending, and counted, in Spending until "
+        "brclient reports it"
+    )
+
+
+def _decision_class(ended: EndedPayment) -> str:
+    """The ``<li>`` class of a decision: its outcome, and for an approved
+    payment what became of it (``paid``, ``failed``, ``pending``, ``paying``,
+    ``not-paid``)."""
+    if ended.outcome != "approved":
+        return ended.outcome
+    if ended.not_paid is not None:
+        return "approved not-paid"
+    spend = ended.spend
+    if spend is None or ended.paying:
+        return "approved paying"
+    return f"approved {spend.status or STATUS_PAID}"
 
 
 def _arguments(p: PendingPayment, inline: bool) -> str:
@@ -202,7 +241,7 @@ def render_decisions(recent: Iterable[EndedPayment], nicks: Mapping[str, str] | 
     CLI or the admin API, timed out or withdrawn), newest first."""
     names = nicks or {}
     items = "".join(
-        f'<li class="{_e(ended.outcome)}">{_e(decision_text(ended, names))} '
+        f'<li class="{_e(_decision_class(ended))}">{_e(decision_text(ended, names))} '
         f"<small>({_when(ended.ended)} UTC)</small></li>"
         for ended in recent
     )
@@ -418,7 +457,8 @@ margin:.3rem 0 0;white-space:pre-wrap;word-break:break-all;font-size:.8rem}
 .noargs{color:#666;font-size:.85rem;margin:.3rem 0 0}
 .tool{font-weight:600}.nick{font-weight:600}.countdown{font-variant-numeric:tabular-nums;white-space:nowrap}
 .countdown.urgent{color:#b3261e;font-weight:600}ul.decisions li.approved{color:#14532d}
-ul.decisions li.denied,ul.decisions li.timeout,ul.decisions li.withdrawn{color:#8c1d18}
+ul.decisions li.denied,ul.decisions li.timeout,ul.decisions li.withdrawn,ul.decisions li.failed,
+ul.decisions li.not-paid{color:#8c1d18}
 td.how{font-size:.85rem;color:#444}
 """
 
@@ -459,13 +499,13 @@ def render_notice(message: str, back: str) -> str:
     )
 
 
-def render_login_needed(reason: str) -> str:
-    """The page shown without a session."""
+def render_login_needed(reason: str, command: str = "brmcp-bridge") -> str:
+    """The page shown without a session; ``command`` is the bridge's command
+    line (with ``--datadir`` when needed)."""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>brmcp bridge: log in</title>"
         f"<style>{_STYLE}</style></head><body><h1>brmcp bridge</h1>"
         f'<section id="login-needed"><p>{_e(reason)}</p>'
-        "<p>Get a one-time login link with <code>brmcp-bridge ui</code> "
-        "(add <code>--datadir DIR</code> if the daemon uses another data directory).</p>"
+        f"<p>Get a one-time login link with <code>{_e(command)} ui</code>.</p>"
         "</section></body></html>"
     )
