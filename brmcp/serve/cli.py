@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import re
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -33,6 +32,7 @@ import anyio
 
 from .._ops.botlog import LEVEL_CHOICES, LogSetupError, bot_logging
 from .._ops.console import add_version, quiet_broken_pipe
+from .._ops.goflags import GoFlagError, go_style
 from ..clientrpc import ClientrpcConfigError, load_bot_config
 from ..gateway import (
     CALLER_UID_KEY,
@@ -84,7 +84,6 @@ DESCRIPTION = (
 #: the flags of the Go brmcp-serve (karamble/brmcp ``cmd/brmcp-serve``:
 #: ``-datadir``) plus Go's built-in ``-help``.
 _GO_FLAGS = ("datadir", "help")
-_SINGLE_DASH_LONG = re.compile(r"-([a-z][a-z0-9]*(?:-[a-z0-9]+)*)(=.*)?", re.DOTALL)
 
 
 class _UsageError(Exception):
@@ -93,30 +92,15 @@ class _UsageError(Exception):
 
 def _go_style(argv: Sequence[str], long_options: set[str]) -> list[str]:
     """``argv`` with the Go reference's single-dash flags (``-datadir DIR``,
-    ``-datadir=DIR``, ``-help``) spelt with two dashes. Tokens after
-    ``--upstream`` (the upstream's own command line) and after ``--`` are
-    left alone. Raises :class:`_UsageError` for another long option given
-    with one dash (``-log-level``), naming its two-dash form."""
-    out: list[str] = []
-    rest = False
-    for token in argv:
-        if rest:
-            out.append(token)
-            continue
-        if token in ("--upstream", "--"):
-            rest = True
-            out.append(token)
-            continue
-        match = _SINGLE_DASH_LONG.fullmatch(token)
-        if match is not None and len(match.group(1)) > 1:
-            name = match.group(1)
-            if name in _GO_FLAGS:
-                out.append("-" + token)
-                continue
-            if name in long_options:
-                raise _UsageError(f"{token.split('=', 1)[0]}: long options take two dashes here: --{name}")
-        out.append(token)
-    return out
+    ``-datadir=DIR``, ``-help``) spelt with two dashes
+    (:func:`brmcp._ops.goflags.go_style`). Tokens after ``--upstream`` (the
+    upstream's own command line) and after ``--`` are left alone. Raises
+    :class:`_UsageError` for another long option given with one dash
+    (``-log-level``), naming its two-dash form."""
+    try:
+        return go_style(argv, _GO_FLAGS, long_options, rest_after=("--upstream", "--"))
+    except GoFlagError as exc:
+        raise _UsageError(str(exc)) from None
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
