@@ -43,7 +43,7 @@ from brmcp.testing import Fabric, Faults
 from brmcp.transport.conn import SendReceipt, send_receipt
 from brmcp.transport.router import RouterOptions
 from tests.kit import BOT, CLIENT, OTHER_BOT
-from tests.kit.bridge import bridge_env, until
+from tests.kit.bridge import bridge_env
 
 #: The relay of ``brmcp demo --latency 1500``: 1.5 s per PM, 20 % jitter.
 DEMO_FAULTS = Faults(latency=1.5, jitter=0.3)
@@ -52,6 +52,15 @@ FREE = types.CallToolRequest(params=types.CallToolRequestParams(name="free", arg
 
 
 # -- the estimator -------------------------------------------------------------------
+
+
+async def _until_written(predicate: Callable[[], bool], limit: float = 30.0) -> None:
+    """Wait for a file a worker thread writes: bounded in real seconds, since
+    virtual time jumps ahead while the loop only waits for the thread."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        assert time.monotonic() < deadline, "the snapshot was not written"
+        await anyio.sleep(0.005)
 
 
 def test_rfc6298_first_and_later_samples() -> None:
@@ -474,7 +483,7 @@ def test_a_restart_starts_from_the_rtt_persisted_with_the_snapshot(tmp_path: Pat
             measured = link.rtt.record()
             assert measured is not None
             # Written with the first snapshot (its own thread), in the background.
-            await until(lambda: (snap := store.load(BOT)) is not None and snap.rtt is not None, limit=30)
+            await _until_written(lambda: (snap := store.load(BOT)) is not None and snap.rtt is not None)
             saved = store.load(BOT)
             assert saved is not None
             assert saved.rtt == pytest.approx(measured, abs=1.0)
