@@ -64,6 +64,13 @@ class Trace:
 
     def __call__(self, from_uid: str, to_uid: str, text: str) -> None:
         who = f"{self._nicks.get(from_uid, from_uid[:8])} → {self._nicks.get(to_uid, to_uid[:8])}"
+        lines = wire.split_batch(text)
+        if lines is not None:
+            # One PM carrying several parts (WIRE.md §Batches).
+            self.lines.append(f"{who}  batch of {len(lines)} parts in one PM")
+            for line in lines:
+                self(from_uid, to_uid, line)
+            return
         part = wire.parse(text)
         if part is None:
             self.lines.append(f"{who}  chat: {text[:40]!r}")

@@ -36,7 +36,7 @@ from .._ops.lockfile import HARNESS, FileLock, acquire_brclient
 from ..clientrpc import Client, ClientrpcError, ReceivedPM, ReceivedTip, Subscription, TipProgressEvent
 from ..clientrpc._glue import Acker, call_hook, connection_signals, flush_on_connect
 from ..transport.router import Router
-from ..wire import is_envelope
+from ..wire import is_batch, is_envelope
 from .harness import Harness, HarnessError
 from .store import MAX_INT63
 
@@ -192,7 +192,7 @@ async def _pm_loop(pms: Subscription[ReceivedPM], router: Router, on_pm: PMHook 
     async for pm in pms:
         text = pm.message
         try:
-            if is_envelope(text):
+            if is_envelope(text) or is_batch(text):
                 router.handle_pm(pm.uid, text)
             elif text and on_pm is not None:
                 await call_hook(on_pm, pm.uid, text, what="on_pm")

@@ -5,9 +5,9 @@ types "hi" would otherwise get nothing back. :class:`ChatHelp` decides when
 to answer such a PM and with what, as the Go reference's directory bot
 does (karamble/brmcp ``cmd/brmcpdir``, its plain-chat orientation reply):
 
-* only plain chat: the caller hands it PMs that are **not** envelopes
-  (:func:`brmcp.wire.is_envelope`), so an MCP message is never answered
-  with chat;
+* only plain chat: the caller hands it PMs that are **not** envelopes nor
+  batches (:func:`brmcp.wire.is_envelope`, :func:`brmcp.wire.is_batch`), so
+  an MCP message is never answered with chat;
 * at most once per sender per :data:`REPLY_INTERVAL` (an hour), so two
   auto-responders cannot ping-pong;
 * bounded memory: the last :data:`MAX_SENDERS` senders are remembered

@@ -30,8 +30,10 @@ __all__ = ["Fabric", "FabricStats", "Faults", "LinkDownError", "LinkStats", "PMT
 
 log = logging.getLogger("brmcp.testing.fabric")
 
-#: BR's routed-message limit the fabric enforces on each PM (bytes of UTF-8).
-MAX_PM_BYTES = 1 << 20
+#: The largest PM text the fabric carries (bytes of UTF-8): BR's max message
+#: size (1,887,437 bytes), which the recipient applies to the decompressed
+#: routed message, less its 256 bytes of framing (docs/clientrpc.md).
+MAX_PM_BYTES = 1_887_437 - 256
 
 DeliverFunc = Callable[[str, str], Awaitable[None] | None]
 
@@ -115,7 +117,7 @@ class Fabric:
     """In-memory PM network. Use as ``async with Fabric(...) as fabric:``.
 
     ``seed`` makes faults reproducible; ``max_pm_bytes`` is the routed
-    message limit (1 MiB like BR); ``faults`` may be replaced at any time.
+    message limit (BR's, :data:`MAX_PM_BYTES`); ``faults`` may be replaced at any time.
     """
 
     def __init__(

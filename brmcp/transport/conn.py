@@ -22,6 +22,8 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
 
 from .. import wire
+from ._batching import BatchPeers, marked_payload
+from .outbox import Outbox
 from .sender import PMSender, SendError
 
 __all__ = ["Conn", "SendReceipt", "SessionHost", "send_deadline", "send_receipt"]
@@ -36,11 +38,16 @@ class _SendOptions(Protocol):
     @property
     def chunk_size(self) -> int: ...
 
+    @property
+    def batch(self) -> bool: ...
+
+    @property
+    def batch_bytes(self) -> int: ...
+
 
 class _SendStats(Protocol):
     """The ``RouterStats`` counters a session's writes update."""
 
-    pms_sent: int
     messages_sent: int
     send_failures: int
 
@@ -51,9 +58,13 @@ class SessionHost(Protocol):
     never on ``router`` (no import cycle)."""
 
     sender: PMSender
+    _outbox: Outbox
+    _batch_peers: BatchPeers
 
     @property
     def options(self) -> _SendOptions: ...
+
+    def batch_limit(self, peer: str) -> int | None: ...
 
     @property
     def stats(self) -> _SendStats: ...
@@ -66,6 +77,10 @@ class SessionHost(Protocol):
 
 
 log = logging.getLogger("brmcp.transport")
+
+#: Bytes a part's header and a batch's tag line take at most (a 32-hex sid
+#: and mid, seq 64/64, a 20-digit exp): what a part's base64 leaves of a batch PM.
+_PART_OVERHEAD = 256
 
 #: When set (unix seconds on the router's clock), messages written from this
 #: context carry ``exp`` no later than it, so every re-sent copy of a request
@@ -167,6 +182,7 @@ class Conn:
     __slots__ = (
         "__weakref__",
         "_closed",
+        "_inbox_limit",
         "_inbox_recv",
         "_inbox_send",
         "_meta",
@@ -186,8 +202,10 @@ class Conn:
         self.sid = sid
         self._inbox_send: MemoryObjectSendStream[SessionMessage | Exception]
         self._inbox_recv: MemoryObjectReceiveStream[SessionMessage | Exception]
+        # Room for one whole batch beyond the bound (see _deliver).
+        self._inbox_limit = inbox_size
         self._inbox_send, self._inbox_recv = anyio.create_memory_object_stream[SessionMessage | Exception](
-            inbox_size
+            inbox_size + wire.MAX_BATCH_PARTS
         )
         self._write_stream = _WriteStream(self)
         self._meta = ServerMessageMetadata(request_context=peer)
@@ -280,15 +298,19 @@ class Conn:
         while len(queued) > used:
             self._queued_bytes -= queued.popleft()
 
-    def _deliver(self, message: SessionMessage | Exception, cost: int = 0) -> bool:
+    def _deliver(self, message: SessionMessage | Exception, cost: int = 0, position: int = 0) -> bool:
         """Queue an inbound message of estimated memory ``cost`` without
         blocking; False when the inbox is full (the router then closes the
-        session). A message handed straight to a waiting reader is not
-        counted. A session whose reader has gone (the read stream was closed)
+        session). ``position``: the lines of the same batch PM handled
+        before this one, which arrived together and so get room beyond the
+        bound (WIRE.md §Inboxes). A message handed straight to a waiting
+        reader is not counted. A session whose reader has gone (the read stream was closed)
         is closed here: nobody can ever read it again, so it must not keep
         its slot under the per-peer cap."""
         self._settle()
         before = self._inbox_send.statistics().current_buffer_used
+        if before >= self._inbox_limit + position:
+            return False
         try:
             self._inbox_send.send_nowait(message)
         except anyio.WouldBlock:
@@ -309,12 +331,30 @@ class Conn:
         self.last_activity = now
         router._touch(self)
         message = item.message
-        payload = message.model_dump_json(by_alias=True, exclude_unset=True).encode()
-        exp = math.floor(now + router.options.ttl)
+        options = router.options
+        payload: bytes | None = None
+        if options.batch:
+            # WIRE.md §Batches: requests ask every peer that has not
+            # refused; responses answer peers that asked.
+            peers = router._batch_peers
+            if isinstance(message, JSONRPCRequest):
+                marked = peers.mark_request(self.peer)
+            else:
+                marked = isinstance(message, JSONRPCResponse) and peers.mark_response(self.peer)
+            if marked:
+                payload = marked_payload(message, options.batch_bytes)
+        if payload is None:
+            payload = message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+        exp = math.floor(now + options.ttl)
         cap = send_deadline.get()
         if cap is not None:
             exp = max(1, min(exp, math.floor(cap)))
-        chunk_size = router.options.chunk_size
+        batch_bytes = router.batch_limit(self.peer)
+        chunk_size = options.chunk_size
+        if batch_bytes is not None:
+            # Larger parts for a peer that takes batches: one part, with its
+            # header, fills a batch PM (WIRE.md §Batches).
+            chunk_size = max(chunk_size, (batch_bytes - _PART_OVERHEAD) // 4 * 3)
         try:
             parts = wire.encode(payload, sid=self.sid, exp=exp, chunk_size=chunk_size)
         except wire.TooLargeError:
@@ -334,7 +374,6 @@ class Conn:
             )
             payload = refusal.model_dump_json(by_alias=True, exclude_unset=True).encode()
             parts = wire.encode(payload, sid=self.sid, exp=exp, chunk_size=chunk_size)
-        sender = router.sender
         receipt = send_receipt.get()
         if receipt is not None and (receipt.claimed or not isinstance(message, JSONRPCRequest)):
             receipt = None
@@ -342,16 +381,12 @@ class Conn:
             receipt._claim(len(parts))
         sent = False
         try:
-            for text in parts:
-                await sender.send_pm(self.peer, text)
+            # Only a request whose departure is timed waits for its PM; other
+            # writes return once queued (WIRE.md §Batches, "Pacing").
+            await router._outbox.send(self.peer, parts, wait=receipt is not None, on_error=self._send_failed)
             sent = True
         except Exception as exc:  # the host's sender may raise anything
-            failure = SendError(self.peer, exc)
-            failure.__cause__ = exc
-            self.error = failure
-            log.warning("%s; closing session %s", failure, self.sid)
-            router.stats.send_failures += 1
-            self.close()
+            failure = self._send_failed(exc)
             raise anyio.BrokenResourceError(str(failure)) from failure
         finally:
             if receipt is not None and sent:
@@ -359,8 +394,20 @@ class Conn:
             elif receipt is not None:
                 # Raised or cancelled: some parts may have left, not all.
                 receipt._fail()
-        router.stats.pms_sent += len(parts)
         router.stats.messages_sent += 1
+
+    def _send_failed(self, exc: Exception) -> SendError:
+        """A PM carrying this session's parts failed: the session closes
+        (once) with :attr:`error` set. Returns the error."""
+        if isinstance(self.error, SendError):
+            return self.error
+        failure = SendError(self.peer, exc)
+        failure.__cause__ = exc
+        self.error = failure
+        log.warning("%s; closing session %s", failure, self.sid)
+        self._router.stats.send_failures += 1
+        self.close()
+        return failure
 
     def _make_message(self, message: Any) -> SessionMessage:
         return SessionMessage(message, metadata=self._meta)

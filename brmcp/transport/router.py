@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
-from mcp.types import jsonrpc_message_adapter
+from mcp.types import JSONRPCResponse, jsonrpc_message_adapter
 from pydantic import ValidationError
 
 from .. import wire
 from .._ops.clock import Clock, SystemClock
+from ._batching import BatchPeers, consume_mark
 from ._inbox import message_cost
 from .conn import Conn
+from .outbox import DEFAULT_PM_INTERVAL, Outbox
 from .sender import PMSender
 
 __all__ = ["AcceptFunc", "AllowFunc", "Router", "RouterOptions", "RouterStats"]
@@ -31,6 +33,10 @@ __all__ = ["AcceptFunc", "AllowFunc", "Router", "RouterOptions", "RouterStats"]
 log = logging.getLogger("brmcp.transport")
 
 _MIB = 1 << 20
+
+#: Seconds a router leaving its ``async with`` block waits for the PMs still
+#: queued in its outbox to be handed to the sender.
+DRAIN_SECONDS = 2.0
 
 #: Server role: serve one new inbound session; the session closes when it returns.
 AcceptFunc = Callable[[Conn], Awaitable[None]]
@@ -60,6 +66,14 @@ class RouterOptions:
     * ``max_sessions_per_peer``: cap on sessions per peer, enforced when an
       inbound session would be created (dialed sessions count but are never
       refused); None means unbounded.
+    * ``pm_interval``: seconds between two PMs handed to the sender for one
+      peer (:mod:`brmcp.transport.outbox`; a real brclient delivers them
+      about 104 ms apart, faster ones only wait in its queue); 0 hands
+      them over at once.
+    * ``batch``: accept, announce and send batch PMs (WIRE.md §Batches);
+      ``batch_bytes``: the largest batch PM text, bytes (at most
+      :data:`brmcp.wire.MAX_BATCH_BYTES`). Batch PMs that arrive are
+      always accepted.
 
     Raises ValueError for out-of-range values.
     """
@@ -72,6 +86,9 @@ class RouterOptions:
     peer_inbox_bytes: int = 64 * _MIB
     idle_timeout: float | Literal["auto"] | None = "auto"
     max_sessions_per_peer: int | None = 8
+    pm_interval: float = DEFAULT_PM_INTERVAL
+    batch: bool = True
+    batch_bytes: int = wire.MAX_BATCH_BYTES
 
     def __post_init__(self) -> None:
         if not self.ttl > 0:
@@ -89,13 +106,21 @@ class RouterOptions:
             raise ValueError(
                 f"max_sessions_per_peer must be >= 1 or None, got {self.max_sessions_per_peer!r}"
             )
+        if not 0 <= self.pm_interval <= 10:
+            raise ValueError(f"pm_interval must be within 0..10 seconds, got {self.pm_interval!r}")
+        if not 4096 <= self.batch_bytes <= wire.MAX_BATCH_BYTES:
+            raise ValueError(
+                f"batch_bytes must be within 4096..{wire.MAX_BATCH_BYTES} bytes, got {self.batch_bytes!r}"
+            )
 
 
 @dataclass(slots=True)
 class RouterStats:
-    """Counters for observability and tests. Every inbound PM lands in
-    exactly one of the ``pms_*``/``dropped_*``/``messages_delivered`` buckets
-    or is still partial."""
+    """Counters for observability and tests. Every inbound part (a PM, or
+    one line of a batch PM) lands in exactly one of the
+    ``pms_ignored``/``dropped_*``/``messages_delivered`` buckets or is still
+    partial; ``pms_received`` counts PMs plus the lines of batches beyond
+    their first, so the buckets still add up to it."""
 
     pms_received: int = 0
     pms_ignored: int = 0  #: not an envelope (chat), or arrived after close
@@ -113,7 +138,10 @@ class RouterStats:
     sessions_opened: int = 0
     sessions_closed: int = 0
     idle_expired: int = 0
-    pms_sent: int = 0
+    pms_sent: int = 0  #: PMs handed to the sender (a batch counts once)
+    parts_sent: int = 0  #: envelope parts those PMs carried
+    batches_sent: int = 0  #: PMs that carried more than one part
+    batches_received: int = 0
     messages_sent: int = 0
     send_failures: int = 0
 
@@ -171,6 +199,25 @@ class Router:
         self._peer_sessions: dict[str, dict[str, Conn]] = {}
         self._closed = False
         self._tg: anyio.abc.TaskGroup | None = None
+        self._exiting = False
+        self._outbox = Outbox(
+            self._send_pm,
+            interval=self.options.pm_interval,
+            stats=self.stats,
+            limit=self.batch_limit,
+            spawn=self._spawn,
+        )
+        self._batch_peers = BatchPeers(self.options.batch_bytes)
+
+    async def _send_pm(self, peer: str, text: str) -> None:
+        await self.sender.send_pm(peer, text)
+
+    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: object) -> bool:
+        """Start one of the outbox's flushers in the router's task group."""
+        if self._tg is None or self._exiting:
+            return False
+        self._tg.start_soon(fn, *args, name="brmcp-router-outbox")
+        return True
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -190,6 +237,11 @@ class Router:
         exc_val: BaseException | None,
         exc_tb: TracebackType | None,
     ) -> bool | None:
+        # What sessions wrote is handed to the sender before they close (a
+        # bot's last answers), for at most DRAIN_SECONDS.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(DRAIN_SECONDS):
+            await self._outbox.drained()
+        self._exiting = True
         self.close()
         tg = self._tg
         assert tg is not None
@@ -231,6 +283,19 @@ class Router:
     def session(self, peer: str, sid: str) -> Conn | None:
         return self._sessions.get((peer, sid))
 
+    def batch_limit(self, peer: str) -> int | None:
+        """The largest batch PM (bytes) this router sends ``peer``; None
+        while the peer has not announced that it accepts batches (WIRE.md
+        §Batches), or when ``RouterOptions.batch`` is off."""
+        if not self.options.batch:
+            return None
+        return self._batch_peers.limit(peer)
+
+    def waiting_parts(self, peer: str) -> int:
+        """Envelope parts queued for ``peer`` behind the pacing, not yet
+        handed to the sender."""
+        return self._outbox.waiting(peer)
+
     # -- traffic ---------------------------------------------------------------
 
     def dial(self, peer: str) -> Conn:
@@ -255,8 +320,20 @@ class Router:
         Raises RuntimeError only when a server-role router is used before it
         was entered.
         """
+        lines = wire.split_batch(text)
+        if lines is None:
+            self.stats.pms_received += 1
+            self._handle_part(peer, text)
+            return
+        self.stats.batches_received += 1
+        self.stats.pms_received += max(1, len(lines))
+        if not lines:
+            self.stats.pms_ignored += 1
+        for position, line in enumerate(lines):
+            self._handle_part(peer, line, position)
+
+    def _handle_part(self, peer: str, text: str, position: int = 0) -> None:
         stats = self.stats
-        stats.pms_received += 1
         part = wire.parse(text)
         if part is None or self._closed:
             stats.pms_ignored += 1
@@ -301,6 +378,9 @@ class Router:
             reason = exc.errors()[0]["type"] if isinstance(exc, ValidationError) else type(exc).__name__
             log.debug("drop message from %s sid=%s: not JSON-RPC (%s)", peer, part.sid, reason)
             return
+        mark = consume_mark(message)
+        if self.options.batch:
+            self._batch_peers.heard(peer, mark, response=isinstance(message, JSONRPCResponse))
         key = (peer, part.sid)
         conn = self._sessions.get(key)
         if conn is None:
@@ -327,7 +407,7 @@ class Router:
             self._overflow(conn, f"over {opts.inbox_bytes} bytes queued")
         elif self._peer_queued(peer) + cost > opts.peer_inbox_bytes:
             self._overflow(conn, f"over {opts.peer_inbox_bytes} bytes queued across the peer's sessions")
-        elif conn._deliver(conn._make_message(message), cost):
+        elif conn._deliver(conn._make_message(message), cost, position):
             stats.messages_delivered += 1
         else:
             self._overflow(conn, f"over {opts.inbox_size} messages queued")

@@ -7,6 +7,15 @@ No I/O, no event loop: callers pass text in and get bytes out.
 """
 
 from .assembler import Assembler, AssemblerConfig
+from .batch import (
+    BATCH_TAG,
+    MAX_BATCH_BYTES,
+    MAX_BATCH_PARTS,
+    batch_size,
+    encode_batch,
+    is_batch,
+    split_batch,
+)
 from .envelope import (
     DEFAULT_CHUNK_SIZE,
     MAX_PARTS,
@@ -20,7 +29,10 @@ from .envelope import (
 from .errors import BufferFullError, ExpiredError, PartCountError, TooLargeError, WireError
 
 __all__ = [
+    "BATCH_TAG",
     "DEFAULT_CHUNK_SIZE",
+    "MAX_BATCH_BYTES",
+    "MAX_BATCH_PARTS",
     "MAX_PARTS",
     "VERSION",
     "Assembler",
@@ -31,8 +43,12 @@ __all__ = [
     "PartCountError",
     "TooLargeError",
     "WireError",
+    "batch_size",
     "encode",
+    "encode_batch",
+    "is_batch",
     "is_envelope",
     "new_id",
     "parse",
+    "split_batch",
 ]

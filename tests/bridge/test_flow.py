@@ -13,8 +13,9 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
-from brmcp import parse_payment_required, wire
+from brmcp import parse_payment_required
 from brmcp.bridge import ManualClock
+from tests.kit import pm_messages
 from tests.kit.bridge import (
     BOT,
     CLIENT,
@@ -276,15 +277,25 @@ async def test_call_key_reused_on_reissue(tmp_path: Path) -> None:
             env.harness.config.hold_seconds = 0
 
             def spy(peer: str, text: str) -> None:
-                part = wire.parse(text)
-                if part is not None and part.total == 1:
-                    message = json.loads(part.chunk)
+                for message in pm_messages(text):
                     if message.get("method") == "tools/call":
-                        seen.append(message["params"].get("_meta"))
+                        params = message["params"]
+                        assert isinstance(params, dict)
+                        seen.append(params.get("_meta"))
                 bot_router.handle_pm(peer, text)
 
             env.fabric.attach(BOT, spy)
+            answered = bot_router.stats.messages_sent
+
+            async def after_the_refusal(payee: str, atoms: int) -> None:
+                # The tip lands once the bot answered the first send, so that
+                # send is refused and reissued (not charged on arrival).
+                await until(lambda: bot_router.stats.messages_sent > answered and len(seen) == 1)
+                await env.payer.credit(payee, atoms)
+
+            env.payer.behaviour = after_the_refusal
             async with env.session() as session:
+                answered = bot_router.stats.messages_sent
                 result = await session.call_tool(
                     "paid", {"text": "x"}, meta={"brmcp/callKey": "agent-chosen-key", "x": 1}
                 )
@@ -297,9 +308,11 @@ async def test_call_key_reused_on_reissue(tmp_path: Path) -> None:
     assert len(key) == 32
     assert int(key, 16) >= 0
     # Besides the key: the modern era's envelope keys (io.modelcontextprotocol/*)
-    # and the bridge's own pay-alongside mark and process epoch (one for both).
+    # and the bridge's own pay-alongside mark and process epoch (one for both);
+    # the transport's batch mark (WIRE.md §Batches) is its router's, not the bridge's.
     own = [
-        {k for k in m if not k.startswith("io.modelcontextprotocol/")} - {"brmcp/payAlongside"} for m in seen
+        {k for k in m if not k.startswith("io.modelcontextprotocol/")} - {"brmcp/payAlongside", "brmcp/batch"}
+        for m in seen
     ]
     assert all(keys == {"brmcp/callKey", "brmcp/callerEpoch"} for keys in own)
     assert len({m["brmcp/callerEpoch"] for m in seen}) == 1

@@ -34,7 +34,7 @@ from mcp.shared.message import SessionMessage
 from trio.testing import MockClock
 
 import brmcp.testing.fabric as fabric_module
-from brmcp import Router, wire
+from brmcp import Router
 from brmcp.bridge.link import BotLink
 from brmcp.bridge.retry import SAMPLE_LIMIT, RetryPolicy, RttEstimator, relay_estimator
 from brmcp.bridge.snapshots import BotSnapshot, SnapshotStore
@@ -42,7 +42,7 @@ from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric, Faults
 from brmcp.transport.conn import SendReceipt, send_receipt
 from brmcp.transport.router import RouterOptions
-from tests.kit import BOT, CLIENT, OTHER_BOT
+from tests.kit import BOT, CLIENT, OTHER_BOT, pm_messages
 from tests.kit.bridge import bridge_env
 
 #: The relay of ``brmcp demo --latency 1500``: 1.5 s per PM, 20 % jitter.
@@ -247,11 +247,9 @@ class GatedSender:
 
     async def send_pm(self, peer: str, text: str) -> None:
         self.begun += 1
-        part = wire.parse(text)
-        if part is not None and part.total == 1:
-            message = json.loads(part.chunk)
+        for message in pm_messages(text):
             if "id" in message and isinstance(message.get("method"), str):
-                key = (peer, message["method"])
+                key = (peer, str(message["method"]))
                 self.requests[key] = self.requests.get(key, 0) + 1
         await self.gate.wait()
         if self.fail is not None:

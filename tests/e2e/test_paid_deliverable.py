@@ -12,8 +12,9 @@ import anyio
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from brmcp import RouterOptions, wire
+from brmcp import RouterOptions
 from brmcp.server import CallContext, Harness, HarnessConfig
+from tests.kit import pm_parts
 from tests.kit.harness import ALICE, BOT, call, err_text, served
 
 
@@ -57,9 +58,9 @@ async def test_the_boundary_is_exact(tmp_path: Path, chunk_size: int) -> None:
     sizes: dict[str, int] = {}
 
     def measure(sender: str, to: str, text: str) -> None:
-        part = wire.parse(text)
-        if part is not None and sender == BOT:
-            sizes[part.mid] = sizes.get(part.mid, 0) + len(part.chunk)
+        for part in pm_parts(text):
+            if sender == BOT:
+                sizes[part.mid] = sizes.get(part.mid, 0) + len(part.chunk)
 
     with anyio.fail_after(60):
         async with served(harness) as srv, srv.client(ALICE) as s:

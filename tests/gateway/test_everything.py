@@ -342,11 +342,13 @@ async def test_streamable_http_upstream_that_stops_is_reconnected(tmp_path: Path
     port = free_port()
     upstream = UpstreamConfig(url=f"http://127.0.0.1:{port}/mcp")
     async with everything_http(tmp_path, port):
-        stack = gateway_stack(tmp_path, upstream, PRICES, health_interval=0.2)
+        # A call that finds the upstream down waits at most 2 s for it.
+        stack = gateway_stack(tmp_path, upstream, PRICES, health_interval=0.2, ready_timeout=2.0)
         env = await stack.__aenter__()
     try:
-        # The server is gone: the next call fails and is refunded; the
-        # gateway notices (failed ping) and keeps trying to reconnect.
+        # The server is gone: the next call fails and is refunded (whether it
+        # reached the gateway before or after a failed ping noticed); the
+        # gateway keeps trying to reconnect.
         async with env.session() as session:
             failed = await call(session, "get-sum", {"a": 1, "b": 1})
         assert failed.is_error

@@ -28,8 +28,7 @@ from brmcp.serve.tools import register_tools
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric
 from brmcp.testing.pipe import PipePeer
-from brmcp.wire import parse
-from tests.kit import BOT, CLIENT
+from tests.kit import BOT, CLIENT, pm_parts
 
 TOKEN = "interop-token-0123456789abcdef"
 START = 1_800_000_000
@@ -82,14 +81,12 @@ class Tap:
         for f, t, text in self.pms:
             if (f, t) != (from_uid, to_uid):
                 continue
-            part = parse(text)
-            if part is None:
-                continue
-            got = chunks.setdefault(part.mid, {})
-            got[part.seq] = part.chunk
-            if len(got) == part.total:
-                out.append((b"".join(got[i] for i in range(1, part.total + 1)), part.total))
-                del chunks[part.mid]
+            for part in pm_parts(text):
+                got = chunks.setdefault(part.mid, {})
+                got[part.seq] = part.chunk
+                if len(got) == part.total:
+                    out.append((b"".join(got[i] for i in range(1, part.total + 1)), part.total))
+                    del chunks[part.mid]
         return out
 
     def json(self, from_uid: str, to_uid: str) -> list[dict[str, Any]]:

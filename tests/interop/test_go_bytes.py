@@ -47,7 +47,9 @@ async def _direct(kind: str, tmp_path: Path, binary: Path) -> AsyncIterator[tupl
             if kind == "go"
             else py_harness(fabric, tmp_path / kind)
         )
-        async with cm, fabric.router(CLIENT) as router:
+        # A client without batches, as the Go bridge is: what it is answered
+        # carries no transport mark (WIRE.md §Batches).
+        async with cm, fabric.router(CLIENT, batch=False) as router:
             conn = router.dial(BOT)
             async with ClientSession(conn.read_stream, conn.write_stream, read_timeout_seconds=30) as session:
                 await session.initialize()

@@ -18,10 +18,12 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp.types import TextContent
 
 from brmcp.testing import Fabric, Faults
+from brmcp.wire import is_batch, parse
 
 from .live import (
     BOT,
@@ -128,6 +130,16 @@ async def test_paid_session_across_implementations(
         assert harness.executions("blob") == 1
         assert harness.executions("echo") == 1
         assert harness.executions("fortune") == 1
+
+        # Go peers never see a batch (WIRE.md §Batches): every PM on both
+        # directions is one ordinary part, and ours learned that the Go
+        # peer does not take batches from its first answer.
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(s.call_tool, "echo", {"text": f"burst {i}"})
+        assert all(not is_batch(text) for _, _, text in tap.pms)
+        assert all(parse(text) is not None for _, _, text in tap.pms)
+        assert all(p["params"].get("_meta", {}).get("brmcp/batch") is None for p in tap.calls("echo")[1:])
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS)

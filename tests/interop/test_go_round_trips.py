@@ -63,7 +63,16 @@ async def test_our_bridge_with_the_go_harness_falls_back_and_pays_once(
             # The marked initialize (the Go harness answers it plainly), then
             # exactly the reference's warm-up: no PM more than the Go bridge.
             assert methods[:3] == ["initialize", "notifications/initialized", "tools/list"]
-            assert tap.json(CLIENT, BOT)[0]["params"]["_meta"] == {"brmcp/listTools": True}
+            # The first request also asks whether the bot takes batches
+            # (WIRE.md §Batches); the Go harness's answer lacks the mark, so
+            # no later request carries it and no batch is ever sent.
+            first = tap.json(CLIENT, BOT)[0]["params"]["_meta"]
+            assert first == {"brmcp/listTools": True, "brmcp/batch": 1490000}
+            assert all(
+                "brmcp/batch" not in (m.get("params") or {}).get("_meta", {})
+                for m in tap.json(CLIENT, BOT)[1:]
+            )
+            assert bridge.bridge.router.batch_limit(BOT) is None
             fortune = await s.call_tool("fortune", {})
             assert not fortune.is_error, [c.text for c in fortune.content if isinstance(c, TextContent)]
             # Paid alongside: the Go harness ignored the mark and refused; the

@@ -17,13 +17,15 @@
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Awaitable, Callable
 
 import anyio
 
+from brmcp import wire
 from brmcp.testing import uid
 
-__all__ = ["ALICE", "BOB", "BOT", "CLIENT", "OTHER_BOT", "until"]
+__all__ = ["ALICE", "BOB", "BOT", "CLIENT", "OTHER_BOT", "pm_messages", "pm_parts", "until"]
 
 #: The bot (a harness) in every stack.
 BOT = uid(1)
@@ -48,3 +50,22 @@ async def until(predicate: Callable[[], Awaitable[bool] | bool], limit: float = 
             if value:
                 return
             await anyio.sleep(0.005)
+
+
+def pm_parts(text: str) -> list[wire.Part]:
+    """The envelope parts one PM carries: its own, or each line of a batch
+    PM (WIRE.md §Batches); none for chat."""
+    lines = wire.split_batch(text)
+    parts = (wire.parse(line) for line in (lines if lines is not None else [text]))
+    return [part for part in parts if part is not None]
+
+
+def pm_messages(text: str) -> list[dict[str, object]]:
+    """The single-part JSON-RPC messages (objects) one PM carries."""
+    out: list[dict[str, object]] = []
+    for part in pm_parts(text):
+        if part.total == 1:
+            value = json.loads(part.chunk)
+            if isinstance(value, dict):
+                out.append(value)
+    return out

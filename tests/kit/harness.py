@@ -20,7 +20,7 @@ import anyio
 import mcp.types as types
 from mcp import ClientSession
 
-from brmcp import Router
+from brmcp import Router, wire
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric, uid
 from tests.kit import ALICE, BOB, BOT
@@ -41,20 +41,21 @@ class Served:
     router: Router
     stack: AsyncExitStack
     clients: dict[str, Router] = field(default_factory=dict)
-    #: PMs the bot has received so far (every one is passed to its router)
+    #: Envelope parts the bot has received so far (every PM is passed to
+    #: its router; a batch PM counts each of its parts, WIRE.md §Batches)
     pms: int = 0
     _waiters: list[tuple[int, anyio.Event]] = field(default_factory=list)
 
     def tap(self, peer: str, text: str) -> None:
         """The bot's fabric endpoint: hand to the router, then count."""
         self.router.handle_pm(peer, text)
-        self.pms += 1
+        self.pms += len(wire.split_batch(text) or [text])
         for count, event in self._waiters:
             if self.pms >= count:
                 event.set()
 
     async def wait_pms(self, count: int) -> None:
-        """Wait until the bot has received ``count`` PMs in total."""
+        """Wait until the bot has received ``count`` parts in total."""
         if self.pms >= count:
             return
         event = anyio.Event()

@@ -28,6 +28,7 @@ from brmcp.bridge import Settings
 from brmcp.bridge.daemon import read_runtime
 from brmcp.clientrpc import load_bot_config
 from brmcp.serve import init_datadir
+from brmcp.serve.config import SERVE_CONFIG_FILE, ServeConfig, write_serve_config
 from brmcp.testing.brnet import BrNet, BrNetUser
 
 TOKEN = "realnet-agent-token-0123456789ab"
@@ -171,9 +172,14 @@ class Stack:
             await anyio.sleep(0.2)
 
 
-def start_serve(net: BrNet, bot: BrNetUser, caller: BrNetUser, datadir: Path) -> Daemon:
+def start_serve(
+    net: BrNet, bot: BrNetUser, caller: BrNetUser, datadir: Path, calls_per_minute: int | None = None
+) -> Daemon:
     conf = bot.install_conf(datadir, "brmcp-serve")
     init_datadir(datadir, bot_config=load_bot_config(conf), allowed_uids=[caller.uid])
+    if calls_per_minute is not None:
+        config = ServeConfig(allowed_uids=(caller.uid,), calls_per_minute=calls_per_minute)
+        write_serve_config(datadir / SERVE_CONFIG_FILE, config)
     daemon = Daemon([sys.executable, "-m", "brmcp.serve", "--datadir", str(datadir)], datadir / "serve.out")
     daemon.start()
     return daemon
@@ -204,14 +210,16 @@ async def real_stack(
     tmp_path: Path,
     *,
     net_options: dict[str, Any] | None = None,
+    calls_per_minute: int | None = None,
     **settings: Any,
 ) -> AsyncIterator[Stack]:
     """brnet with users ``bot`` and ``alice``, brmcp-serve on ``bot`` (alice
-    allowed), brmcp-bridge on ``alice`` (autopay, caps 20,000 / 1,000,000)."""
+    allowed; ``calls_per_minute`` its rate limit, default the serve
+    default), brmcp-bridge on ``alice`` (autopay, caps 20,000 / 1,000,000)."""
     options = {"users": ("bot", "alice"), **(net_options or {})}
     net = await anyio.to_thread.run_sync(lambda: factory(**options))
     bot, alice = net.user("bot"), net.user("alice")
-    serve = start_serve(net, bot, alice, tmp_path / "serve")
+    serve = start_serve(net, bot, alice, tmp_path / "serve", calls_per_minute)
     bridge = start_bridge(alice, bot, tmp_path / "bridge", **settings)
     stack = Stack(net, bot, alice, tmp_path / "serve", tmp_path / "bridge", serve, bridge)
     try:

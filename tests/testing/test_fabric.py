@@ -11,6 +11,7 @@ import pytest
 from trio.testing import MockClock
 
 from brmcp.testing import Fabric, Faults, LinkDownError, PMTooLargeError, uid
+from brmcp.testing.fabric import MAX_PM_BYTES
 from tests.kit import until
 
 A, B, C = uid(10), uid(11), uid(12)
@@ -191,9 +192,11 @@ async def test_routed_message_limit_refuses_oversize_pms() -> None:
     async with Fabric() as fabric:
         inbox = Inbox()
         fabric.attach(B, inbox)
-        limit = 1 << 20
+        # BR's max message size less the routed message's framing.
+        limit = MAX_PM_BYTES
+        assert limit == 1_887_437 - 256
         await fabric.sender(A).send_pm(B, "x" * limit)
-        with pytest.raises(PMTooLargeError, match="1048576-byte"):
+        with pytest.raises(PMTooLargeError, match=f"{limit}-byte"):
             await fabric.sender(A).send_pm(B, "x" * (limit + 1))
         # The limit counts UTF-8 bytes: 2 bytes per "é".
         with pytest.raises(PMTooLargeError):

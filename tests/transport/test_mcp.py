@@ -60,7 +60,8 @@ async def test_outgoing_pms_are_compact_envelopes_with_ttl_deadline() -> None:
 
         fabric.attach(BOT, tap)
         start = time.time()
-        async with server, fabric.router(ALICE, ttl=30.0) as client, session(client, BOT) as s:
+        # Unpaced, each write is its own PM (paced, later ones would share a batch).
+        async with server, fabric.router(ALICE, ttl=30.0, pm_interval=0) as client, session(client, BOT) as s:
             await call(s, "echo", {"token": "x"})
         end = time.time()
     # initialize, notifications/initialized, tools/call: one single-part PM each.
@@ -75,18 +76,28 @@ async def test_outgoing_pms_are_compact_envelopes_with_ttl_deadline() -> None:
         assert b'", "' not in part.chunk
 
 
-async def test_five_mib_result_crosses_as_many_parts() -> None:
+@pytest.mark.parametrize("batch", [True, False], ids=["batch-peers", "v1-peers"])
+async def test_five_mib_result_crosses_as_many_parts(batch: bool) -> None:
     n = 5 * 1024 * 1024
-    async with bot_and_alice() as (fabric, _bot, server, client), session(client, BOT, read_timeout=30) as s:
+    async with (
+        bot_and_alice(batch=batch) as (fabric, _bot, server, client),
+        session(client, BOT, read_timeout=30) as s,
+    ):
         before = fabric.link(BOT, ALICE).pms
         sent_before = server.stats.pms_sent
         text = await call(s, "big", {"n": n})
         parts = fabric.link(BOT, ALICE).pms - before
     assert text == big_text(n)
-    # The JSON-RPC response is a little over 5 MiB: ceil(5 MiB / 204800) = 26 parts.
-    assert parts == math.ceil(n / wire.DEFAULT_CHUNK_SIZE) == 26
+    if batch:
+        # Both routers take batches (WIRE.md §Batches): each part fills one
+        # batch PM, ceil(5 MiB / 1,117,299) = 5 parts.
+        chunk = (wire.MAX_BATCH_BYTES - 256) // 4 * 3
+        assert parts == math.ceil(n / chunk) == 5
+    else:
+        # The JSON-RPC response is a little over 5 MiB: ceil(5 MiB / 204800) = 26 parts.
+        assert parts == math.ceil(n / wire.DEFAULT_CHUNK_SIZE) == 26
     assert server.stats.pms_sent - sent_before == parts
-    # Every part fits BR's 1 MiB routed-message limit (default max_pm_bytes).
+    # Every part fits BR's message limit (default max_pm_bytes).
     assert fabric.stats.pms_refused == 0
     assert client.assembler.pending_messages == 0
     assert client.assembler.buffered_bytes == 0
@@ -209,8 +220,12 @@ async def test_inbound_messages_carry_the_peer_as_request_context() -> None:
 
 
 async def test_oversize_result_becomes_an_error_response() -> None:
-    # 64 parts x 1 KiB = 64 KiB is the most one message can carry at this chunk size.
-    async with bot_and_alice(chunk_size=1024) as (_fabric, _bot, _server, client), session(client, BOT) as s:
+    # 64 parts x 1 KiB = 64 KiB is the most one message can carry at this
+    # chunk size (between v1 peers: a batch peer gets larger parts).
+    async with (
+        bot_and_alice(chunk_size=1024, batch=False) as (_fabric, _bot, _server, client),
+        session(client, BOT) as s,
+    ):
         with pytest.raises(MCPError, match="exceeds the transport limit of 65536 bytes"):
             await call(s, "big", {"n": 70_000})
         # The session survives; smaller results still flow (as several parts).

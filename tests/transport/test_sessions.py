@@ -175,7 +175,8 @@ async def test_inbox_overflow_closes_the_session() -> None:
 
     async with Fabric() as fabric:
         server = fabric.router(BOT, accept=lazy_accept, inbox_size=2)
-        async with server, fabric.router(ALICE) as client:
+        # Unpaced: every write is delivered before it returns.
+        async with server, fabric.router(ALICE, pm_interval=0) as client:
             conn = client.dial(BOT)
             for _ in range(2):
                 await conn.write_stream.send(_notification())
@@ -203,7 +204,8 @@ async def test_request_delayed_past_its_deadline_is_dropped() -> None:
     skew = [0.0]
     async with Fabric() as fabric:
         server = fabric.router(BOT, accept=bot.accept, clock=lambda: time.time() + skew[0])
-        async with server, fabric.router(ALICE, ttl=5.0) as client, session(client, BOT) as s:
+        # Unpaced: one PM per message, each stored while BOT is offline.
+        async with server, fabric.router(ALICE, ttl=5.0, pm_interval=0) as client, session(client, BOT) as s:
             fabric.set_offline(BOT)
             outcome: list[BaseException] = []
 
@@ -282,7 +284,11 @@ async def test_oversize_pm_is_refused_to_the_sender() -> None:
     bot = Bot()
     token = "z" * 10_000
     async with Fabric(max_pm_bytes=4096) as fabric:
-        async with fabric.router(BOT, accept=bot.accept, chunk_size=2048), fabric.router(ALICE) as client:
+        # v1 peers (no batches, whose parts would be larger than the chunk size).
+        async with (
+            fabric.router(BOT, accept=bot.accept, chunk_size=2048, batch=False),
+            fabric.router(ALICE) as client,
+        ):
             conn = client.dial(BOT)
             async with ClientSession(conn.read_stream, conn.write_stream, read_timeout_seconds=5) as s:
                 await s.initialize()
@@ -294,8 +300,8 @@ async def test_oversize_pm_is_refused_to_the_sender() -> None:
                 assert fabric.stats.pms_refused == 1
         # With a chunk size under the relay limit the same call crosses as several parts.
         async with (
-            fabric.router(BOT, accept=bot.accept, chunk_size=2048) as server,
-            fabric.router(ALICE, chunk_size=2048) as client,
+            fabric.router(BOT, accept=bot.accept, chunk_size=2048, batch=False) as server,
+            fabric.router(ALICE, chunk_size=2048, pm_interval=0) as client,
             session(client, BOT) as s,
         ):
             before = fabric.link(ALICE, BOT).pms

@@ -154,8 +154,10 @@ class _Methods:
         # A brclient that is off the relay holds the call until it is back.
         await self._relay.wait_online(self._settings.uid)
         try:
+            # Paced (pm_pacing > 0), the call returns once the relay queued
+            # the PM; the fabric's faults and refusals come after (FakeRelay.send_pm).
             await self._relay.send_pm(self._settings.uid, target, text, pacing=self._settings.pm_pacing)
-        except Exception as exc:  # the fabric's size limit or an injected link failure
+        except Exception as exc:  # unpaced: the fabric's size limit or an injected link failure
             raise RPCFault(CODE_INTERNAL, str(exc)) from None
 
     async def _tip_user(self, request: Mapping[str, Any]) -> None:

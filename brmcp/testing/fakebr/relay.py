@@ -7,6 +7,17 @@ server timestamp brclient reports as ``timestampMs``). Only KX'd contacts can
 exchange PMs and tips (anything else is ``user <x> not found`` at the
 sender). Tips are simulated: a tip from A to B emits tip-progress events at A
 and, once B is online, a received tip at B.
+
+PM pacing (a fake brclient's ``pm_pacing``) is modelled on the real network:
+there the ``PM`` call returns once the relay has the PM, and the recipient
+fetches the PMs of one sender one at a time, subscribing to the next
+rendezvous point ≈ 0.1 s after each (bisonrelay batches its rendezvous
+subscriptions with that delay). So a paced PM is accepted at once and waits
+in the relay, in a queue per direction (from, to) that a task of the relay
+drains: in order, the first PM after an idle spell at once, each later one
+``pacing`` seconds after the one before. Directions are independent. The PMs
+are the relay's: a sender that stops does not lose them; they are lost only
+when the relay stops.
 """
 
 from __future__ import annotations
@@ -82,7 +93,13 @@ class FakeRelay:
         self._contacts: dict[str, dict[str, None]] = {}
         self._clients: dict[str, RelayMember] = {}
         self._pm_times: dict[tuple[str, str], deque[tuple[str, int]]] = {}
-        self._last_pm: dict[tuple[str, str], float] = {}
+        # Paced PMs not yet handed to the fabric, per direction: (text, pacing, stamp entry).
+        self._outbox: dict[tuple[str, str], deque[tuple[str, float, tuple[str, int]]]] = {}
+        self._pacers: set[tuple[str, str]] = set()  # directions whose queue a task drains now
+        self._last_pm: dict[tuple[str, str], float] = {}  # anyio time of each direction's last hand-off
+        #: Paced PMs the fabric refused when the relay handed them on (an
+        #: injected send failure, its size limit); each was logged and lost.
+        self.pms_lost = 0
         self._tip_locks: dict[tuple[str, str], anyio.Lock] = {}
         self._online: anyio.Event | None = None
         self._tips_waiting = 0
@@ -214,29 +231,84 @@ class FakeRelay:
                     return stamp
         return _relay_stamp()
 
-    async def send_pm(self, from_uid: str, to_uid: str, text: str, *, pacing: float = 0.0) -> None:
-        """Hand a PM to the relay (stamped now, in whole seconds as the BR
-        server does); raises the fabric's errors (``PMTooLargeError``,
-        ``LinkDownError``). ``pacing``: a PM that follows another in the same
-        direction sooner than this many seconds waits for the rest."""
-        if pacing > 0:
-            key = (from_uid, to_uid)
-            now = time.monotonic()
-            due = self._last_pm.get(key, 0.0) + pacing
-            self._last_pm[key] = max(now, due)
-            if due > now:
-                await anyio.sleep(due - now)
+    @property
+    def pms_queued(self) -> int:
+        """Paced PMs accepted and not yet handed to the fabric (every direction)."""
+        return sum(len(queue) for queue in self._outbox.values())
+
+    def _stamp(self, from_uid: str, to_uid: str, text: str) -> tuple[str, int]:
+        """Record the relay's timestamp of a PM it takes now (delivery pops it)."""
         queue = self._pm_times.setdefault((from_uid, to_uid), deque())
         entry = (text, _relay_stamp())
         queue.append(entry)
         if len(queue) > 10_000:
             queue.popleft()
+        return entry
+
+    def _unstamp(self, from_uid: str, to_uid: str, entry: tuple[str, int]) -> None:
+        queue = self._pm_times.get((from_uid, to_uid))
+        if queue is not None and entry in queue:
+            queue.remove(entry)
+
+    async def send_pm(self, from_uid: str, to_uid: str, text: str, *, pacing: float = 0.0) -> None:
+        """Hand a PM to the relay, stamped now (in whole seconds, as the BR
+        server does).
+
+        ``pacing`` <= 0: the PM goes to the fabric in this call, which raises
+        the fabric's errors (``PMTooLargeError``, ``LinkDownError``).
+
+        ``pacing`` > 0 (a real brclient's timing): the PM joins its
+        direction's queue and the call returns at once; the relay hands it to
+        the fabric in order, the first after an idle spell at once, each
+        later one ``pacing`` seconds after the one before (the module text).
+        What the fabric does then happens after the call has returned, as on
+        the real network: a PM that its faults drop, or that it refuses (an
+        injected send failure, its size limit), is lost; a refusal is logged
+        and counted in :attr:`pms_lost`. Needs the relay entered."""
+        entry = self._stamp(from_uid, to_uid, text)
+        if pacing <= 0:
+            try:
+                await self.fabric.sender(from_uid).send_pm(to_uid, text)
+            except BaseException:
+                self._unstamp(from_uid, to_uid, entry)
+                raise
+            return
+        tg = self._tg
+        if tg is None:
+            self._unstamp(from_uid, to_uid, entry)
+            raise RuntimeError("FakeRelay must be entered ('async with relay')")
+        key = (from_uid, to_uid)
+        self._outbox.setdefault(key, deque()).append((text, pacing, entry))
+        if key not in self._pacers:
+            self._pacers.add(key)
+            tg.start_soon(self._drain, key)
+
+    async def _drain(self, key: tuple[str, str]) -> None:
+        """Hand one direction's queued PMs to the fabric, paced; ends when the
+        queue is empty (the next PM starts another drain)."""
+        from_uid, to_uid = key
+        queue = self._outbox[key]
+        sender = self.fabric.sender(from_uid)
         try:
-            await self.fabric.sender(from_uid).send_pm(to_uid, text)
-        except BaseException:
-            if entry in queue:
-                queue.remove(entry)
-            raise
+            while queue:
+                text, pacing, entry = queue[0]
+                last = self._last_pm.get(key)
+                if last is not None:
+                    wait = last + pacing - anyio.current_time()
+                    if wait > 0:
+                        await anyio.sleep(wait)
+                queue.popleft()
+                self._last_pm[key] = anyio.current_time()
+                try:
+                    await sender.send_pm(to_uid, text)
+                except Exception as exc:  # the fabric refused it: lost, as a relay drop would be
+                    self._unstamp(from_uid, to_uid, entry)
+                    self.pms_lost += 1
+                    log.warning("fakebr relay: PM from %s to %s lost: %s", from_uid[:8], to_uid[:8], exc)
+        finally:
+            self._pacers.discard(key)
+            if not queue:
+                self._outbox.pop(key, None)
 
     def start_tip(
         self,

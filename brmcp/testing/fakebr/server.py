@@ -177,9 +177,10 @@ class FakeBRClient:
     allow_remote_send_tip = _In[bool]("_settings")
     max_remote_send_tip_amt = _In[float]("_settings")
     max_in_flight = _In[int]("_settings")
-    #: Speed option (0 = off): seconds between back-to-back PMs in one
-    #: direction, and the time one tip takes; a real brclient batches its
-    #: rendezvous subscriptions every 0.1 s.
+    #: Speed option (0 = off): seconds between the deliveries of
+    #: back-to-back PMs in one direction (the ``PM`` call still returns at
+    #: once; :meth:`FakeRelay.send_pm`), and the time one tip takes; a real
+    #: brclient batches its rendezvous subscriptions every 0.1 s.
     pm_pacing = _In[float]("_settings")
     #: Speed option (0 = off): ``TipUser`` blocks until this many seconds
     #: after the fake started (brclient's ``tipuser.restartdelay``, 60 s).
