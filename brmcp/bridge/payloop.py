@@ -29,7 +29,10 @@ mirror server of a bot (:mod:`.proxy`) took is sent, paid for and reissued.
 While a payment of the call waits for the user's approval, an agent that
 asked for progress is told so every :data:`APPROVAL_PROGRESS_INTERVAL` s
 (:meth:`PaymentLoop._approval_progress`). A payment may go out alongside the
-call's first send, or a prepayment be waited for (:mod:`.funding`).
+call's first send, or a prepayment be waited for (:mod:`.funding`). In
+autopay mode one payment to a bot is in flight at a time: a call that would
+pay while another call's payment decides waits for that call's answer, then
+pays what the credit then known leaves short, or nothing (:mod:`.funding`).
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ from ._money import already, charged, spent, with_money
 from ._money import refunded as refunded_of
 from .approvals import PendingPayment, call_arguments
 from .budget import CallBudget, listing_of
-from .funding import Funding, Payment
+from .funding import Funding, Payment, Share
 from .link import BotLink, DeadlineError, HostOffline, LinkError
 from .relay import AgentCall, strip_reserved_meta
 from .settings import Settings
@@ -130,18 +133,34 @@ class _Withdrawn:
 #: alongside failed; ask again unmarked.
 WITHDRAWN = _Withdrawn()
 
+
+class _Covered:
+    """The type of :data:`_COVERED`."""
+
+    __slots__ = ()
+
+
+#: :meth:`PaymentLoop._decide`: the credit known now covers the refused call;
+#: ask again, paying nothing.
+_COVERED = _Covered()
+#: Most such reissues of one call before it pays as asked.
+_MAX_COVERED = 2
+
 #: The error of a call in flight when the bridge stops (:meth:`PaymentLoop.stop`),
 #: followed by what was paid for it.
 STOPPING = "the bridge is stopping, so this call ends without the bot's result"
 
 
 class _Alongside:
-    """The payment made alongside one call, while its budget does not count it."""
+    """The payment made alongside one call, while its budget does not count
+    it, and the call's share of the credit at the bot (:mod:`.funding`)."""
 
-    __slots__ = ("payment",)
+    __slots__ = ("funding", "payment", "share")
 
     def __init__(self) -> None:
         self.payment: Payment | None = None
+        self.funding: Funding | None = None
+        self.share: Share | None = None
 
 
 class PaymentLoop:
@@ -300,6 +319,10 @@ class PaymentLoop:
                 return await self._run(tool, arguments, tracked, key, reused, budget, alongside)
         finally:
             self._calls.discard(scope)
+            if alongside.funding is not None:
+                # Whatever ended the call: what it counted on is free, and a
+                # payment made alongside it is credit for the other calls.
+                alongside.funding.done(alongside.share)
         # Only a stop of the bridge cancels this scope (and ends up here).
         paid = charged(*spent(budget, alongside.payment))
         log.info("call of %s to bot %s ended: the bridge is stopping; %s", tool, self.link.uid[:8], paid)
@@ -334,25 +357,37 @@ class PaymentLoop:
         polls = POLL_ATTEMPTS - 1 if budget.payments and not budget.landing else 0
         era_switched = False
         funding = self.funding
+        # The logical call's deadline: the message TTL from its start, plus
+        # the time spent deciding and making payments.
+        deadline = anyio.current_time() + self.link.ttl
         # A re-sent call (an earlier copy's key) may be answered from the bot's
         # record of that copy: never pay alongside it; nor alongside a call
         # already paid for, nor one the bot will refuse anyway (arguments
         # that do not satisfy the tool's input schema).
-        ahead = (
-            funding.alongside(tool, gone, call_key=key)
-            if funding is not None
+        share: Share | None = None
+        if (
+            funding is not None
             and not reused
             and budget.payments == 0
             and budget.listing.kind == "fixed"
             and self._arguments_valid(tool, arguments)
-            else None
-        )
+        ):
+            alongside.funding = funding
+            try:
+                # Another call's payment to this bot may decide first (one
+                # payment ahead of need at a time): this may wait for its answer.
+                share = alongside.share = await funding.alongside(tool, gone, call_key=key, deadline=deadline)
+            except TimeoutError:
+                waited = f"waited for the answer to another call's payment to bot {bot[:8]}"
+                raise MCPError(
+                    INTERNAL_ERROR,
+                    f"the call's deadline passed while it {waited}; nothing was paid for this call",
+                ) from None
+        ahead = share.payment if share is not None else None
         alongside.payment = ahead
         plain = request
         retries = 0
-        # The logical call's deadline: the message TTL from its start, plus
-        # the time spent deciding and making payments.
-        deadline = anyio.current_time() + self.link.ttl
+        covers = 0
         if ahead is not None:
             # Only the first send is marked; reissues are plain.
             request = _with_meta(request, {PAY_ALONGSIDE_KEY: ahead.amount})
@@ -435,7 +470,7 @@ class PaymentLoop:
                 request = plain = _with_key(plain, secrets.token_hex(16))
                 continue
             if funding is not None:
-                funding.observe(tool, result, ahead, refusal=refusal, listing=budget.listing)
+                funding.observe(tool, result, ahead, refusal=refusal, listing=budget.listing, share=share)
             if receipt is not None:
                 self._settler.note_balance(bot, receipt.balance_atoms)
             elif refusal is not None:
@@ -444,7 +479,7 @@ class PaymentLoop:
                 self._settler.note_balance(bot, refunded[1])
             if refusal is None:
                 if funding is not None and not result.is_error:
-                    funding.after_call(tool, result)
+                    funding.after_call(tool, result, ahead)
                 if ahead is not None and not ahead.done and receipt is not None:
                     # The bot charged, so the payment made alongside reached
                     # it; its confirmation here is usually a moment behind.
@@ -463,6 +498,8 @@ class PaymentLoop:
                     note = TextContent(type="text", text=f"{self._name}: payment not made: {failed}")
                     return result.model_copy(update={"content": [*result.content, note]})
                 if failed is None:
+                    if funding is not None and share is not None:
+                        funding.landed(share)
                     budget.add(amount)
                     polls = 0
                     if gone is None or not gone.is_set():
@@ -481,12 +518,22 @@ class PaymentLoop:
             paying = anyio.current_time()
             with call_arguments(arguments):
                 reason = await self._decide(
-                    tool, refusal, budget, key, gone, waiting=tracked if wants_progress else None
+                    tool,
+                    refusal,
+                    budget,
+                    key,
+                    gone,
+                    waiting=tracked if wants_progress else None,
+                    share=share,
+                    deadline=deadline,
+                    covered_ok=covers < _MAX_COVERED,
                 )
             deadline += anyio.current_time() - paying
+            if isinstance(reason, _Covered):
+                # Credit known since covers the call: ask again, paying nothing.
+                covers += 1
+                continue
             if reason is None:
-                if funding is not None:
-                    funding.paid(budget.last_atoms)
                 polls = 0
                 if gone is None or not gone.is_set():
                     continue
@@ -524,13 +571,22 @@ class PaymentLoop:
         gone: anyio.Event | None,
         *,
         waiting: AgentCall | None = None,
-    ) -> str | None:
+        share: Share | None = None,
+        deadline: float | None = None,
+        covered_ok: bool = True,
+    ) -> str | _Covered | None:
         """Pay for ``refusal`` within the call's hard bound (:mod:`.budget`)
         and the policy (:class:`Settler`). Returns None once a payment was
         confirmed (counted in ``budget``), else the reason nothing was paid
         (shown after ``<name>: payment not made: ``). ``waiting``: the agent
         call that asked for progress; while the payment is parked for
-        approval it is told so (:meth:`_approval_progress`)."""
+        approval it is told so (:meth:`_approval_progress`).
+
+        ``share``: the call's share of the credit at the bot (:mod:`.funding`).
+        In autopay mode its first payment waits, until ``deadline``, while
+        another payment to the bot is in flight, and is then sized by the
+        credit known (:meth:`Funding.turn`); :data:`_COVERED` when that
+        credit covers the call (only with ``covered_ok``)."""
         settings = self._settings()
         judgement = budget.judge(tool, refusal, settings.per_call_cap_atoms)
         reason = judgement.decline
@@ -567,26 +623,63 @@ class PaymentLoop:
                 reason += already(budget)
             log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
             return reason
+        amount = judgement.amount
+        funding = self.funding
+        turn: Payment | None = None
+        if (
+            funding is not None
+            and share is not None
+            and settings.autopay
+            and not judgement.further
+            and budget.payments == 0
+            and budget.listing.kind == "fixed"
+        ):
+            # One payment to a bot in flight at a time: this one waits for
+            # the one under way, then pays what the credit known leaves short.
+            try:
+                turn = await funding.turn(
+                    share,
+                    amount,
+                    limit=budget.listing.price_atoms,
+                    cap=settings.per_call_cap_atoms,
+                    gone=gone,
+                    deadline=deadline,
+                    covered_ok=covered_ok,
+                )
+            except TimeoutError:
+                reason = "the call's deadline passed while it waited for another call's payment to this bot"
+                log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
+                return reason
+            if turn is None:
+                return _COVERED
+            amount = turn.amount
         asked = PaymentRequired(
             tool=tool,
             price_atoms=refusal.price_atoms,
             balance_atoms=refusal.balance_atoms,
-            shortfall_atoms=judgement.amount,
+            shortfall_atoms=amount,
         )
-        reason = await self._settler.settle(
-            self.link.uid,
-            tool,
-            asked,
-            gone=gone,
-            call_key=key,
-            ask=judgement.further,
-            while_parked=self._approval_progress(waiting) if waiting is not None else None,
-        )
-        if reason is not None:
+        settled: str | None = "not paid"
+        try:
+            settled = await self._settler.settle(
+                self.link.uid,
+                tool,
+                asked,
+                gone=gone,
+                call_key=key,
+                ask=judgement.further,
+                while_parked=self._approval_progress(waiting) if waiting is not None else None,
+            )
+        finally:
+            if turn is not None and funding is not None and share is not None:
+                funding.finish(turn, settled, share)
+        if settled is not None:
             if budget.payments:
-                reason += already(budget)
-            return reason
-        budget.add(judgement.amount)
+                settled += already(budget)
+            return settled
+        budget.add(amount)
+        if funding is not None and turn is None:
+            funding.paid(amount, share)
         return None
 
     def _approval_progress(self, call: AgentCall) -> WhileParked:

@@ -38,11 +38,13 @@ from .. import wire
 
 __all__ = ["DEFAULT_PM_INTERVAL", "QUEUED_BYTES", "QUEUED_PARTS", "Outbox"]
 
-#: Seconds from one PM handed to brclient for a peer to the next: a real
-#: client delivers back-to-back PMs of one direction about 104 ms apart
-#: (docs/clientrpc.md §Observed on a real network), so at most about one PM waits in its
-#: queue, while a call made right after the last one's answer (a round
-#: trip, at least as long) is never held here.
+#: Seconds from the return of one PM handed to brclient for a peer to the
+#: next hand-over. brclient's ``PM`` call returns when the relay acked the
+#: PM, and the recipient fetches the next one about 100 ms after it got the
+#: last: back-to-back PMs of one direction arrive one ``PM`` call plus
+#: 100 ms apart (104 ms on loopback, 357 ms with 250 ms of one-way latency;
+#: docs/clientrpc.md §Observed on a real network). Pacing from the return
+#: follows that pace at any latency, so brclient's own queue stays empty.
 DEFAULT_PM_INTERVAL = 0.1
 
 #: A write that need not wait returns at once while at most this many parts
@@ -193,9 +195,18 @@ class Outbox:
             if not wait:
                 # Queued is enough; a full queue holds the writer until it
                 # has room again (not until its own PM left).
-                await anyio.lowlevel.checkpoint()
-                while lane.flushing and (lane.waiting() > QUEUED_PARTS or lane.bytes > QUEUED_BYTES):
-                    await self._next_progress()
+                queued = False
+                try:
+                    await anyio.lowlevel.checkpoint()
+                    while lane.flushing and (lane.waiting() > QUEUED_PARTS or lane.bytes > QUEUED_BYTES):
+                        await self._next_progress()
+                    queued = True
+                finally:
+                    if not queued and not item.done.is_set():
+                        # Cancelled before the write returned: its parts
+                        # must not leave behind the writer's back, nor keep
+                        # the queue past its bound.
+                        item.withdrawn = True
                 if item.error is not None:
                     raise item.error
                 return
@@ -218,7 +229,12 @@ class Outbox:
             finally:
                 lane.writers -= 1
                 if not item.done.is_set():
-                    item.withdrawn = True  # dropped by the next PM's sender
+                    item.withdrawn = True
+                if not lane.lock.locked():
+                    # No PM is being handed over: forget the writes given up
+                    # (this one, or others that gave up while it sent) now,
+                    # not at a next write that may never come.
+                    self._drop_withdrawn(lane)
         if item.error is not None:
             raise item.error
 
@@ -239,7 +255,7 @@ class Outbox:
             if lane.queue:
                 # Cancelled with parts left (the owner is closing): those
                 # writes fail rather than wait for a flusher that never comes.
-                failure = anyio.ClosedResourceError()
+                failure = anyio.ClosedResourceError("brmcp: router closed before the PM was handed over")
                 while lane.queue:
                     item = lane.queue.popleft()
                     item.fail(failure)
@@ -283,14 +299,11 @@ class Outbox:
         if not texts:
             return
         text = texts[0] if len(texts) == 1 else wire.encode_batch(texts)
-        # The next slot counts from this hand-over's start, as brclient's
-        # pacing counts from the PM it queued.
-        started = anyio.current_time()
         try:
             await self._send(peer, text)
         except Exception as exc:
             # Every message with a part in this PM failed; the rest stay queued.
-            lane.free_at = started + self.interval
+            lane.free_at = anyio.current_time() + self.interval
             for item, _ in taken:
                 lane.bytes -= sum(len(p) for p in item.parts[item.next :])
                 if item in lane.queue:
@@ -301,7 +314,8 @@ class Outbox:
         # (Cancelled while handing over: nobody knows whether it left, so
         # the parts stay queued and go again with the next PM; a duplicate
         # part is ignored by reassembly, a duplicate request replays.)
-        lane.free_at = started + self.interval
+        # The next slot counts from the return (see DEFAULT_PM_INTERVAL).
+        lane.free_at = anyio.current_time() + self.interval
         stats = self.stats
         stats.pms_sent += 1
         stats.parts_sent += len(texts)

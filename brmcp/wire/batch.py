@@ -15,6 +15,7 @@ peers that announced they accept it (``brmcp/batch``, WIRE.md §Batches).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 __all__ = [
@@ -64,22 +65,52 @@ def batch_size(parts: Sequence[str]) -> int:
     return len(BATCH_TAG) + sum(len(p) + 1 for p in parts)
 
 
+#: A character that is not white space (``str.isspace``): a line holding
+#: one is not blank.
+_NOT_SPACE = re.compile(r"\S")
+
+
+def _after_tag(text: str) -> int | None:
+    """Where the lines of the batch PM ``text`` start (just after
+    :data:`BATCH_TAG`), or None when ``text`` is not a batch."""
+    lead = _NOT_SPACE.search(text)
+    if lead is None or not text.startswith(BATCH_TAG, lead.start()):
+        return None
+    start = lead.start() + len(BATCH_TAG)
+    if start < len(text) and text[start] not in "\r\n":
+        return None
+    return start
+
+
 def split_batch(text: str) -> list[str] | None:
     """The part lines of a batch PM, in order (each to be parsed as one PM
     text by :func:`~brmcp.wire.parse`), or None when ``text`` is not a batch.
     Surrounding white space is ignored; blank lines are skipped; lines past
-    :data:`MAX_BATCH_PARTS` are dropped (WIRE.md §Batches)."""
-    body = text.lstrip()
-    if not body.startswith(BATCH_TAG):
+    :data:`MAX_BATCH_PARTS` are dropped (WIRE.md §Batches).
+
+    Only the lines kept are cut out: the scan jumps from one non-blank line
+    to the next, so a PM of millions of blank or tiny lines costs one pass
+    over its text and at most :data:`MAX_BATCH_PARTS` strings."""
+    pos = _after_tag(text)
+    if pos is None:
         return None
-    rest = body[len(BATCH_TAG) :]
-    if rest and rest[0] not in "\r\n":
-        return None
-    lines = [line for line in rest.split("\n") if line.strip()]
-    return lines[:MAX_BATCH_PARTS]
+    lines: list[str] = []
+    search = _NOT_SPACE.search
+    while len(lines) < MAX_BATCH_PARTS:
+        found = search(text, pos)
+        if found is None:
+            break
+        inside = found.start()
+        begin = max(pos, text.rfind("\n", pos, inside) + 1)
+        end = text.find("\n", inside)
+        if end < 0:
+            end = len(text)
+        lines.append(text[begin:end])
+        pos = end
+    return lines
 
 
 def is_batch(text: str) -> bool:
     """True when ``text`` is a batch PM (:func:`split_batch` would not
     return None): brmcp traffic, never chat."""
-    return text.lstrip().startswith(BATCH_TAG) and split_batch(text) is not None
+    return _after_tag(text) is not None

@@ -19,11 +19,39 @@ from brmcp.bridge.funding import Funding
 from brmcp.bridge.settings import settings_from_json
 from brmcp.protocol.payment import PAY_ALONGSIDE_KEY, parse_receipt
 from brmcp.testing.fabric import Faults
+from tests.kit import pm_parts
 from tests.kit.bridge import BOT, CLIENT, Env, bridge_env, call, fixture_settings, texts, until
 
 
 def pms(env: Env) -> int:
-    return env.fabric.link(CLIENT, BOT).pms + env.fabric.link(BOT, CLIENT).pms
+    """Messages between the bridge and the bot so far: envelope parts, a
+    batch PM counting each of its parts (WIRE.md §Batches)."""
+    counter = getattr(env, "_parts", None)
+    if counter is None:
+        counter = _PartCount()
+        env.fabric.add_tap(counter)
+        env._parts = counter  # type: ignore[attr-defined]
+    return counter.n
+
+
+class _PartCount:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, from_uid: str, to_uid: str, text: str) -> None:
+        if {from_uid, to_uid} == {CLIENT, BOT}:
+            self.n += len(pm_parts(text))
+
+
+def credit_once(env: Env, ready: Any) -> Any:
+    """A payer that credits the bot only once ``ready()`` holds (the call
+    reached the bot): a tip takes longer than a PM on a real relay."""
+
+    async def behaviour(payee: str, atoms: int) -> None:
+        await until(ready)
+        await env.payer.credit(payee, atoms)
+
+    return behaviour
 
 
 def spend(env: Env) -> list[dict[str, Any]]:
@@ -40,6 +68,7 @@ def _funding(env: Env) -> Funding:
 async def test_first_paid_call_pays_alongside_in_one_round_trip(tmp_path: Path) -> None:
     with anyio.fail_after(30):
         async with bridge_env(tmp_path) as env, env.session() as session:
+            env.payer.behaviour = credit_once(env, lambda: env.harness.holds >= 1)
             before = pms(env)
             result = await call(session, "paid", {"text": "x"})
             assert result.structured_content == {"n": 1}
@@ -71,6 +100,10 @@ async def test_a_harness_that_ignores_the_mark_is_paid_once(tmp_path: Path) -> N
                 return await original(*args, **kwargs)
 
             env.harness.call = spy  # type: ignore[method-assign]
+            router = env.harness.router
+            assert router is not None
+            answered = router.stats.messages_sent
+            env.payer.behaviour = credit_once(env, lambda: router.stats.messages_sent > answered)
             before = pms(env)
             result = await call(session, "paid", {"text": "x"})
             assert result.structured_content == {"n": 1}
@@ -262,11 +295,13 @@ async def test_a_failed_payment_alongside_withdraws_the_held_call_at_once(tmp_pa
     agent hears the refusal with the payment's note now, not when the
     bot's hold (here 10 minutes) ends. Nothing is charged or run."""
 
-    async def no_route(payee: str, atoms: int) -> None:
-        raise RuntimeError("no route to bot")
-
     with anyio.fail_after(30):
         async with bridge_env(tmp_path) as env, env.session() as session:
+
+            async def no_route(payee: str, atoms: int) -> None:
+                await until(lambda: env.harness.holds >= 1)  # the bot holds the call
+                raise RuntimeError("no route to bot")
+
             env.harness.config.hold_seconds = 600
             env.payer.behaviour = no_route
             before = pms(env)
@@ -382,8 +417,9 @@ async def test_a_bridge_restart_does_not_pay_alongside_an_unknown_balance(tmp_pa
 
 async def test_two_calls_do_not_both_wait_for_one_prepayment(tmp_path: Path) -> None:
     """Calls arriving while a prepayment is on its way: the prepayment covers
-    one of them, which waits for it; the second pays alongside for itself
-    instead of being held by the bot until its hold runs out."""
+    one of them, which waits for it; the second waits at the bridge for the
+    prepayment's confirmation (one payment to a bot at a time) and then pays
+    for itself, instead of being held by the bot until its hold runs out."""
 
     async def slow(payee: str, atoms: int) -> None:
         await anyio.sleep(0.5)

@@ -30,6 +30,7 @@ from brmcp.bridge import Bridge, ManualClock
 from brmcp.bridge.snapshots import SNAPSHOT_DIR, BotSnapshot
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric
+from tests.kit import pm_parts
 from tests.kit.bridge import (
     BOT,
     CLIENT,
@@ -55,9 +56,17 @@ class Rig:
     stack: AsyncExitStack
     payer: TestPayer
     bridge: Bridge | None = None
+    #: Envelope parts between the bridge and the bot (a batch PM counts
+    #: each of its parts, WIRE.md §Batches): one per message here.
+    parts: int = 0
+
+    def count(self, from_uid: str, to_uid: str, text: str) -> None:
+        if {from_uid, to_uid} == {CLIENT, BOT}:
+            self.parts += len(pm_parts(text))
 
     def pms(self) -> int:
-        return self.fabric.link(CLIENT, BOT).pms + self.fabric.link(BOT, CLIENT).pms
+        """Messages exchanged so far (single-part ones: one part each)."""
+        return self.parts
 
     async def start_bridge(self) -> Bridge:
         bridge = fabric_bridge(
@@ -107,6 +116,7 @@ async def rig(tmp_path: Path, *, harness: Harness | None = None, accept: Any = N
             payer.harness = harness
         await serve_bot(stack, fabric, harness if harness is not None else accept)
         r = Rig(fabric, data_dir, stack, payer)
+        fabric.add_tap(r.count)
         try:
             yield r
         finally:
