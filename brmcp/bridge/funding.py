@@ -90,6 +90,13 @@ __all__ = ["Funding", "Payment", "Share"]
 log = logging.getLogger("brmcp.bridge")
 
 
+#: Seconds a first send waits for another call's payment round before it
+#: pays alongside itself: a round normally ends within a round trip, but
+#: the paying call may be a tool that runs for minutes, and the calls behind
+#: it must not wait for its result.
+ROUND_PATIENCE = 5.0
+
+
 class _Unset:
     """The type of :data:`_UNSET` (an argument not given)."""
 
@@ -457,13 +464,20 @@ class Funding:
         payment ahead of need decides (module docstring) this waits, until
         ``deadline`` (:func:`anyio.current_time`; then :class:`TimeoutError`)
         or ``gone`` is set (then the call goes unmarked, paying nothing)."""
+        began = anyio.current_time()
         while True:
-            decided = self._decide(tool, gone, call_key)
+            patient = anyio.current_time() - began < ROUND_PATIENCE
+            decided = self._decide(tool, gone, call_key, patient=patient)
             if isinstance(decided, Share):
                 return decided
             self.waiting += 1
             try:
-                await self._wait(gone, deadline)
+                limit = began + ROUND_PATIENCE
+                if deadline is not None and deadline < limit:
+                    await self._wait(gone, deadline)
+                else:
+                    with anyio.move_on_after(max(0.0, limit - anyio.current_time())):
+                        await self._wait(gone, deadline)
             finally:
                 self.waiting -= 1
 
@@ -484,8 +498,11 @@ class Funding:
                 tg.start_soon(until_set, changed)
                 tg.start_soon(until_set, gone)
 
-    def _decide(self, tool: str, gone: anyio.Event | None, call_key: str | None) -> Share | _Wait:
-        """:meth:`alongside`'s decision now, without waiting."""
+    def _decide(
+        self, tool: str, gone: anyio.Event | None, call_key: str | None, *, patient: bool = True
+    ) -> Share | _Wait:
+        """:meth:`alongside`'s decision now, without waiting (``patient``
+        False: past :data:`ROUND_PATIENCE`, it no longer waits for a round)."""
         price = self._price_of(tool) or 0
         share = Share(price)
         if self.distrusted or price <= 0 or (gone is not None and gone.is_set()):
@@ -512,7 +529,7 @@ class Funding:
             # Nothing would be paid alongside (approval mode, the caps): as
             # when no other payment is under way, the call goes unmarked.
             return self._unmarked(share)
-        if self._busy:
+        if self._busy and patient:
             return _WAIT
         payment = self._start(tool, price, max(0, have), prepay=False, gone=gone, call_key=call_key)
         if payment is None:
