@@ -89,6 +89,13 @@ log = logging.getLogger("brmcp.bridge")
 RETAIN_SECONDS = 1800.0
 #: Most such keys kept per bot.
 MAX_RETAINED = 1024
+#: Seconds a call waits, before its callKey is chosen, for an identical call
+#: of the same agent session that is still attached to be let go (its
+#: connection closing, its cancellation) or to end. An agent that gives up on
+#: a call and re-sends it races its own disconnect: the new request can reach
+#: the bridge before the old connection's close does (BRIDGE.md
+#: §Resumability, "An agent that re-sends a call").
+TWIN_GRACE = 1.0
 
 
 class BotProxy:
@@ -240,6 +247,7 @@ class BotProxy:
         outcome = "failed"
         try:
             with self.link.relay.track(agent) as tracked:
+                await self._await_twins(tool, arguments, tracked)
                 key, earlier, reused = self._call_key(tool, arguments, tracked)
                 if earlier is not None:
                     # Let the earlier copy finish what it started (a payment in
@@ -320,6 +328,56 @@ class BotProxy:
                 metrics.call_seconds.observe(anyio.current_time() - started)
                 if outcome == "failed":
                     metrics.errors.labels("call").inc()
+
+    async def _await_twins(
+        self, tool: str, arguments: dict[str, Any] | None, tracked: AgentCall | None
+    ) -> None:
+        """Wait at most :data:`TWIN_GRACE` s (on the bridge's clock) while an
+        identical call of the same agent session is still attached and in
+        flight: if the agent let it go, this call is its re-send and takes
+        its callKey over; if it is still live after the grace, the two are
+        independent calls."""
+        if tracked is None or not isinstance(tracked.agent, str):
+            return
+        mark = _fingerprint(tool, arguments)
+        twins = [
+            call
+            for call in self.link.relay.calls_of(tracked.agent)
+            if call is not tracked
+            and call.fingerprint == mark
+            and not (call.detached or call.gone.is_set() or call.ended.is_set())
+        ]
+        if not twins:
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def grace() -> None:
+                await self._clock.sleep(TWIN_GRACE)
+                tg.cancel_scope.cancel()
+
+            async def let_go(call: AgentCall) -> None:
+                async with anyio.create_task_group() as inner:
+
+                    async def ended() -> None:
+                        await call.ended.wait()
+                        inner.cancel_scope.cancel()
+
+                    async def gone() -> None:
+                        while not (call.detached or call.gone.is_set()):
+                            await call.gone.changed()
+                        inner.cancel_scope.cancel()
+
+                    inner.start_soon(ended)
+                    inner.start_soon(gone)
+
+            async def all_let_go() -> None:
+                async with anyio.create_task_group() as each:
+                    for call in twins:
+                        each.start_soon(let_go, call)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(grace)
+            tg.start_soon(all_let_go)
 
     def _call_key(
         self, tool: str, arguments: dict[str, Any] | None, tracked: AgentCall | None

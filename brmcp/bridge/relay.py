@@ -163,6 +163,10 @@ class AgentGone(anyio.Event):
         self._detached = False
         self._poke()
 
+    async def changed(self) -> None:
+        """Return at the next change of state (detached, resumed or gone)."""
+        await self._changed.wait()
+
     async def wait_attached(self) -> bool:
         """Return True as soon as the connection is attached (at once when it
         is), False as soon as the agent is gone."""

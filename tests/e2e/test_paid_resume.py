@@ -13,6 +13,7 @@ import anyio
 import httpx2
 
 from brmcp.bridge.http import RETRY_INTERVAL_MS
+from brmcp.bridge.proxy import TWIN_GRACE
 from tests.kit.bridge import BOT, CLIENT, INIT, auth, bridge_env, until
 
 
@@ -197,3 +198,91 @@ async def test_a_resent_call_while_the_first_is_paying_pays_once(tmp_path: Path)
         assert env.payer.calls == [(BOT, 500)]
         assert env.executions == {"paid": 1}
         assert await env.harness.balance(CLIENT) == 0
+
+
+async def test_a_resent_call_that_overtakes_its_own_disconnect_pays_once(tmp_path: Path) -> None:
+    """An agent gives up on a call and sends it again at once: the new
+    request reaches the bridge while the first copy's connection is still
+    open (the close is on its way on another TCP connection). The re-send
+    waits for the first copy to be let go (``TWIN_GRACE``), takes its key
+    over, and the bot runs and is paid once."""
+    async with bridge_env(tmp_path, auto_clock=False) as env, env.http() as http:
+        release = anyio.Event()
+        drop_first = anyio.Event()
+
+        async def slow_tip(payee: str, atoms: int) -> None:
+            await release.wait()
+            await env.payer.credit(payee, atoms)
+
+        env.payer.behaviour = slow_tip
+        headers = await _open(http)
+        link = env.bridge.link(BOT)
+        assert link is not None
+        sid = headers["mcp-session-id"]
+        answers: list[str] = []
+
+        async def first() -> None:
+            async with http.stream("POST", f"/mcp/{BOT}", json=_call(41), headers=headers) as response:
+                assert response.status_code == 200
+                await drop_first.wait()
+
+        async def resend() -> None:
+            response = await http.post(f"/mcp/{BOT}", json=_call(42), headers=headers)
+            answers.append(response.text)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                await env.payer.entered.wait()
+                tg.start_soon(resend)
+                # The re-send is held in the grace while the first copy is attached.
+                await until(lambda: len(link.relay.calls_of(sid)) == 2 and env.clock.sleepers >= 1)
+                assert [c.detached for c in link.relay.calls_of(sid)] == [False, False]
+                drop_first.set()
+                await until(lambda: link.relay.calls_of(sid)[0].gone.is_set())
+                release.set()
+        answer = json.loads([e for e in answers[0].split("\n") if e.startswith("data: {")][-1][6:])
+        assert answer["id"] == 42
+        assert answer["result"]["structuredContent"] == {"n": 1}
+        assert env.payer.calls == [(BOT, 500)]
+        assert env.executions == {"paid": 1}
+        assert await env.harness.balance(CLIENT) == 0
+
+
+async def test_identical_calls_on_live_connections_stay_independent(tmp_path: Path) -> None:
+    """Two identical calls whose connections both stay open past the grace
+    are two calls: each runs, and the payments cover both to the atom."""
+    async with bridge_env(tmp_path, auto_clock=False) as env, env.http() as http:
+        release = anyio.Event()
+
+        async def slow_tip(payee: str, atoms: int) -> None:
+            await release.wait()
+            await env.payer.credit(payee, atoms)
+
+        env.payer.behaviour = slow_tip
+        headers = await _open(http)
+        link = env.bridge.link(BOT)
+        assert link is not None
+        sid = headers["mcp-session-id"]
+        answers: list[str] = []
+
+        async def call(request_id: int) -> None:
+            response = await http.post(f"/mcp/{BOT}", json=_call(request_id), headers=headers)
+            answers.append(response.text)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, 51)
+                await env.payer.entered.wait()
+                tg.start_soon(call, 52)
+                await until(lambda: len(link.relay.calls_of(sid)) == 2 and env.clock.sleepers >= 1)
+                env.clock.advance(TWIN_GRACE)
+                release.set()
+                while len(answers) < 2:
+                    await anyio.sleep(0.01)
+                    env.clock.advance(1.0)
+        results = [json.loads([e for e in a.split("\n") if e.startswith("data: {")][-1][6:]) for a in answers]
+        assert sorted(r["result"]["structuredContent"]["n"] for r in results) == [1, 2]
+        assert env.executions == {"paid": 2}
+        paid = sum(atoms for _, atoms in env.payer.calls)
+        assert paid == 2 * 500 + await env.harness.balance(CLIENT)

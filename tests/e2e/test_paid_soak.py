@@ -2,8 +2,10 @@
 the bridge over a fabric that drops 5 %, duplicates 5 % and reorders PMs,
 with the bot offline at random and impatient agents that time out and
 retry. Afterwards, to the atom: payments = results received x price +
-credit left at the bot; every execution was received by an agent, none ran
-twice; every logical call was answered.
+credit left at the bot; every execution was received by an agent (except one
+the bot ran before the agent gave up on that attempt: its answer crossed the
+give-up, BRIDGE.md §Resumability), none ran twice; every logical call was
+answered.
 
 ``BRMCP_SOAK_SEED`` picks the seed (default 1); ``BRMCP_SOAK_CALLS`` the
 number of calls (default 200). ``bench/paidcall_soak_bench.py`` runs several

@@ -35,6 +35,7 @@ from typing import Any
 import anyio
 from mcp import ClientSession
 
+from brmcp import RouterOptions
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric, uid
 
@@ -62,7 +63,16 @@ class DurableLog:
 
 
 def build_harness(data_dir: str, executions: DurableLog, rng: random.Random) -> Harness:
-    harness = Harness(HarnessConfig(data_dir=data_dir, allowed_peers=set(PEERS), calls_per_minute=10**6))
+    # PMs unpaced (an in-memory fabric has no relay to spare), so many paid
+    # calls are in flight whenever the kill lands.
+    harness = Harness(
+        HarnessConfig(
+            data_dir=data_dir,
+            allowed_peers=set(PEERS),
+            calls_per_minute=10**6,
+            router_options=RouterOptions(pm_interval=0),
+        )
+    )
 
     @harness.tool(price_atoms=PRICE, description="Paid work that records each execution")
     async def work(ctx: CallContext, fail: bool = False, nonce: int = 0) -> dict[str, Any]:
@@ -167,7 +177,7 @@ async def serve(run: int, seed: int, data_dir: str, log_dir: Path, calls: int | 
         await stack.enter_async_context(harness)
         router = await harness.start(fabric.sender(BOT))
         fabric.attach(BOT, router.handle_pm)
-        clients = [await stack.enter_async_context(fabric.router(peer)) for peer in PEERS]
+        clients = [await stack.enter_async_context(fabric.router(peer, pm_interval=0)) for peer in PEERS]
         sessions: list[tuple[ClientSession, int]] = []
         for peer_index, client in enumerate(clients):
             for _ in range(SESSIONS_PER_PEER):
