@@ -1,6 +1,7 @@
 """A client for brclient's clientrpc (JSON-RPC 2.0 over a mutually
-authenticated TLS websocket), with the typed PM/tip messages and the
-bisonbotkit-style bot config. Protocol facts: docs/clientrpc.md.
+authenticated TLS websocket), with the typed PM/tip/KX messages, KX
+suggestions through brclientd's status server and the bisonbotkit-style bot
+config. Protocol facts: docs/clientrpc.md.
 
 Units: 1 DCR = 1e8 atoms = 1e11 milliatoms; tips are received and reported in
 milliatoms (``amount_matoms``) and sent as a float DCR amount.
@@ -32,8 +33,11 @@ from .errors import (
     ClientrpcNotConnected,
     ClientrpcProtocolError,
     RPCError,
+    StatusServerError,
+    StatusServerUnavailable,
 )
 from .protojson import ProtojsonError
+from .statusserver import StatusClient
 from .tls import check_server_certificate, client_ssl_context
 from .types import (
     ATOMS_PER_DCR,
@@ -41,6 +45,7 @@ from .types import (
     MESSAGE_MODE_ME,
     MESSAGE_MODE_NORMAL,
     Event,
+    KXCompleted,
     PublicIdentity,
     ReceivedPM,
     ReceivedTip,
@@ -71,11 +76,15 @@ __all__ = [
     "ConnectedCallback",
     "DisconnectedCallback",
     "Event",
+    "KXCompleted",
     "ProtojsonError",
     "PublicIdentity",
     "RPCError",
     "ReceivedPM",
     "ReceivedTip",
+    "StatusClient",
+    "StatusServerError",
+    "StatusServerUnavailable",
     "Subscription",
     "TipProgressEvent",
     "VersionResponse",

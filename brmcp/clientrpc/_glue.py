@@ -55,8 +55,8 @@ class Acker:
     not reach brclient so :meth:`flush` can re-send it after a reconnect.
 
     ``kind`` names the type in logs; ``ack(sequence_id)`` is the client's
-    ack method (``ack_received_pm``, ``ack_tip_received`` or
-    ``ack_tip_progress``); ``timeout`` in seconds.
+    ack method (``ack_received_pm``, ``ack_tip_received``,
+    ``ack_tip_progress`` or ``ack_kx_completed``); ``timeout`` in seconds.
     """
 
     def __init__(

@@ -1,7 +1,8 @@
 """The typed brclient calls of :class:`~brmcp.clientrpc.Client`: the unary
-requests a PM/tip bot makes (version, identity, PM, tip, the three acks) and
-its three event streams, on top of the client's two primitives ``call`` and
-``subscribe`` (docs/clientrpc.md §Methods brmcp calls).
+requests a PM/tip bot makes (version, identity, PM, tip, the acks), the
+key-exchange calls a directory makes (``MediateKX``, ``AckKXCompleted``) and
+the four event streams (PMs, tips, tip progress, completed KXs), on top
+of the client's two primitives ``call`` and ``subscribe`` (docs/clientrpc.md §Methods brmcp calls).
 
 Units: tips are sent as a float DCR amount and received in milliatoms
 (docs/clientrpc.md §Units).
@@ -17,9 +18,12 @@ from .errors import ClientrpcProtocolError
 from .protojson import ProtojsonError
 from .subscription import Subscription
 from .types import (
+    ACK_KX_COMPLETED,
     ACK_RECEIVED_PM,
     ACK_TIP_PROGRESS,
     ACK_TIP_RECEIVED,
+    KX_STREAM,
+    MEDIATE_KX,
     PM,
     PM_STREAM,
     TIP_PROGRESS,
@@ -28,12 +32,15 @@ from .types import (
     USER_PUBLIC_IDENTITY,
     VERSION,
     Event,
+    KXCompleted,
     PublicIdentity,
     ReceivedPM,
     ReceivedTip,
     TipProgressEvent,
     VersionResponse,
     ack_params,
+    check_uid,
+    mediate_kx_params,
     pm_params,
     tip_user_params,
 )
@@ -77,6 +84,13 @@ class _BrclientMethods(ABC):
         """``PaymentsService.TipProgress``: progress of tips this brclient sends."""
         return self.subscribe(TIP_PROGRESS, TipProgressEvent.from_wire, unacked_from)
 
+    def kx_stream(self, unacked_from: int = 0) -> Subscription[KXCompleted]:
+        """``ChatService.KXStream``: key exchanges this brclient completed (a
+        new contact or a reset), from every stored event with id >
+        ``unacked_from`` (0: all not yet acked). Ack each with
+        :meth:`ack_kx_completed` once handled, as for PMs and tips."""
+        return self.subscribe(KX_STREAM, KXCompleted.from_wire, unacked_from)
+
     # -- requests -----------------------------------------------------------------------
 
     async def version(self) -> VersionResponse:
@@ -118,3 +132,27 @@ class _BrclientMethods(ABC):
     async def ack_tip_progress(self, sequence_id: int) -> None:
         """``PaymentsService.AckTipProgress``: clear the tip-progress log up to ``sequence_id``."""
         await self.call(ACK_TIP_PROGRESS, ack_params(sequence_id))
+
+    async def ack_kx_completed(self, sequence_id: int) -> None:
+        """``ChatService.AckKXCompleted``: clear the ``kx`` log up to and
+        including ``sequence_id`` (global, destructive, like the other acks)."""
+        await self.call(ACK_KX_COMPLETED, ack_params(sequence_id))
+
+    async def mediate_kx(self, mediator: str, target: str) -> None:
+        """``ChatService.MediateKX`` (brclient's ``/mi <mediator> <target>``):
+        ask ``mediator``, a contact, to introduce this user to ``target``, so
+        that the two key-exchange through it. Both are user ids, 64 hex
+        characters (sent lowercase). Returns once brclient has queued the
+        request for the mediator, not when the exchange completes: watch
+        :meth:`kx_stream` for the ``KXCompleted`` of ``target`` (it never
+        comes when the mediator does not know ``target``). Raises
+        ``ValueError`` naming the argument for a malformed uid, before
+        anything is sent; :class:`RPCError` texts include ``user <x> not
+        found`` (the mediator is not a contact) and ``cannot request mediate
+        identity: already havesession with target <x>`` (brclient's text,
+        space missing: ``target`` is already a contact)."""
+        mediator_hex = check_uid(mediator, "mediator")
+        target_hex = check_uid(target, "target")
+        if mediator_hex == target_hex:
+            raise ValueError(f"mediator and target are the same user {mediator_hex}: they must differ")
+        await self.call(MEDIATE_KX, mediate_kx_params(mediator_hex, target_hex))

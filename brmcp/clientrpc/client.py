@@ -42,7 +42,13 @@ from ._dial import _basic_auth, _check_bot_config, _dial, _parse_url
 from ._methods import _BrclientMethods
 from .backoff import Backoff
 from .config import BotConfig
-from .errors import ClientrpcConnectError, ClientrpcConnectionLost, ClientrpcNotConnected
+from .errors import (
+    ClientrpcConnectError,
+    ClientrpcConnectionLost,
+    ClientrpcNotConnected,
+    StatusServerUnavailable,
+)
+from .statusserver import NO_STATUS_URL, StatusClient
 from .subscription import Subscription
 from .tls import client_ssl_context
 from .types import Event
@@ -96,7 +102,9 @@ class Client(_BrclientMethods):
       HTTP handshake, ``request_timeout`` default per-request timeout (``None``:
       wait as long as the connection lives; ``ChatService.PM`` can block while
       brclient is offline), ``dedupe_size`` events remembered per subscription,
-      ``max_in_flight`` (brclient's limit is 16).
+      ``max_in_flight`` (brclient's limit is 16);
+    * ``status_url``: brclientd's status server (``brstatusurl``, ``""``: none),
+      for :meth:`suggest_kx`, over the same TLS context.
 
     Raises :class:`ClientrpcConfigError` (one line, naming the file or URL) for a
     malformed URL or bad certificate/key paths.
@@ -122,6 +130,7 @@ class Client(_BrclientMethods):
         request_timeout: float | None = None,
         dedupe_size: int = 4096,
         max_in_flight: int = MAX_IN_FLIGHT,
+        status_url: str = "",
     ) -> None:
         self.url = url
         self._host, self._port = _parse_url(url)
@@ -149,12 +158,16 @@ class Client(_BrclientMethods):
         self._change: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
+        self._status = StatusClient(status_url, ssl_context=self._ssl) if status_url else None
 
     @classmethod
     def from_config(cls, cfg: BotConfig, **kwargs: Any) -> Client:
         """A client for a bot config (``brrpcurl``, the three cert paths,
-        ``rpcuser``/``rpcpass``); ``kwargs`` are the other constructor arguments."""
+        ``rpcuser``/``rpcpass``, ``brstatusurl`` when set); ``kwargs`` are the
+        other constructor arguments."""
         _check_bot_config(cfg)
+        if cfg.brstatusurl:
+            kwargs.setdefault("status_url", cfg.brstatusurl)
         return cls(
             cfg.brrpcurl,
             server_cert=os.path.expanduser(cfg.servercertpath),
@@ -350,3 +363,23 @@ class Client(_BrclientMethods):
         if conn is None or not conn.alive:
             raise ClientrpcNotConnected()
         return await conn.call(method, params, self._request_timeout)
+
+    # -- brclientd's status server --------------------------------------------------------
+
+    @property
+    def status_url(self) -> str:
+        """brclientd's status server this client suggests KXs through (``""``: none)."""
+        return self._status.url if self._status is not None else ""
+
+    async def suggest_kx(self, invitee: str, target: str) -> None:
+        """Send ``invitee`` a suggestion to key-exchange with ``target``
+        through brclientd's status server (:meth:`StatusClient.suggest_kx
+        <brmcp.clientrpc.statusserver.StatusClient.suggest_kx>`: uids of 64 hex
+        characters, HTTP 204/200 is success). Raises
+        :class:`StatusServerUnavailable` when the client has no
+        ``status_url`` (a stock brclient), ``ValueError`` for a malformed uid,
+        :class:`StatusServerError` for a refusal or an unreachable server.
+        Independent of the websocket: it works while clientrpc is down."""
+        if self._status is None:
+            raise StatusServerUnavailable(NO_STATUS_URL)
+        await self._status.suggest_kx(invitee, target)

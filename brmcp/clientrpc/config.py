@@ -40,6 +40,10 @@ DEFAULT_BRRPCURL = "wss://127.0.0.1:7676/ws"
 _INT_KEYS = ("maxlogfiles", "maxbufferlines")
 #: BotConfig fields that are not config keys.
 _NOT_KEYS = frozenset({"extra", "extra_lines"})
+#: Keys outside bisonbotkit's set that brmcp reads from :attr:`BotConfig.extra`
+#: (as the Go reference reads them from bisonbotkit's extras map); never
+#: warned about as unknown.
+_EXTRA_KEYS = frozenset({"brstatusurl"})
 
 
 def brclient_appdata_dir() -> Path:
@@ -65,6 +69,9 @@ class BotConfig:
     ``maxlogfiles``, ``maxbufferlines``: logging settings (0 = unset).
     ``extra``: every other key, in file order; ``extra_lines``: the line
     number of each (1-based, the last occurrence; not written back).
+    ``brstatusurl`` (:attr:`brstatusurl`) is one of them: the base URL of
+    brclientd's status server, kept in ``extra`` as bisonbotkit keeps it in
+    its extras map (karamble/brmcp, ``cmd/brmcpdir/main.go``).
     """
 
     datadir: str = ""
@@ -80,6 +87,20 @@ class BotConfig:
     maxbufferlines: int = 0
     extra: dict[str, str] = field(default_factory=dict)
     extra_lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def brstatusurl(self) -> str:
+        """brclientd's status server, e.g. ``https://127.0.0.1:7677`` (the
+        ``brstatusurl`` key; ``""`` when unset): where KX suggestions go
+        (docs/clientrpc.md §KX suggestions)."""
+        return self.extra.get("brstatusurl", "")
+
+    @brstatusurl.setter
+    def brstatusurl(self, value: str) -> None:
+        if value:
+            self.extra["brstatusurl"] = value
+        else:
+            self.extra.pop("brstatusurl", None)
 
     @classmethod
     def defaults(cls, datadir: str | os.PathLike[str], name: str) -> BotConfig:
@@ -163,13 +184,15 @@ class BotConfig:
 
     def unknown_key_warnings(self, source: str) -> list[str]:
         """One line per unknown key, ``<source>:<line>: unknown key 'x' ignored``
-        (bisonbotkit files may carry keys of other bots, so this is a
-        warning, not an error)."""
+        (``brstatusurl``, which brmcp reads, is not unknown; bisonbotkit files
+        may carry keys of other bots, so this is a warning, not an error)."""
         out = []
         for key in self.extra:
+            if key in _EXTRA_KEYS:
+                continue
             line = self.extra_lines.get(key)
             where = f"{source}:{line}" if line is not None else source
-            close = difflib.get_close_matches(key, _KNOWN, n=1)
+            close = difflib.get_close_matches(key, (*_KNOWN, *sorted(_EXTRA_KEYS)), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             out.append(f"{where}: unknown key {key!r} ignored{hint}")
         return out

@@ -12,6 +12,8 @@ __all__ = [
     "ClientrpcNotConnected",
     "ClientrpcProtocolError",
     "RPCError",
+    "StatusServerError",
+    "StatusServerUnavailable",
 ]
 
 
@@ -76,3 +78,33 @@ class RPCError(ClientrpcError):
 
     def __repr__(self) -> str:
         return f"RPCError(method={self.method!r}, code={self.code}, message={self.message!r})"
+
+
+class StatusServerError(ClientrpcError):
+    """A request to brclientd's status server (``brstatusurl``) failed: it
+    answered with a status other than 200/204 (``status`` is that code,
+    ``detail`` the first 512 bytes of its body on one line), or it could not
+    be reached (``status`` is None, ``detail`` the cause). ``url`` is the
+    endpoint. The message is one line naming the endpoint."""
+
+    def __init__(self, url: str, status: int | None, detail: str) -> None:
+        what = f"HTTP {status}" if status is not None else "unreachable"
+        super().__init__(
+            f"brclientd status server {url}: {what}: {detail}"
+            if detail
+            else f"brclientd status server {url}: {what}"
+        )
+        self.url = url
+        self.status = status
+        self.detail = detail
+
+
+class StatusServerUnavailable(StatusServerError):
+    """This host has no status server configured (``brstatusurl`` is not set
+    in the bot config): KX suggestions cannot be sent. Nothing was sent."""
+
+    def __init__(self, message: str) -> None:
+        ClientrpcError.__init__(self, message)
+        self.url = ""
+        self.status = None
+        self.detail = message

@@ -29,11 +29,14 @@ from .protojson import (
 )
 
 __all__ = [
+    "ACK_KX_COMPLETED",
     "ACK_RECEIVED_PM",
     "ACK_TIP_PROGRESS",
     "ACK_TIP_RECEIVED",
     "ATOMS_PER_DCR",
+    "KX_STREAM",
     "MATOMS_PER_ATOM",
+    "MEDIATE_KX",
     "MESSAGE_MODE_ME",
     "MESSAGE_MODE_NORMAL",
     "PM",
@@ -44,6 +47,7 @@ __all__ = [
     "USER_PUBLIC_IDENTITY",
     "VERSION",
     "Event",
+    "KXCompleted",
     "PublicIdentity",
     "ReceivedPM",
     "ReceivedTip",
@@ -51,7 +55,9 @@ __all__ = [
     "VersionResponse",
     "ack_params",
     "atoms_to_dcr",
+    "check_uid",
     "dcr_to_matoms",
+    "mediate_kx_params",
     "pm_params",
     "stream_params",
     "tip_user_params",
@@ -69,6 +75,9 @@ TIP_STREAM = "PaymentsService.TipStream"
 ACK_TIP_RECEIVED = "PaymentsService.AckTipReceived"
 TIP_PROGRESS = "PaymentsService.TipProgress"
 ACK_TIP_PROGRESS = "PaymentsService.AckTipProgress"
+MEDIATE_KX = "ChatService.MediateKX"
+KX_STREAM = "ChatService.KXStream"
+ACK_KX_COMPLETED = "ChatService.AckKXCompleted"
 
 MESSAGE_MODE_NORMAL = "MESSAGE_MODE_NORMAL"
 MESSAGE_MODE_ME = "MESSAGE_MODE_ME"
@@ -102,6 +111,15 @@ def _uid_bytes(uid_hex: str) -> bytes:
     if len(raw) != 32:
         raise ValueError(f"uid {uid_hex!r} is not 64 hex characters")
     return raw
+
+
+def check_uid(uid: str, name: str) -> str:
+    """``uid`` as 64 lowercase hex characters (a BR user id), for the argument
+    called ``name``; raises ``ValueError`` naming the argument, the value and
+    the allowed form otherwise (upper-case hex is accepted and lowered)."""
+    if not isinstance(uid, str) or len(uid) != 64 or any(c not in "0123456789abcdef" for c in uid.lower()):
+        raise ValueError(f"{name} {uid!r} is not a user id: expected 64 hex characters (32 bytes)")
+    return uid.lower()
 
 
 def _mapping(params: Any, what: str) -> Mapping[str, Any]:
@@ -286,6 +304,50 @@ class TipProgressEvent:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class KXCompleted:
+    """A completed key exchange of this brclient (``ChatService.KXStream``
+    notification): a new contact, or a reset of an existing one.
+
+    ``uid``: the other user, 64 lowercase hex (from the base64 ``uid``
+    bytes); ``nick``: their nick; ``initial_rendezvous``: the raw initial
+    rendezvous point of the exchange (``b""`` when brclient sent none);
+    ``sequence_id``: id in the ``kx`` log, acked with
+    ``ChatService.AckKXCompleted``. Field numbers and JSON names: bisonrelay's
+    ``clientrpc/clientrpc.proto`` (``message KXCompleted``).
+    """
+
+    sequence_id: int
+    uid: str
+    nick: str
+    initial_rendezvous: bytes = b""
+
+    @classmethod
+    def from_wire(cls, params: Any) -> Self:
+        """Decode protojson params; raises :class:`ProtojsonError` on a bad shape."""
+        p = _mapping(params, "KXCompleted")
+        return cls(
+            sequence_id=decode_int(field(p, "sequenceId", "sequence_id"), "sequenceId"),
+            uid=_uid_hex(decode_bytes(field(p, "uid"), "uid"), "uid"),
+            nick=decode_string(field(p, "nick"), "nick"),
+            initial_rendezvous=decode_bytes(
+                field(p, "initialRendezvous", "initial_rendezvous"), "initialRendezvous"
+            ),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """protojson params in brclient's field order, defaults omitted."""
+        out: dict[str, Any] = {}
+        if self.sequence_id:
+            out["sequenceId"] = encode_int64(self.sequence_id)
+        out["uid"] = encode_bytes(_uid_bytes(self.uid))
+        if self.nick:
+            out["nick"] = self.nick
+        if self.initial_rendezvous:
+            out["initialRendezvous"] = encode_bytes(self.initial_rendezvous)
+        return out
+
+
 # -- results -----------------------------------------------------------------------------
 
 
@@ -386,12 +448,23 @@ def tip_user_params(user: str, dcr_amount: float, max_attempts: int) -> dict[str
     return out
 
 
+def mediate_kx_params(mediator: str, target: str) -> dict[str, Any]:
+    """``MediateKXRequest``: ``{"mediator": <hex uid or nick>, "target": <hex uid>}``
+    (both proto ``string`` fields, 1 and 2)."""
+    out: dict[str, Any] = {}
+    if mediator:
+        out["mediator"] = mediator
+    if target:
+        out["target"] = target
+    return out
+
+
 def ack_params(sequence_id: int) -> dict[str, Any]:
     """``AckRequest``: ``{"sequenceId": "<uint64>"}`` (``{}`` for 0, a no-op ack)."""
     return {"sequenceId": encode_int64(sequence_id)} if sequence_id else {}
 
 
 def stream_params(unacked_from: int) -> dict[str, Any]:
-    """``PMStreamRequest``/``TipStreamRequest``/``TipProgressRequest``:
+    """``PMStreamRequest``/``TipStreamRequest``/``TipProgressRequest``/``KXStreamRequest``:
     ``{"unackedFrom": "<uint64>"}``, ``{}`` for 0 (everything not yet acked)."""
     return {"unackedFrom": encode_int64(unacked_from)} if unacked_from else {}

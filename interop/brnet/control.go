@@ -12,6 +12,8 @@ package main
 //	POST /post/<nick>?text=    publish a post to the user's subscribers
 //	POST /comment/<nick>?from=&pid=&text=
 //	                           comment on post pid (hex) received from uid from
+//	POST /kx/<nick>?with=<nick>
+//	                           KX the two users now (an invite, as at start)
 //	POST /fetch/<nick>?uid=&path=
 //	                           request a resource (path a/b/c) from uid; it
 //	                           reaches that user's ResourcesService.RequestsStream
@@ -103,6 +105,15 @@ func (nw *network) startControl(ctx context.Context) (net.Listener, error) {
 		}
 		_, err := n.c.CommentPost(from, pid, q.Get("text"), nil)
 		return err
+	})
+	// KX with the user ?with= (a nick) now, as -kx does at start.
+	action("kx", func(n *node, r *http.Request) error {
+		with := r.URL.Query().Get("with")
+		other := nw.byNick[with]
+		if other == nil || other == n {
+			return fmt.Errorf("with: %q is not another user of this brnet", with)
+		}
+		return kxPairs([][2]*node{{n, other}}, 60*time.Second)
 	})
 	// Fetch the resource at ?path= (slash-separated) from ?uid= (hex).
 	action("fetch", func(n *node, r *http.Request) error {

@@ -1,15 +1,18 @@
 // Command brnet runs a real Bison Relay network on loopback: a relay
 // (bisonrelay's server package) and N users, each a bisonrelay client with a
-// clientrpc server on a mutual-TLS websocket exactly like brclient's, all
-// KX'd with each other. Tips complete through a simulated wallet (or never,
+// clientrpc server on a mutual-TLS websocket exactly like brclient's, KX'd
+// with each other (every pair, or the pairs -kx names), and a status server
+// like brclientd's (POST /contacts/suggest-kx, the client's SuggestKX) on
+// the same mutual TLS. Tips complete through a simulated wallet (or never,
 // with brclient's stock no-wallet payment client). Nothing outside loopback
 // is contacted.
 //
 //	brnet -root DIR [-users alice,bob] [-latency 250ms] [-nowallet bob|all]
-//	      [-tiprestartdelay 1m] [-reconnectdelay 5s] ...
+//	      [-tiprestartdelay 1m] [-reconnectdelay 5s] [-kx all|none|a:b,...] ...
 //
 // When everything is up it writes <root>/brnet.json (relay address, control
-// URL, and per user: nick, uid, brrpcurl, certificate paths, the bot conf)
+// URL, and per user: nick, uid, brrpcurl, brstatusurl, certificate paths,
+// the bot conf)
 // and prints one line "brnet ready <path of brnet.json>" on stdout. The root
 // is persistent: a restart keeps identities, KX, ports and replay logs.
 // SIGINT/SIGTERM stop it cleanly. Nicks follow brmcp-fakebr's rule (1-32 of
@@ -32,6 +35,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -55,6 +59,8 @@ type options struct {
 	maxRemoteTipAmt          float64
 	compressLevel            int
 	logLevel                 string
+	kxAll                    bool        // -kx all: KX every pair at start
+	kxPairs                  [][2]string // -kx a:b,...: KX only these pairs at start
 }
 
 // state is what a root keeps across restarts (<root>/brnet-state.json).
@@ -65,6 +71,7 @@ type state struct {
 	RPCPorts    map[string]int    `json:"rpcPorts"`
 	RPCUser     map[string]string `json:"rpcUser"`
 	RPCPass     map[string]string `json:"rpcPass"`
+	StatusPorts map[string]int    `json:"statusPorts"`
 }
 
 func freePort() (int, error) {
@@ -83,7 +90,8 @@ func randHex(n int) string {
 }
 
 func loadState(path string) (*state, error) {
-	st := &state{RPCPorts: map[string]int{}, RPCUser: map[string]string{}, RPCPass: map[string]string{}}
+	st := &state{RPCPorts: map[string]int{}, RPCUser: map[string]string{}, RPCPass: map[string]string{},
+		StatusPorts: map[string]int{}}
 	b, err := os.ReadFile(path)
 	if os.IsNotExist(err) {
 		return st, nil
@@ -101,6 +109,9 @@ func loadState(path string) (*state, error) {
 	}
 	if st.RPCPorts == nil {
 		st.RPCPorts = map[string]int{}
+	}
+	if st.StatusPorts == nil {
+		st.StatusPorts = map[string]int{}
 	}
 	return st, nil
 }
@@ -133,8 +144,27 @@ func parseFlags(args []string) (*options, error) {
 	fs.Float64Var(&o.maxRemoteTipAmt, "rpcmaxremotesendtipamt", -1, "brclient's rpcmaxremotesendtipamt (DCR, applied when > 0)")
 	fs.IntVar(&o.compressLevel, "compresslevel", 4, "brclient's compresslevel (zlib level of routed messages)")
 	fs.StringVar(&o.logLevel, "loglevel", "info", "log level of the relay and client logs under -root")
+	kx := fs.String("kx", "all", "pairs KX'd at start: \"all\", \"none\" or comma-separated nick:nick pairs (pairs KX'd on an earlier run stay KX'd)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	switch *kx {
+	case "all":
+		o.kxAll = true
+	case "none":
+	default:
+		for _, p := range splitList(*kx) {
+			a, b, ok := strings.Cut(p, ":")
+			if !ok || a == b {
+				return nil, fmt.Errorf("invalid -kx pair %q: use nick:nick with two different nicks, \"all\" or \"none\"", p)
+			}
+			for _, nick := range []string{a, b} {
+				if err := checkNick(nick, " in -kx"); err != nil {
+					return nil, err
+				}
+			}
+			o.kxPairs = append(o.kxPairs, [2]string{a, b})
+		}
 	}
 	if o.root == "" {
 		return nil, errors.New("-root is required")
@@ -197,6 +227,7 @@ func (nw *network) userInfo(n *node) map[string]any {
 		"rpcpass":        nw.st.RPCPass[n.cfg.nick],
 		"conf":           filepath.Join(n.cfg.dir, "bot.conf"),
 		"nowallet":       n.cfg.noWallet,
+		"brstatusurl":    n.statusURL(),
 	}
 	if c := n.client(); c != nil {
 		info["uid"] = c.PublicID().String()
@@ -229,33 +260,56 @@ func (nw *network) writeBotConf(n *node) error {
 	return os.WriteFile(filepath.Join(n.cfg.dir, "bot.conf"), out, 0o600)
 }
 
-// kxAll KXs every pair that is not KX'd yet (pairs run concurrently).
-func (nw *network) kxAll(timeout time.Duration) error {
-	var g errgroup.Group
-	for i := range nw.nodes {
-		for j := i + 1; j < len(nw.nodes); j++ {
-			a, b := nw.nodes[i].client(), nw.nodes[j].client()
-			if a.UserExists(b.PublicID()) && b.UserExists(a.PublicID()) {
-				continue
+// startPairs are the pairs -kx asks for: every pair, or the listed ones.
+func (nw *network) startPairs() ([][2]*node, error) {
+	var out [][2]*node
+	if nw.opts.kxAll {
+		for i := range nw.nodes {
+			for j := i + 1; j < len(nw.nodes); j++ {
+				out = append(out, [2]*node{nw.nodes[i], nw.nodes[j]})
 			}
-			g.Go(func() error {
-				inv, err := a.WriteNewInvite(io.Discard, nil)
-				if err != nil {
-					return err
-				}
-				if err := b.AcceptInvite(inv); err != nil {
-					return err
-				}
-				deadline := time.Now().Add(timeout)
-				for time.Now().Before(deadline) {
-					if a.UserExists(b.PublicID()) && b.UserExists(a.PublicID()) {
-						return nil
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
-				return fmt.Errorf("KX between %s and %s did not complete", a.LocalNick(), b.LocalNick())
-			})
 		}
+		return out, nil
+	}
+	for _, p := range nw.opts.kxPairs {
+		a, b := nw.byNick[p[0]], nw.byNick[p[1]]
+		if a == nil || b == nil {
+			return nil, fmt.Errorf("-kx pair %s:%s names a user that is not in -users", p[0], p[1])
+		}
+		out = append(out, [2]*node{a, b})
+	}
+	return out, nil
+}
+
+// kxPairs KXs each pair that is not KX'd yet (pairs run concurrently), by
+// an invite written by the first and accepted by the second.
+func kxPairs(pairs [][2]*node, timeout time.Duration) error {
+	var g errgroup.Group
+	for _, p := range pairs {
+		a, b := p[0].client(), p[1].client()
+		if a == nil || b == nil {
+			return fmt.Errorf("KX between %s and %s: a client is stopped", p[0].cfg.nick, p[1].cfg.nick)
+		}
+		if a.UserExists(b.PublicID()) && b.UserExists(a.PublicID()) {
+			continue
+		}
+		g.Go(func() error {
+			inv, err := a.WriteNewInvite(io.Discard, nil)
+			if err != nil {
+				return err
+			}
+			if err := b.AcceptInvite(inv); err != nil {
+				return err
+			}
+			deadline := time.Now().Add(timeout)
+			for time.Now().Before(deadline) {
+				if a.UserExists(b.PublicID()) && b.UserExists(a.PublicID()) {
+					return nil
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			return fmt.Errorf("KX between %s and %s did not complete", a.LocalNick(), b.LocalNick())
+		})
 	}
 	return g.Wait()
 }
@@ -294,6 +348,11 @@ func run(ctx context.Context, o *options) error {
 	for _, u := range st.Users {
 		if st.RPCPorts[u] == 0 {
 			if st.RPCPorts[u], err = freePort(); err != nil {
+				return err
+			}
+		}
+		if st.StatusPorts[u] == 0 {
+			if st.StatusPorts[u], err = freePort(); err != nil {
 				return err
 			}
 		}
@@ -362,7 +421,7 @@ func run(ctx context.Context, o *options) error {
 	nw := &network{opts: o, st: st, relay: relayAddr, byNick: map[string]*node{}}
 	for _, u := range st.Users {
 		n := &node{cfg: nodeCfg{nick: u, dir: filepath.Join(root, u), rpcPort: st.RPCPorts[u],
-			relayAddr: relayAddr, noWallet: o.noWallet[u] || o.noWallet["all"], ledger: ledger, opts: o}}
+			statusPort: st.StatusPorts[u], relayAddr: relayAddr, noWallet: o.noWallet[u] || o.noWallet["all"], ledger: ledger, opts: o}}
 		nw.nodes = append(nw.nodes, n)
 		nw.byNick[u] = n
 	}
@@ -386,7 +445,11 @@ func run(ctx context.Context, o *options) error {
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	if err := nw.kxAll(60 * time.Second); err != nil {
+	pairs, err := nw.startPairs()
+	if err != nil {
+		return err
+	}
+	if err := kxPairs(pairs, 60*time.Second); err != nil {
 		return err
 	}
 	for _, n := range nw.nodes {

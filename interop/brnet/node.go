@@ -4,7 +4,8 @@ package main
 // brclient-style root, plus a clientrpc server (rpcserver with the chat,
 // payments, posts, GC, resources, content and version services, the replay
 // logs under <root>/<nick>/db/replaymsglog and brclient's TipUser guards)
-// behind a mutual-TLS websocket listener.
+// behind a mutual-TLS websocket listener, and a status server like
+// brclientd's on a second mutual-TLS listener (status.go).
 
 import (
 	"context"
@@ -30,13 +31,14 @@ import (
 )
 
 type nodeCfg struct {
-	nick      string
-	dir       string // <root>/<nick>
-	rpcPort   int
-	relayAddr string
-	noWallet  bool
-	ledger    *simLedger
-	opts      *options
+	nick       string
+	dir        string // <root>/<nick>
+	rpcPort    int
+	statusPort int
+	relayAddr  string
+	noWallet   bool
+	ledger     *simLedger
+	opts       *options
 }
 
 type node struct {
@@ -68,6 +70,8 @@ func loopbackOnly(ctx context.Context, network, addr string) (net.Conn, error) {
 func (n *node) certPaths() rpcCertPaths { return certPathsIn(n.cfg.dir) }
 
 func (n *node) rpcURL() string { return fmt.Sprintf("wss://127.0.0.1:%d/ws", n.cfg.rpcPort) }
+
+func (n *node) statusURL() string { return fmt.Sprintf("https://127.0.0.1:%d", n.cfg.statusPort) }
 
 // start runs the client and its clientrpc server until stop.
 func (n *node) start(parent context.Context) error {
@@ -190,11 +194,22 @@ func (n *node) start(parent context.Context) error {
 		logf.Close()
 		return initErr
 	}
+	statusLis, err := rpcTLSListener(fmt.Sprintf("127.0.0.1:%d", n.cfg.statusPort), n.certPaths())
+	if err != nil {
+		lis.Close()
+		logf.Close()
+		return fmt.Errorf("status listener for %s: %w", nick, err)
+	}
+	statusSrv := newStatusServer(c, logger("STAT"))
 
 	ctx, cancel := context.WithCancel(parent)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		serveStatus(ctx, statusSrv, statusLis)
+	}()
 	go func() {
 		defer wg.Done()
 		if err := c.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {

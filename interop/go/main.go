@@ -5,6 +5,10 @@
 //	brmcp-goref wire              JSON-lines codec server (parse, encode, assembler)
 //	brmcp-goref harness [flags]   reference serving harness, PMs as JSON lines
 //	brmcp-goref bridge [flags]    reference client bridge, PMs as JSON lines
+//	brmcp-goref directory [flags] reference directory service, PMs as JSON lines
+//	brmcp-goref provider [flags]  reference harness with a priced test tool and a
+//	                              directory Registrant, PMs as JSON lines
+//	brmcp-goref snapshot sign|verify [flags]  sign or verify directory snapshots
 //
 // It is built by the Python test helper (brmcp.testing.goref) in a cache
 // directory against a clone of the reference's git bundle.
@@ -16,7 +20,8 @@ import (
 )
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: brmcp-goref vectors FILE... | wire | harness [flags] | bridge [flags]")
+	fmt.Fprintln(os.Stderr, "usage: brmcp-goref vectors FILE... | wire | harness [flags] | bridge [flags] |"+
+		" directory [flags] | provider [flags] | snapshot sign|verify [flags]")
 	os.Exit(2)
 }
 
@@ -35,6 +40,12 @@ func main() {
 		code = runHarness(args)
 	case "bridge":
 		code = runBridge(args)
+	case "directory":
+		code = runDirectory(args)
+	case "provider":
+		code = runProvider(args)
+	case "snapshot":
+		code = runSnapshot(args)
 	default:
 		usage()
 	}

@@ -22,15 +22,40 @@ import (
 //	{"pay":{"id":N,"payee":UID,"atoms":A}} stdout (bridge): the payer was asked
 //	{"settle":{"id":N,"error":E}}         stdin (bridge): the payment outcome
 //	{"ready":{...}}                       stdout: the peer is serving
+//
+// The directory and provider modes use tip/credited, balance, exec (the
+// provider's handlers) and pay/settle (their payers) as above, and add
+// (see directory.go, provider.go):
+//
+//	{"suggest":{"id":N,"invitee":U,"target":T}}   stdout: the Suggester was asked
+//	{"introduce":{"id":N,"mediator":M,"target":T}} stdout: the Introducer was asked
+//	    (both answered by a settle line with the same id, as pay is)
+//	{"kx":{"id":N,"uid":UID}}             stdin (directory): NotifyKX(uid)
+//	{"dump":{"id":N}}                     stdin (directory): read the state
+//	{"ack":{"id":N,"error":E}}            stdout (directory): a kx line was handled
+//	{"state":{"id":N,...,"error":E}}      stdout (directory): the state read (stateLine)
+//	{"register":{"id":N,"directory":UID}} stdin (provider): Registrant.Register
+//	{"registered":{"id":N,"error":E}}     stdout (provider): Register returned
+//	{"notify":{"directory":UID,"status":S,"error":E}} stdout (provider): the
+//	    Registrant's Notify callback ran
 type line struct {
-	PM       *pmLine        `json:"pm,omitempty"`
-	Tip      *tipLine       `json:"tip,omitempty"`
-	Credited *balanceLine   `json:"credited,omitempty"`
-	Balance  *balanceLine   `json:"balance,omitempty"`
-	Exec     *execLine      `json:"exec,omitempty"`
-	Pay      *payLine       `json:"pay,omitempty"`
-	Settle   *settleLine    `json:"settle,omitempty"`
-	Ready    map[string]any `json:"ready,omitempty"`
+	PM         *pmLine        `json:"pm,omitempty"`
+	Tip        *tipLine       `json:"tip,omitempty"`
+	Credited   *balanceLine   `json:"credited,omitempty"`
+	Balance    *balanceLine   `json:"balance,omitempty"`
+	Exec       *execLine      `json:"exec,omitempty"`
+	Pay        *payLine       `json:"pay,omitempty"`
+	Settle     *settleLine    `json:"settle,omitempty"`
+	Suggest    *kxAskLine     `json:"suggest,omitempty"`
+	Introduce  *kxAskLine     `json:"introduce,omitempty"`
+	KX         *uidLine       `json:"kx,omitempty"`
+	Dump       *uidLine       `json:"dump,omitempty"`
+	Ack        *settleLine    `json:"ack,omitempty"`
+	State      *stateLine     `json:"state,omitempty"`
+	Register   *registerLine  `json:"register,omitempty"`
+	Registered *settleLine    `json:"registered,omitempty"`
+	Notify     *notifyLine    `json:"notify,omitempty"`
+	Ready      map[string]any `json:"ready,omitempty"`
 }
 
 type pmLine struct {
@@ -65,6 +90,45 @@ type payLine struct {
 type settleLine struct {
 	ID    int64  `json:"id"`
 	Error string `json:"error"`
+}
+
+// kxAskLine is a Suggester or Introducer request reported to the test.
+type kxAskLine struct {
+	ID       int64  `json:"id"`
+	Invitee  string `json:"invitee,omitempty"`
+	Mediator string `json:"mediator,omitempty"`
+	Target   string `json:"target"`
+}
+
+type uidLine struct {
+	ID  int64  `json:"id"`
+	UID string `json:"uid,omitempty"`
+}
+
+// stateLine is the directory's persisted state: each file of its data
+// directory verbatim (null when the file does not exist yet) and the
+// snapshot public key.
+type stateLine struct {
+	ID       int64           `json:"id"`
+	Index    json.RawMessage `json:"index"`
+	Peers    json.RawMessage `json:"peers"`
+	Leads    json.RawMessage `json:"leads"`
+	Spend    json.RawMessage `json:"spend"`
+	AdminLog []any           `json:"adminlog"`
+	PubKey   string          `json:"pubKey"`
+	Live     int             `json:"live"`
+	Error    string          `json:"error,omitempty"`
+}
+
+type registerLine struct {
+	ID        int64  `json:"id"`
+	Directory string `json:"directory"`
+}
+
+type notifyLine struct {
+	Directory string `json:"directory"`
+	Status    any    `json:"status"`
+	Error     string `json:"error"`
 }
 
 // lineIO serializes writes of JSON lines to stdout.

@@ -296,11 +296,16 @@ def test_malformed_lines_are_errors_naming_the_line_without_echoing_it(tmp_path:
 
 
 def test_unknown_keys_are_warned_with_their_line_numbers(caplog: pytest.LogCaptureFixture) -> None:
-    cfg = BotConfig.parse("brrpcurl=wss://h:1/ws\ndebgu=trace\n\nbrstatusurl=x\n", source="b.conf")
-    assert cfg.extra == {"debgu": "trace", "brstatusurl": "x"}
+    cfg = BotConfig.parse(
+        "brrpcurl=wss://h:1/ws\ndebgu=trace\n\nbrstatusurl=x\nbrstatusur=y\nother=z\n", source="b.conf"
+    )
+    assert cfg.extra == {"debgu": "trace", "brstatusurl": "x", "brstatusur": "y", "other": "z"}
+    assert cfg.brstatusurl == "x"
+    # brstatusurl is read by brmcp (KX suggestions): kept in extra, never warned about.
     assert cfg.unknown_key_warnings("b.conf") == [
         "b.conf:2: unknown key 'debgu' ignored (did you mean 'debug'?)",
-        "b.conf:4: unknown key 'brstatusurl' ignored",
+        "b.conf:5: unknown key 'brstatusur' ignored (did you mean 'brstatusurl'?)",
+        "b.conf:6: unknown key 'other' ignored",
     ]
     with caplog.at_level(logging.INFO), bot_logging(cfg, source="b.conf", stream=io.StringIO()):
         pass

@@ -5,7 +5,15 @@ client and clientrpc server code) on loopback, as a subprocess.
 it, waits for its ready line and reads ``<root>/brnet.json``. The root is
 persistent: :meth:`BrNet.restart` (or a new :class:`BrNet` on the same root)
 keeps uids, KX, ports and clientrpc replay logs. Every method here blocks;
-from async code call them through ``anyio.to_thread.run_sync``.
+from async code call them through ``anyio.to_thread.run_sync``, except
+:func:`mediated_kx`, which is async.
+
+Key exchange: ``kx`` chooses the pairs KX'd at start (every pair by
+default); :meth:`BrNet.kx` KXs two more later; :func:`mediated_kx` has one
+user KX with another through a third (``ChatService.MediateKX``) and waits
+for both ``KXCompleted`` events. Each user also has a status server like
+brclientd's (:attr:`BrNetUser.status_url`: ``POST /contacts/suggest-kx``,
+the client library's ``SuggestKX``, on the clientrpc mutual TLS).
 """
 
 from __future__ import annotations
@@ -20,14 +28,15 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...clientrpc import BotConfig, Client, load_bot_config, write_bot_config
+from ...clientrpc import BotConfig, Client, KXCompleted, Subscription, load_bot_config, write_bot_config
+from ...clientrpc.types import check_uid
 from .build import brnet_binary
 
-__all__ = ["BrNet", "BrNetError", "BrNetUser"]
+__all__ = ["BrNet", "BrNetError", "BrNetUser", "mediated_kx"]
 
 READY_PREFIX = "brnet ready "
 
@@ -46,7 +55,9 @@ class BrNetUser:
     ``rpc-client.cert`` and ``rpc-client.key``; ``conf``: a bisonbotkit-style
     conf naming them (``brmcp-serve.conf`` / ``brmcp-bridge.conf`` as is);
     ``root``: the user's brclient-style root; ``nowallet``: uses brclient's stock
-    no-wallet payment client (tips never complete).
+    no-wallet payment client (tips never complete); ``status_url``: its
+    brclientd-style status server, ``https://127.0.0.1:PORT`` (``""`` from a
+    brnet built before it had one).
     """
 
     nick: str
@@ -61,6 +72,7 @@ class BrNetUser:
     conf: Path
     root: Path
     nowallet: bool
+    status_url: str = field(default="")
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> BrNetUser:
@@ -77,15 +89,20 @@ class BrNetUser:
             conf=Path(obj["conf"]),
             root=Path(obj["root"]),
             nowallet=bool(obj.get("nowallet", False)),
+            status_url=str(obj.get("brstatusurl", "")),
         )
 
     def bot_config(self) -> BotConfig:
-        """The user's conf, parsed (:func:`brmcp.clientrpc.load_bot_config`)."""
+        """The user's conf, parsed (:func:`brmcp.clientrpc.load_bot_config`).
+        It has no ``brstatusurl``; set it from :attr:`status_url` where a
+        host should suggest KXs."""
         return load_bot_config(self.conf)
 
     def client(self, **kwargs: Any) -> Client:
         """A clientrpc :class:`~brmcp.clientrpc.Client` for this user
-        (``kwargs``: the client's other constructor arguments)."""
+        (``kwargs``: the client's other constructor arguments; ``status_url``
+        defaults to :attr:`status_url`, so :meth:`Client.suggest_kx` works)."""
+        kwargs.setdefault("status_url", self.status_url)
         return Client.from_config(self.bot_config(), **kwargs)
 
     @property
@@ -122,7 +139,9 @@ class BrNet:
     60, the default here 1 so a first paid call does not wait; ``python -m
     brmcp.testing.brnet`` uses 1 too), ``reconnect_delay`` (seconds, brclient's
     is 5), ``tip_max_lifetime`` / ``tip_rerequest_delay`` (seconds; brclient:
-    72 h / 24 h), ``extra_args`` (more brnet flags). ``binary``: a brnet
+    72 h / 24 h), ``kx`` (the pairs KX'd at start: ``"all"``, ``"none"`` or
+    ``(nick, nick)`` pairs; brnet's ``-kx``; pairs KX'd on an earlier run on
+    the root stay KX'd), ``extra_args`` (more brnet flags). ``binary``: a brnet
     executable (default: :func:`~brmcp.testing.brnet.build.brnet_binary`).
     """
 
@@ -137,6 +156,7 @@ class BrNet:
         reconnect_delay: float = 0.5,
         tip_max_lifetime: float | None = None,
         tip_rerequest_delay: float | None = None,
+        kx: str | Sequence[tuple[str, str]] = "all",
         extra_args: Sequence[str] = (),
         binary: str | os.PathLike[str] | None = None,
         startup_timeout: float = 120.0,
@@ -149,6 +169,7 @@ class BrNet:
         self.reconnect_delay = reconnect_delay
         self.tip_max_lifetime = tip_max_lifetime
         self.tip_rerequest_delay = tip_rerequest_delay
+        self.kx_flag = _kx_flag(kx, self.users_wanted)
         self.extra_args = tuple(extra_args)
         self._binary = Path(binary) if binary is not None else None
         self.startup_timeout = startup_timeout
@@ -186,6 +207,8 @@ class BrNet:
             cmd += ["-tipmaxlifetime", dur(self.tip_max_lifetime)]
         if self.tip_rerequest_delay is not None:
             cmd += ["-tiprerequestinvoicedelay", dur(self.tip_rerequest_delay)]
+        if self.kx_flag != "all":
+            cmd += ["-kx", self.kx_flag]
         return cmd + list(self.extra_args)
 
     @property
@@ -335,3 +358,52 @@ class BrNet:
         port (a brclient restart), down for ``down_seconds``; returns once it
         is connected to the relay again."""
         self._control(f"/restart/{nick}?downms={int(down_seconds * 1000)}")
+
+    def kx(self, nick: str, other: str) -> None:
+        """KX ``nick`` and ``other`` now (an invite, as brnet does at start);
+        returns once both have the other as a contact. Raises
+        :class:`BrNetError` on failure."""
+        self._control(f"/kx/{nick}?with={urllib.parse.quote(other)}")
+
+
+def _kx_flag(kx: str | Sequence[tuple[str, str]], users: Sequence[str]) -> str:
+    """brnet's ``-kx`` value for the ``kx`` option; ``ValueError`` naming
+    the option, the value and the allowed forms for anything else."""
+    if isinstance(kx, str):
+        if kx in ("all", "none"):
+            return kx
+        raise ValueError(f"kx {kx!r}: use 'all', 'none' or a sequence of (nick, nick) pairs")
+    pairs = []
+    for pair in kx:
+        if len(pair) != 2 or pair[0] == pair[1] or any(n not in users for n in pair):
+            raise ValueError(f"kx pair {pair!r}: use two different nicks of users {list(users)}")
+        pairs.append(f"{pair[0]}:{pair[1]}")
+    return ",".join(pairs) if pairs else "none"
+
+
+async def mediated_kx(net: BrNet, nick: str, mediator: str, target: str) -> None:
+    """Have ``nick`` KX with ``target`` through ``mediator`` (brclient's
+    ``/mi``: ``ChatService.MediateKX`` on ``nick``'s clientrpc) and wait until
+    both report the exchange on their ``ChatService.KXStream``; the
+    ``KXCompleted`` events are acked. ``mediator`` must be a contact of both;
+    it never returns otherwise (the mediator drops the request): bound it
+    with ``anyio.fail_after``. Raises :class:`RPCError
+    <brmcp.clientrpc.RPCError>` when brclient refuses the request."""
+    me, via, other = net.user(nick), net.user(mediator), net.user(target)
+    async with me.client(ping_interval=None) as cme, other.client(ping_interval=None) as cother:
+        await cme.wait_connected()
+        await cother.wait_connected()
+        mine, theirs = cme.kx_stream(), cother.kx_stream()
+        await mine.wait_open()
+        await theirs.wait_open()
+        await cme.mediate_kx(check_uid(via.uid, "mediator"), check_uid(other.uid, "target"))
+        await _wait_kx(cme, mine, other.uid)
+        await _wait_kx(cother, theirs, me.uid)
+
+
+async def _wait_kx(client: Client, stream: Subscription[KXCompleted], uid: str) -> KXCompleted:
+    async for event in stream:
+        await client.ack_kx_completed(event.sequence_id)
+        if event.uid == uid:
+            return event
+    raise BrNetError("the KX stream ended before the exchange completed")

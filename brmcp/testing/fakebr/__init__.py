@@ -5,12 +5,13 @@ TLS on loopback). ``brmcp-fakebr`` runs a relay with one fake brclient per user.
 """
 
 from .certs import BRClientCerts, ensure_brclient_certs
-from .relay import FakeRelay, TipFailure
+from .relay import FakeRelay, KXSuggestion, Mediation, TipFailure
 from .replaylog import ReplayLog, sequence_id
 from .server import (
     CODE_EOF,
     CODE_INTERNAL,
     CODE_INVALID_PARAMS,
+    KIND_KX,
     KIND_PM,
     KIND_TIP_PROGRESS,
     KIND_TIP_RECEIVED,
@@ -22,12 +23,15 @@ __all__ = [
     "CODE_EOF",
     "CODE_INTERNAL",
     "CODE_INVALID_PARAMS",
+    "KIND_KX",
     "KIND_PM",
     "KIND_TIP_PROGRESS",
     "KIND_TIP_RECEIVED",
     "BRClientCerts",
     "FakeBRClient",
     "FakeRelay",
+    "KXSuggestion",
+    "Mediation",
     "RPCFault",
     "ReplayLog",
     "TipFailure",

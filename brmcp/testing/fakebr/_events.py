@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ...clientrpc.protojson import dumps
-from ...clientrpc.types import ReceivedPM, ReceivedTip, TipProgressEvent
+from ...clientrpc.types import KXCompleted, ReceivedPM, ReceivedTip, TipProgressEvent
 from ._conn import _Conn, _Stream
 from ._limits import MAX_MSG_SIZE, RM_OVERHEAD
-from ._protocol import _STREAMS, KIND_PM, KIND_TIP_PROGRESS, KIND_TIP_RECEIVED
+from ._protocol import _STREAMS, KIND_KX, KIND_PM, KIND_TIP_PROGRESS, KIND_TIP_RECEIVED
 from ._state import _Changes, _Settings
 from .replaylog import ReplayLog
 
@@ -29,7 +29,7 @@ log = logging.getLogger("brmcp.testing.fakebr")
 #: Where the replay logs persist between runs on the same root.
 LOGS_FILE = "fakebr-replaylogs.json"
 
-Ev = TypeVar("Ev", ReceivedPM, ReceivedTip, TipProgressEvent)
+Ev = TypeVar("Ev", ReceivedPM, ReceivedTip, TipProgressEvent, KXCompleted)
 
 
 class _EventLog:
@@ -123,6 +123,21 @@ class _EventLog:
             ),
         )
 
+    def emit_kx_completed(
+        self, uid: str, *, nick: str | None = None, initial_rendezvous: bytes = b""
+    ) -> KXCompleted:
+        """Log a completed KX with ``uid`` and broadcast it; ``nick`` defaults
+        to that user's on the relay."""
+        return self._emit(
+            KIND_KX,
+            KXCompleted(
+                sequence_id=0,
+                uid=uid,
+                nick=self._nicks.get(uid, "") if nick is None else nick,
+                initial_rendezvous=initial_rendezvous,
+            ),
+        )
+
     def receive_pm(self, from_uid: str, text: str, timestamp_ms: int) -> None:
         """A PM the relay delivered: logged, or dropped when its text is over
         the max message size (brclient's decompression is limited to it, so
@@ -196,6 +211,7 @@ class _EventLog:
             KIND_PM: ReceivedPM.from_wire,
             KIND_TIP_RECEIVED: ReceivedTip.from_wire,
             KIND_TIP_PROGRESS: TipProgressEvent.from_wire,
+            KIND_KX: KXCompleted.from_wire,
         }
         for kind, log_state in (saved.get("logs") or {}).items():
             decode = decoders.get(kind)

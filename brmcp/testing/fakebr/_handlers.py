@@ -1,6 +1,6 @@
 """The unary clientrpc methods of a fake brclient: strict params decoding,
 then brclient's checks and error texts in its order (Version,
-UserPublicIdentity, UserNick, PM, TipUser, the three acks; docs/clientrpc.md
+UserPublicIdentity, UserNick, PM, TipUser, MediateKX, the four acks; docs/clientrpc.md
 §Methods brmcp calls, §Error texts). Both transports (the websocket
 sessions and the POST endpoint) run them through :class:`_Methods`."""
 
@@ -28,7 +28,7 @@ from ._protocol import (
 )
 from ._state import _Controls, _Settings
 from .params import ParamsError, decode_params
-from .relay import FakeRelay, RelayMember
+from .relay import FakeRelay, Mediation, RelayMember
 
 __all__ = ["_Methods"]
 
@@ -97,6 +97,9 @@ class _Methods:
         if name == "PaymentsService.TipUser":
             await self._tip_user(request)
             return {}
+        if name == "ChatService.MediateKX":
+            self.mediate_kx(str(request.get("mediator", "")), str(request.get("target", "")))
+            return {}
         kind = _ACKS.get(name)
         if kind is not None:
             self._events.ack(kind, int(request.get("sequence_id", 0)))
@@ -160,6 +163,26 @@ class _Methods:
         except Exception as exc:  # unpaced: the fabric's size limit or an injected link failure
             raise RPCFault(CODE_INTERNAL, str(exc)) from None
 
+    def mediate_kx(self, mediator: str, target: str) -> Mediation:
+        """brclient's ``MediateKX``: the mediator by ``UserByNick`` (``user <x>
+        not found``), the target parsed as a hex user id (Go's hex and
+        ``invalid ShortID length: N`` errors), refused when the target is
+        already a contact (brclient's text, its missing space included);
+        then the request goes to the relay, which completes or drops it in
+        the background (:meth:`FakeRelay.start_mediate_kx`)."""
+        mediator_uid = self._user_by_nick(mediator)
+        raw = _go_hex_decode(target)
+        if len(raw) != 32:
+            raise RPCFault(CODE_INTERNAL, f"invalid ShortID length: {len(raw)}")
+        target_uid = raw.hex()
+        me = self._settings.uid
+        if target_uid == me or self._relay.are_contacts(me, target_uid):
+            raise RPCFault(
+                CODE_INTERNAL,
+                f"cannot request mediate identity: already havesession with target {target_uid}",
+            )
+        return self._relay.start_mediate_kx(me, mediator_uid, target_uid)
+
     async def _tip_user(self, request: Mapping[str, Any]) -> None:
         """brclient's order: the user, the remote-tip guards, then the amount
         and attempts, then the wait for the tip subsystem (the restart delay),
@@ -188,12 +211,18 @@ class _Methods:
 
 
 def _go_hex_decode(text: str) -> bytes:
-    """Go's ``hex.DecodeString`` of an even-length string: the bytes, or an
-    :class:`RPCFault` with Go's text for the first byte that is not a hex
-    digit (``encoding/hex: invalid byte: U+0067 'g'``)."""
+    """Go's ``hex.DecodeString``: the bytes, or an :class:`RPCFault` with Go's
+    text for the first byte that is not a hex digit (``encoding/hex: invalid
+    byte: U+0067 'g'``), or for an odd length once the digits are good."""
     data = text.encode("utf-8")
-    for byte in data:
+    for byte in data[: len(data) - len(data) % 2]:
         if chr(byte) not in "0123456789abcdefABCDEF":
             shown = f"U+{byte:04X}" + (f" '{chr(byte)}'" if chr(byte).isprintable() else "")
             raise RPCFault(CODE_INTERNAL, f"encoding/hex: invalid byte: {shown}")
+    if len(data) % 2:
+        last = data[-1:]
+        if last and chr(last[0]) not in "0123456789abcdefABCDEF":
+            shown = f"U+{last[0]:04X}" + (f" '{chr(last[0])}'" if chr(last[0]).isprintable() else "")
+            raise RPCFault(CODE_INTERNAL, f"encoding/hex: invalid byte: {shown}")
+        raise RPCFault(CODE_INTERNAL, "encoding/hex: odd length hex string")
     return bytes.fromhex(data.decode("ascii"))

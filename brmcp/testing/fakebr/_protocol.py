@@ -22,6 +22,7 @@ __all__ = [
     "CODE_EOF",
     "CODE_INTERNAL",
     "CODE_INVALID_PARAMS",
+    "KIND_KX",
     "KIND_PM",
     "KIND_TIP_PROGRESS",
     "KIND_TIP_RECEIVED",
@@ -36,16 +37,19 @@ CODE_INTERNAL = -32603
 KIND_PM = "pm"
 KIND_TIP_RECEIVED = "tipstream"
 KIND_TIP_PROGRESS = "tipprogress"
+KIND_KX = "kx"
 
 _STREAMS = {
     "ChatService.PMStream": KIND_PM,
     "PaymentsService.TipStream": KIND_TIP_RECEIVED,
     "PaymentsService.TipProgress": KIND_TIP_PROGRESS,
+    "ChatService.KXStream": KIND_KX,
 }
 _ACKS = {
     "ChatService.AckReceivedPM": KIND_PM,
     "PaymentsService.AckTipReceived": KIND_TIP_RECEIVED,
     "PaymentsService.AckTipProgress": KIND_TIP_PROGRESS,
+    "ChatService.AckKXCompleted": KIND_KX,
 }
 #: Services brclient binds (docs/clientrpc.md §Other services); methods the fake lacks are "unknown method".
 _BOUND_SERVICES = frozenset(

@@ -91,6 +91,11 @@ MESSAGES: dict[str, Message] = {
     ),
     "ChatService.PMStream": Message("PMStreamRequest", _STREAM),
     "ChatService.AckReceivedPM": Message("AckRequest", (Field("sequence_id", "sequenceId", "uint64"),)),
+    "ChatService.MediateKX": Message(
+        "MediateKXRequest", (Field("mediator", "mediator", "string"), Field("target", "target", "string"))
+    ),
+    "ChatService.KXStream": Message("KXStreamRequest", _STREAM),
+    "ChatService.AckKXCompleted": Message("AckRequest", (Field("sequence_id", "sequenceId", "uint64"),)),
     "PaymentsService.TipUser": Message(
         "TipUserRequest",
         (

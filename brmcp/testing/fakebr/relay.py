@@ -8,6 +8,21 @@ exchange PMs and tips (anything else is ``user <x> not found`` at the
 sender). Tips are simulated: a tip from A to B emits tip-progress events at A
 and, once B is online, a received tip at B.
 
+Key exchanges: :meth:`FakeRelay.kx` makes contacts silently (test set-up:
+no ``KXCompleted`` is logged, so existing logs stay as they were);
+:meth:`FakeRelay.complete_kx` does it as a finished exchange, a
+``KXCompleted`` event at both ends, as a real client logs one for every
+exchange (brnet's start-up invites included). A mediated KX (``ChatService.MediateKX``
+from A through M towards T, brclient's ``/mi``) is carried by the relay in
+the background once A, M and T are all online: it completes (A and T become
+contacts, both get ``KXCompleted`` with one shared initial rendezvous) when
+M and T are contacts then, and is dropped otherwise, as a real mediator
+that does not know the target only logs it (:class:`Mediation` records
+each outcome). A KX suggestion (brclientd's ``SuggestKX`` from D to
+invitee I about target T) reaches I once it is online, as a
+:class:`KXSuggestion` on I's fake; accepting it is a mediated KX from I
+through D.
+
 PM pacing (a fake brclient's ``pm_pacing``) is modelled on the real network:
 there the ``PM`` call returns once the relay has the PM, and the recipient
 fetches the PMs of one sender one at a time, subscribing to the next
@@ -26,7 +41,7 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -35,7 +50,7 @@ import anyio.abc
 
 from ..fabric import Fabric
 
-__all__ = ["FakeRelay", "RelayMember", "TipFailure"]
+__all__ = ["FakeRelay", "KXSuggestion", "Mediation", "RelayMember", "TipFailure"]
 
 log = logging.getLogger("brmcp.testing.fakebr")
 
@@ -64,6 +79,38 @@ class RelayMember(Protocol):
         attempt_err: str = "",
         will_retry: bool = False,
     ) -> Any: ...
+
+    def emit_kx_completed(
+        self, uid: str, *, nick: str | None = None, initial_rendezvous: bytes = b""
+    ) -> Any: ...
+
+    def _receive_kx_suggestion(self, suggestion: KXSuggestion) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class KXSuggestion:
+    """A suggestion ``invitee`` received from ``suggester`` to key-exchange
+    with ``target`` (uids, 64 lowercase hex; ``target_nick`` as the suggester
+    knows it). Accepting it is a mediated KX through ``suggester``."""
+
+    suggester: str
+    invitee: str
+    target: str
+    target_nick: str
+
+
+@dataclass(eq=False, slots=True)
+class Mediation:
+    """One mediated KX the relay carries: ``requester`` asked ``mediator``
+    to introduce it to ``target`` (uids). ``outcome`` is ``""`` while it
+    waits for all three to be online, then ``"completed"`` or the reason it
+    was dropped; ``done`` is set then."""
+
+    requester: str
+    mediator: str
+    target: str
+    outcome: str = ""
+    done: anyio.Event = field(default_factory=anyio.Event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +150,10 @@ class FakeRelay:
         self._tip_locks: dict[tuple[str, str], anyio.Lock] = {}
         self._online: anyio.Event | None = None
         self._tips_waiting = 0
+        #: Every mediated KX asked for, oldest first (:class:`Mediation`).
+        self.mediations: list[Mediation] = []
+        #: Every KX suggestion sent, oldest first (delivered or still waiting).
+        self.suggestions: list[KXSuggestion] = []
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def __aenter__(self) -> FakeRelay:
@@ -157,6 +208,21 @@ class FakeRelay:
         self._contacts[ua][ub] = None
         self._contacts[ub][ua] = None
 
+    def complete_kx(
+        self, a: str | RelayMember, b: str | RelayMember, *, rendezvous: bytes | None = None
+    ) -> None:
+        """Make two users contacts as a finished key exchange: :meth:`kx`,
+        then a ``KXCompleted`` event at each end that has a fake brclient,
+        both with the same initial rendezvous (``rendezvous``, default 32
+        random bytes)."""
+        ua, ub = _uid_of(a), _uid_of(b)
+        self.kx(ua, ub)
+        rv = os.urandom(32) if rendezvous is None else rendezvous
+        for here, there in ((ua, ub), (ub, ua)):
+            member = self._clients.get(here)
+            if member is not None:
+                member.emit_kx_completed(there, initial_rendezvous=rv)
+
     def unkx(self, a: str | RelayMember, b: str | RelayMember) -> None:
         """Remove a contact pair (both directions)."""
         ua, ub = _uid_of(a), _uid_of(b)
@@ -180,6 +246,55 @@ class FakeRelay:
     def client(self, uid: str) -> RelayMember | None:
         """The fake brclient of ``uid``, if any."""
         return self._clients.get(uid)
+
+    # -- mediated key exchanges and suggestions ---------------------------------------
+
+    def start_mediate_kx(self, requester: str, mediator: str, target: str) -> Mediation:
+        """Carry a mediated KX in the background (``MediateKX`` returns before
+        it completes; the module text); returns its :class:`Mediation`.
+        The caller checked that ``mediator`` is a contact of ``requester``."""
+        tg = self._tg
+        if tg is None:
+            raise RuntimeError("FakeRelay must be entered ('async with relay')")
+        mediation = Mediation(requester, mediator, target)
+        self.mediations.append(mediation)
+        tg.start_soon(self._run_mediation, mediation)
+        return mediation
+
+    async def _run_mediation(self, mediation: Mediation) -> None:
+        uids = (mediation.requester, mediation.mediator, mediation.target)
+        while any(self.is_offline(uid) for uid in uids):
+            for uid in uids:
+                await self.wait_online(uid)
+        if not self.are_contacts(mediation.mediator, mediation.target):
+            mediation.outcome = (
+                f"mediator {mediation.mediator} has no contact {mediation.target}: the request is dropped"
+            )
+            log.info("fakebr relay: %s", mediation.outcome)
+        elif self.are_contacts(mediation.requester, mediation.target):
+            mediation.outcome = "already contacts"
+        else:
+            self.complete_kx(mediation.requester, mediation.target)
+            mediation.outcome = "completed"
+        mediation.done.set()
+
+    def start_suggest_kx(self, suggester: str, invitee: str, target: str) -> KXSuggestion:
+        """Send ``invitee`` a suggestion from ``suggester`` to KX with
+        ``target`` (the caller checked both are ``suggester``'s contacts); it
+        is delivered once ``invitee`` is online."""
+        tg = self._tg
+        if tg is None:
+            raise RuntimeError("FakeRelay must be entered ('async with relay')")
+        suggestion = KXSuggestion(suggester, invitee, target, self.nicks.get(target, ""))
+        self.suggestions.append(suggestion)
+        tg.start_soon(self._deliver_suggestion, suggestion)
+        return suggestion
+
+    async def _deliver_suggestion(self, suggestion: KXSuggestion) -> None:
+        await self.wait_online(suggestion.invitee)
+        member = self._clients.get(suggestion.invitee)
+        if member is not None:
+            member._receive_kx_suggestion(suggestion)
 
     # -- online state -----------------------------------------------------------------
 

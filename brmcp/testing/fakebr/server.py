@@ -41,6 +41,14 @@ no-wallet payment client, replay logs kept on disk across restarts (ids keep
 growing), and brclient's error texts in its order of checks. Speed options,
 off by default: ``pm_pacing`` and ``tip_restart_delay``.
 
+Key exchange: ``MediateKX``, ``KXStream`` and ``AckKXCompleted`` over
+clientrpc (the relay carries the mediated KX: :mod:`.relay`); with
+``status_server=True`` a brclientd-style status server on a second port
+(:attr:`FakeBRClient.status_url`, :mod:`._status`) takes KX suggestions,
+which reach the invitee's fake as :attr:`FakeBRClient.kx_suggestions`
+(accepted with :meth:`FakeBRClient.accept_kx_suggestion`, or at once with
+``auto_accept_kx_suggestions``).
+
 Control hooks for tests: :meth:`~FakeBRClient.drop_connections`,
 :meth:`~FakeBRClient.send_raw`, :meth:`~FakeBRClient.send_notification`,
 :meth:`~FakeBRClient.end_streams`, :meth:`~FakeBRClient.ping`,
@@ -62,6 +70,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -76,6 +85,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ...clientrpc.client import Client
 from ...clientrpc.config import BotConfig
 from ...clientrpc.types import (
+    KXCompleted,
     PublicIdentity,
     ReceivedPM,
     ReceivedTip,
@@ -89,6 +99,7 @@ from ._protocol import (
     CODE_EOF,
     CODE_INTERNAL,
     CODE_INVALID_PARAMS,
+    KIND_KX,
     KIND_PM,
     KIND_TIP_PROGRESS,
     KIND_TIP_RECEIVED,
@@ -96,14 +107,16 @@ from ._protocol import (
 )
 from ._session import _Sessions
 from ._state import _Changes, _Controls, _Record, _Settings
+from ._status import _StatusServer
 from .certs import BRClientCerts, ensure_brclient_certs
-from .relay import FakeRelay, TipFailure
+from .relay import FakeRelay, KXSuggestion, Mediation, TipFailure
 from .replaylog import ReplayLog
 
 __all__ = [
     "CODE_EOF",
     "CODE_INTERNAL",
     "CODE_INVALID_PARAMS",
+    "KIND_KX",
     "KIND_PM",
     "KIND_TIP_PROGRESS",
     "KIND_TIP_RECEIVED",
@@ -158,6 +171,9 @@ class FakeBRClient:
     brclient's ``wallettype = disabled`` (tips to this user never complete).
     ``pm_pacing`` (seconds, 0 = off; a real brclient ≈ 0.1) and
     ``tip_restart_delay`` (seconds, 0 = off; brclient 60): the speed options.
+    ``status_server``: also serve brclientd's status server (KX suggestions)
+    on ``status_port`` (0 picks one); ``auto_accept_kx_suggestions``: accept
+    every KX suggestion received at once (a mediated KX through its sender).
 
     Use as ``async with FakeBRClient(relay, "bot", path) as br:``; while it runs
     the user is online on the relay, otherwise offline (PMs and tips wait).
@@ -200,7 +216,7 @@ class FakeBRClient:
     total_connections = _In[int]("_record")
     #: The most requests seen in flight on one connection.
     max_in_flight_seen = _In[int]("_record")
-    #: The replay logs by kind (``KIND_PM``, ``KIND_TIP_RECEIVED``, ``KIND_TIP_PROGRESS``).
+    #: The replay logs by kind (``KIND_PM``, ``KIND_TIP_RECEIVED``, ``KIND_TIP_PROGRESS``, ``KIND_KX``).
     logs = _In[dict[str, ReplayLog[Any]]]("_events")
 
     #: Where the replay logs persist between runs on the same root.
@@ -230,6 +246,9 @@ class FakeBRClient:
         wallet: bool = True,
         pm_pacing: float = 0.0,
         tip_restart_delay: float = 0.0,
+        status_server: bool = False,
+        status_port: int = 0,
+        auto_accept_kx_suggestions: bool = False,
     ) -> None:
         self.relay = relay
         self.root = Path(root)
@@ -270,6 +289,22 @@ class FakeBRClient:
         )
         self._http = _HTTP(self._settings, self._record, self._changes, self._events, self._methods, sessions)
         self._runner: web.AppRunner | None = None
+        self.status_server = status_server
+        self.status_port = status_port
+        #: Accept every KX suggestion on arrival (:meth:`accept_kx_suggestion`).
+        self.auto_accept_kx_suggestions = auto_accept_kx_suggestions
+        #: KX suggestions received and neither accepted nor declined, oldest first.
+        self.kx_suggestions: list[KXSuggestion] = []
+        #: Every status-server answer about a suggestion: ``(HTTP status,
+        #: {"invitee", "target"} as sent, or None for an unreadable body)``.
+        self.status_requests: list[tuple[int, dict[str, str] | None]] = []
+        self._status = _StatusServer(
+            self._settings,
+            relay,
+            self._changes,
+            lambda status, fields: self.status_requests.append((status, fields)),
+        )
+        self._status_runner: web.AppRunner | None = None
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -279,22 +314,19 @@ class FakeBRClient:
         ctx = self.certs.server_ssl_context(require_client_cert=self.require_client_cert)
         app = web.Application()
         self._http.routes(app)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-        await runner.setup()
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-            sock.listen(128)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            await runner.cleanup()
-            raise
-        self.port = sock.getsockname()[1]
-        site = web.SockSite(runner, sock, ssl_context=ctx)
-        await site.start()
-        self._runner = runner
+        self._runner, self.port = await _serve(app, self.host, self.port, ctx)
+        if self.status_server:
+            status_app = web.Application()
+            self._status.routes(status_app)
+            try:
+                self._status_runner, self.status_port = await _serve(
+                    status_app, self.host, self.status_port, ctx
+                )
+            except BaseException:
+                runner, self._runner = self._runner, None
+                with anyio.CancelScope(shield=True):
+                    await runner.cleanup()
+                raise
         self._methods.mark_started()
         self.relay.set_online(self.uid)
         log.info("fakebr: %s (%s) serving clientrpc on %s", self.nick, self.uid[:16], self.url)
@@ -309,10 +341,11 @@ class FakeBRClient:
         self.relay.set_offline(self.uid)
         self.drop_connections()
         self._events.save(self.root)
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            with anyio.CancelScope(shield=True):
-                await runner.cleanup()
+        for runner in (self._status_runner, self._runner):
+            if runner is not None:
+                with anyio.CancelScope(shield=True):
+                    await runner.cleanup()
+        self._runner = self._status_runner = None
 
     # -- the relay's side -------------------------------------------------------------
 
@@ -367,6 +400,56 @@ class FakeBRClient:
         """The relay delivers a PM (:class:`~.relay.RelayMember`)."""
         self._events.receive_pm(from_uid, text, timestamp_ms)
 
+    def emit_kx_completed(
+        self, uid: str, *, nick: str | None = None, initial_rendezvous: bytes = b""
+    ) -> KXCompleted:
+        """Log a completed KX with ``uid`` and broadcast it on the KX streams
+        (``nick`` defaults to that user's on the relay). It does not make
+        contacts: :meth:`FakeRelay.complete_kx` does both."""
+        return self._events.emit_kx_completed(uid, nick=nick, initial_rendezvous=initial_rendezvous)
+
+    # -- key exchange ------------------------------------------------------------------
+
+    def _receive_kx_suggestion(self, suggestion: KXSuggestion) -> None:
+        """The relay delivers a KX suggestion (:class:`~.relay.RelayMember`)."""
+        self.kx_suggestions.append(suggestion)
+        self._changes.changed()
+        if self.auto_accept_kx_suggestions:
+            try:
+                self.accept_kx_suggestion(suggestion)
+            except RPCFault as fault:
+                log.info("fakebr: %s could not accept a KX suggestion: %s", self.nick, fault.message)
+
+    def accept_kx_suggestion(self, suggestion: KXSuggestion) -> Mediation:
+        """Accept ``suggestion`` as brclient does: a mediated KX with its
+        target through its sender (``ChatService.MediateKX``'s checks and
+        :class:`RPCFault` texts; the suggestion is removed first, as
+        brclient removes it when it asks). Returns the relay's
+        :class:`~.relay.Mediation`."""
+        if suggestion in self.kx_suggestions:
+            self.kx_suggestions.remove(suggestion)
+        return self._methods.mediate_kx(suggestion.suggester, suggestion.target)
+
+    def decline_kx_suggestion(self, suggestion: KXSuggestion) -> None:
+        """Forget ``suggestion`` (brclient's ``DeclineKXSuggestion``)."""
+        if suggestion in self.kx_suggestions:
+            self.kx_suggestions.remove(suggestion)
+        self._changes.changed()
+
+    def fail_next_suggestion(self, status: int, body: str = "") -> None:
+        """Have the status server answer the next suggestion with HTTP
+        ``status`` and the text ``body`` (nothing is suggested); calls queue up."""
+        self._status.fail_next(status, body)
+
+    @property
+    def status_url(self) -> str:
+        """The status server's base URL, ``https://host:port`` (``""`` when
+        ``status_server`` is off or before the fake started)."""
+        if not self.status_server or not self.status_port:
+            return ""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"https://{host}:{self.status_port}"
+
     @property
     def url(self) -> str:
         """``wss://host:port/ws``."""
@@ -389,6 +472,7 @@ class FakeBRClient:
         cfg.clientkeypath = str(self.certs.client_key)
         if self.rpcuser or self.rpcpass:
             cfg.rpcuser, cfg.rpcpass = self.rpcuser, self.rpcpass
+        cfg.brstatusurl = self.status_url
         return cfg
 
     def client(self, **kwargs: Any) -> Client:
@@ -396,6 +480,7 @@ class FakeBRClient:
         ``kwargs`` go to the constructor."""
         kwargs.setdefault("rpcuser", self.rpcuser)
         kwargs.setdefault("rpcpass", self.rpcpass)
+        kwargs.setdefault("status_url", self.status_url)
         return Client(
             self.url,
             server_cert=self.certs.server_cert,
@@ -447,7 +532,8 @@ class FakeBRClient:
         return len(self._http.conns)
 
     def stream_count(self, kind: str) -> int:
-        """Open streams of ``kind`` (``KIND_PM``, ``KIND_TIP_RECEIVED``, ``KIND_TIP_PROGRESS``)."""
+        """Open streams of ``kind`` (``KIND_PM``, ``KIND_TIP_RECEIVED``,
+        ``KIND_TIP_PROGRESS``, ``KIND_KX``)."""
         return len(self._events.streams(kind))
 
     def stream_methods(self, kind: str) -> list[str]:
@@ -532,3 +618,26 @@ class FakeBRClient:
         """Apply ``failure`` (default: one failed attempt that will be retried) to
         the next ``TipUser`` call; calls queue up in order."""
         self._controls.fail_next_tip(failure or TipFailure())
+
+
+async def _serve(
+    app: web.Application, host: str, port: int, ctx: ssl.SSLContext
+) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` over TLS on ``host:port`` (0 picks a port); returns the
+    runner (clean it up to stop) and the bound port."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        await runner.cleanup()
+        raise
+    bound = sock.getsockname()[1]
+    site = web.SockSite(runner, sock, ssl_context=ctx)
+    await site.start()
+    return runner, bound
