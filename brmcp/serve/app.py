@@ -27,6 +27,7 @@ import anyio.abc
 
 from .._ops.lockfile import FileLock, acquire_datadir
 from ..clientrpc import BotConfig, Client, ClientrpcError, PublicIdentity, load_bot_config
+from ..directory.registrant import ClientTipPayer, Payer, Registrant, RegistrantError
 from ..gateway import (
     PRICES_FILE,
     Gateway,
@@ -86,7 +87,19 @@ class ServeApp:
     Attributes: :attr:`harness`, :attr:`client`, :attr:`config` (in force),
     :attr:`router` (once running), :attr:`identity` (brclient's own, once
     connected), :attr:`chat_help` and :attr:`chat_replies` (the plain-chat
-    reply's throttle and count).
+    reply's throttle and count), :attr:`registrant` (with a ``directory``
+    block, else None).
+
+    With a ``directory`` block in ``brmcp.json`` the bot (example tools or
+    gateway alike) lists itself in brmcp directories through a
+    :class:`~brmcp.directory.registrant.Registrant`: it serves the free
+    ``listing_invite`` tool beside the others and, once connected,
+    registers at every ``register_at_uids`` directory, paying listing costs
+    under the block's ``auto_fund`` policy with brclient tips (or
+    ``directory_payer``). The directories the block names are admitted as
+    callers besides ``allowed_uids`` (a directory crawls and test-calls the
+    bots it lists), logged once at INFO; the block is read only at start,
+    so a reload keeps those directories admitted.
     """
 
     def __init__(
@@ -99,14 +112,17 @@ class ServeApp:
         rng: random.Random | None = None,
         upstream: UpstreamConfig | None = None,
         prices: PriceTable | None = None,
+        directory_payer: Payer | None = None,
     ) -> None:
         self.datadir = Path(datadir)
         self.bot_config = bot_config
         self.client = Client.from_config(bot_config, **dict(client_options or {}))
+        #: The directories of the ``directory`` block, admitted as callers (read at start).
+        self.directory_uids = config.directory_uids
         self.harness = Harness(
             HarnessConfig(
                 data_dir=self.datadir,
-                allowed_peers=config.allowed_uids,
+                allowed_peers=self._admitted(config),
                 calls_per_minute=config.rate,
                 name=GATEWAY_NAME if upstream is not None else IMPLEMENTATION_NAME,
                 version=IMPLEMENTATION_VERSION,
@@ -120,6 +136,21 @@ class ServeApp:
         else:
             self.gateway = Gateway(self.harness, upstream, prices or PriceTable(), base_dir=self.datadir)
         self.config = config
+        #: Lists this bot in directories (the ``directory`` block), else None.
+        self.registrant: Registrant | None = None
+        #: The registrant's payer: brclient tips unless ``directory_payer`` was given.
+        self.directory_payer: Payer | None = None
+        if config.directory is not None:
+            self.directory_payer = directory_payer or ClientTipPayer(self.client)
+            self.registrant = Registrant(config.directory, payer=self.directory_payer, data_dir=self.datadir)
+            self.registrant.register_tools(self.harness)
+            if self.directory_uids:
+                log.info(
+                    "%s: admitting the directories of the directory block as callers (they crawl and "
+                    "test-call this bot): %s",
+                    self.config_path,
+                    ", ".join(self.directory_uids),
+                )
         self.router: Router | None = None
         self.identity: PublicIdentity | None = None
         #: The Prometheus endpoint (:meth:`enable_metrics`), or None.
@@ -188,6 +219,25 @@ class ServeApp:
         """``<datadir>/brmcp.json``."""
         return self.datadir / SERVE_CONFIG_FILE
 
+    def _admitted(self, config: ServeConfig) -> tuple[str, ...]:
+        """The callers let in: ``allowed_uids`` and the start's directories."""
+        return tuple(dict.fromkeys((*config.allowed_uids, *self.directory_uids)))
+
+    async def start_registrant(self, router: Router, tg: anyio.abc.TaskGroup) -> bool:
+        """Run :attr:`registrant` on ``router`` in ``tg`` (registering at its
+        ``register_at_uids`` directories in the background). Returns False,
+        logging the reason at ERROR, when there is no registrant or its fund
+        history is unreadable (the bot then serves without one, as the Go
+        reference does)."""
+        if self.registrant is None:
+            return False
+        try:
+            await tg.start(self.registrant.run, router)
+        except RegistrantError as exc:
+            log.error("directory registrant disabled: %s", exc)
+            return False
+        return True
+
     def reload(self) -> ServeConfig:
         """Re-read ``brmcp.json`` (and, when selling an upstream,
         ``prices.json``) and apply the allowlist, rate, ``chat_help`` and prices at once
@@ -208,7 +258,7 @@ class ServeApp:
             except PriceError as exc:
                 raise ServeConfigError(str(exc)) from None
             log.info("reloaded %s", self.datadir / PRICES_FILE)
-        self.harness.set_allowed_peers(config.allowed_uids)
+        self.harness.set_allowed_peers(self._admitted(config))
         self.harness.set_calls_per_minute(config.rate)
         self.config = config
         log.info(
@@ -297,9 +347,15 @@ class ServeApp:
                     self.client,
                     on_connected=self._on_connected,
                     on_pm=self._on_chat,
+                    on_tip_progress=(
+                        self.directory_payer.on_tip_progress
+                        if isinstance(self.directory_payer, ClientTipPayer)
+                        else None
+                    ),
                     exclusive=False,
                 )
             )
+            await self.start_registrant(self.router, tg)
             if self.gateway is not None:
                 log.info(
                     "brmcp-serve: selling %d tool(s) of %s; brclient at %s",

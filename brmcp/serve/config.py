@@ -19,10 +19,28 @@ docs/interop.md §What is verified).
   ``false`` or ``""`` nothing, a string your own text (``{bot_uid}``,
   ``{bot_nick}`` and ``{sender_uid}`` are filled in).
 * ``upstream``: brmcp/gateway's (:func:`brmcp.gateway.load_upstream_block`).
+* ``directory`` (optional, the Go reference's keys): list this bot in
+  brmcp directories (:class:`brmcp.directory.registrant.RegistrantConfig`;
+  README §List your bot)::
+
+    "directory": {
+      "description": "fortunes and echoes",
+      "tags": ["fun"],
+      "test": {"tool": "fortune", "args": {}, "maxAtoms": 10000},
+      "auto_fund": {"enabled": true, "max_atoms_per_request": 200000,
+                    "max_atoms_per_month": 1000000, "allowed_directory_uids": []},
+      "register_at_uids": ["<64-hex directory uid>"]
+    }
+
+  The directories it names (``register_at_uids`` and
+  ``auto_fund.allowed_directory_uids``) are admitted as callers besides
+  ``allowed_uids``, since a directory crawls and test-calls the bot it
+  lists (:attr:`ServeConfig.directory_uids`). An empty object (``{}``) is
+  no block, with an INFO line (the Go reference then runs without a
+  registrant too).
 
 Keys are matched case-insensitively, as Go's ``encoding/json`` does (the Go
-reference reads this file). The Go reference's optional ``directory`` block
-is ignored with an INFO line; any other key is ignored with a WARNING that
+reference reads this file). Any other key is ignored with a WARNING that
 names the file, the key and the closest known key ("did you mean"), so a
 typo such as ``allowed_uid`` does not silently refuse every caller. A value
 of the wrong kind is an error naming the file, key, value and what is
@@ -43,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from ..clientrpc import BotConfig, write_bot_config
+from ..directory.registrant import RegistrantConfig, RegistrantError
 
 __all__ = [
     "BOT_CONFIG_NAME",
@@ -74,9 +93,7 @@ TEMPLATE = '{\n  "allowed_uids": [],\n  "calls_per_minute": 30\n}'
 _UID = re.compile(r"[0-9a-fA-F]{64}")
 _INT64_MAX = (1 << 63) - 1
 #: The keys this loader reads (``upstream``: brmcp/gateway's).
-_KEYS = ("allowed_uids", "calls_per_minute", "chat_help", "upstream")
-#: Keys the Go reference reads that brmcp-serve does not use (logged at INFO, ignored).
-_GO_ONLY_KEYS = ("directory",)
+_KEYS = ("allowed_uids", "calls_per_minute", "chat_help", "directory", "upstream")
 
 
 class ServeConfigError(ValueError):
@@ -89,11 +106,19 @@ class ServeConfig:
     """The content of ``brmcp.json``: ``allowed_uids`` (lowercase 64-hex
     uids, in file order, without duplicates), ``calls_per_minute`` (0 means
     the default of 30) and ``chat_help`` (True: the built-in plain-chat
-    reply, False: none, a string: that text)."""
+    reply, False: none, a string: that text) and ``directory`` (the
+    ``directory`` block, or None)."""
 
     allowed_uids: tuple[str, ...] = ()
     calls_per_minute: int = DEFAULT_CALLS_PER_MINUTE
     chat_help: bool | str = True
+    directory: RegistrantConfig | None = None
+
+    @property
+    def directory_uids(self) -> tuple[str, ...]:
+        """The directories the ``directory`` block names
+        (:attr:`RegistrantConfig.directory_uids`), () without a block."""
+        return () if self.directory is None else self.directory.directory_uids
 
     @property
     def rate(self) -> int:
@@ -109,6 +134,8 @@ class ServeConfig:
         }
         if self.chat_help is not True:
             data["chat_help"] = self.chat_help
+        if self.directory is not None:
+            data["directory"] = self.directory.to_json()
         return json.dumps(data, indent=2)
 
     @classmethod
@@ -118,16 +145,18 @@ class ServeConfig:
         :class:`ServeConfigError` naming ``source`` for invalid JSON, a
         non-object, an ``allowed_uids`` that is not a list of 64-hex
         strings, a ``calls_per_minute`` that is not an integer in
-        0..2**63-1, or a ``chat_help`` that is not true, false or a string.
-        Logs a WARNING per unknown key (with the closest known key) and an
-        INFO line for the Go reference's ``directory`` block."""
+        0..2**63-1, a ``chat_help`` that is not true, false or a string, or
+        an invalid ``directory`` block (naming the key inside it:
+        :meth:`RegistrantConfig.from_json`). Logs a WARNING per unknown key
+        (with the closest known key) and an INFO line for an empty
+        ``directory`` block."""
         try:
             data = json.loads(text)
         except ValueError as exc:
             raise ServeConfigError(f"{source}: not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ServeConfigError(f"{source}: expected a JSON object, got {_json_type(data)}")
-        data, unknown = _canonical_keys(data, (*_KEYS, *_GO_ONLY_KEYS))
+        data, unknown = _canonical_keys(data, _KEYS)
         uids = _parse_uids(data.get("allowed_uids"), source)
         rate = data.get("calls_per_minute", DEFAULT_CALLS_PER_MINUTE)
         if rate is None:
@@ -150,12 +179,24 @@ class ServeConfig:
                 f"{source}: chat_help: {_shown(chat_help)} is not allowed: use true (the built-in reply to "
                 "plain chat), false (no reply) or a string (your own reply text)"
             )
-        ignored = [key for key in data if key in _GO_ONLY_KEYS]
-        if ignored:
-            log.info("%s: ignoring keys this example does not use: %s", source, ", ".join(ignored))
+        directory = _parse_directory(data.get("directory"), source)
         for key in unknown:
             log.warning("%s", _unknown_key_warning(source, key, _KEYS))
-        return cls(allowed_uids=uids, calls_per_minute=rate, chat_help=chat_help)
+        return cls(allowed_uids=uids, calls_per_minute=rate, chat_help=chat_help, directory=directory)
+
+
+def _parse_directory(value: Any, source: str) -> RegistrantConfig | None:
+    """The ``directory`` block: None when absent, null or ``{}`` (logged at
+    INFO), else a validated :class:`RegistrantConfig`."""
+    if value is None:
+        return None
+    if value == {}:
+        log.info("%s: the directory block is empty: this bot is not listed in any directory", source)
+        return None
+    try:
+        return RegistrantConfig.from_json(value, where=f"{source}: directory")
+    except RegistrantError as exc:
+        raise ServeConfigError(str(exc)) from None
 
 
 def _canonical_keys(data: dict[str, Any], known: Sequence[str]) -> tuple[dict[str, Any], list[str]]:

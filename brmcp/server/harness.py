@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
@@ -87,6 +88,7 @@ __all__ = [
 log = logging.getLogger("brmcp.server")
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+T = TypeVar("T")
 
 #: Refused peers are logged at most this often (seconds), remembering this many.
 _DENIED_WARN_INTERVAL = 600.0
@@ -562,6 +564,24 @@ class Harness:
         """True once this harness's ledger has recorded any received tip
         (False for a new data directory)."""
         return await self._accounts.has_tip_history()
+
+    async def transact(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``op(conn)`` in one transaction of the built-in ledger's
+        database and return its result once committed (off the event loop,
+        serialised with the harness's own money movements). ``op`` may move
+        balances with :func:`store.add_balance` and must audit every
+        movement with :func:`store.record_movement` under a unique ref (a
+        ref applied twice raises ``sqlite3.IntegrityError``, rolling back
+        all of ``op``), so a movement and the state change it pays for
+        commit together or not at all; it may keep its own tables in the
+        same file (the directory does: docs/directory.md §Files). Raises
+        :class:`HarnessError` with an external Billing store (no built-in
+        ledger), else whatever ``op`` raises (nothing of ``op`` is then
+        written). Callers on money paths shield this from cancellation."""
+        executor = self._accounts.executor
+        if executor is None or not self._accounts.local:
+            raise HarnessError("transact needs the built-in ledger (a data_dir and no Billing store)")
+        return await executor.run(op)
 
     async def statement(self, peer: str) -> list[StatementEntry]:
         """Every money movement of ``peer``, oldest first (tips, credits,

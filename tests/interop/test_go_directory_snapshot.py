@@ -192,13 +192,13 @@ async def test_python_and_go_snapshots_interoperate(tmp_path: Path, goref_binary
         )
         for item in LISTINGS
     ]
-    py_signed = signer.snapshot(ours, GENERATED_AT)
+    py_signed = signer.build_snapshot(ours, GENERATED_AT)
     assert py_signed == go_signed
 
     # The reference verifies ours, made with a key file we created.
     py_key = tmp_path / "py" / "snapshotkey.json"
     py_signer = snapshot.Signer.load_or_create(py_key)
-    mine = py_signer.snapshot(ours, GENERATED_AT)
+    mine = py_signer.build_snapshot(ours, GENERATED_AT)
     verdict = await go_verify(goref_binary, mine, py_signer.public_hex)
     assert verdict == {"ok": True, "snapshot": {"v": 1, "generatedAt": GENERATED_AT, "listings": ordered}}
     assert (await go_verify(goref_binary, mine, pub))["error"] == "snapshot signed by an unexpected key"

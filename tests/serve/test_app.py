@@ -107,7 +107,8 @@ def test_logging_follows_the_conf_keys(
     # An INFO line logged before the (expected) failure to find brclient's files.
     (datadir / "brmcp.json").write_text('{"allowed_uids": [], "directory": {}}')
     info = (
-        "INFO brmcp.serve: " + f"{datadir / 'brmcp.json'}: ignoring keys this example does not use: directory"
+        "INFO brmcp.serve: "
+        + f"{datadir / 'brmcp.json'}: the directory block is empty: this bot is not listed in any directory"
     )
     capsys.readouterr()
 
@@ -116,17 +117,17 @@ def test_logging_follows_the_conf_keys(
     assert len(err) == 2
     assert err[0].endswith(info)
     assert err[1].startswith("brmcp-serve: servercertpath ")
-    assert _lines_with(logfile, "ignoring keys") == 1
+    assert _lines_with(logfile, "the directory block is empty") == 1
     assert stat.S_IMODE(logfile.parent.stat().st_mode) == 0o700
 
     conf.write_text(conf.read_text().replace("debug=info", "debug=warn"))
     assert main(["--datadir", d]) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1
-    assert _lines_with(logfile, "ignoring keys") == 1
+    assert _lines_with(logfile, "the directory block is empty") == 1
     assert main(["--datadir", d, "--log-level", "trace"]) == 1
     assert capsys.readouterr().err.splitlines()[0].endswith(info)
-    assert _lines_with(logfile, "ignoring keys") == 2
+    assert _lines_with(logfile, "the directory block is empty") == 2
 
     logdir = str(datadir / "logs")
     conf.write_text(conf.read_text().replace(f"logfile={logdir}/brmcp-serve.log", f"logfile={logdir}"))

@@ -1,0 +1,5 @@
+"""``python -m brmcp.directory``: the ``brmcpdir`` command (:mod:`.cli`)."""
+
+from .cli import main
+
+raise SystemExit(main())
