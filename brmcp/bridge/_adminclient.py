@@ -130,7 +130,9 @@ def locate(datadir: Path) -> Daemon:
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
 
 
-def _request(daemon: Daemon, method: str, path: str, body: Any = None) -> Any:
+def _request(
+    daemon: Daemon, method: str, path: str, body: Any = None, timeout: float = REQUEST_TIMEOUT
+) -> Any:
     data = None if body is None else json.dumps(body).encode("utf-8")
     req = urllib.request.Request(
         daemon.url + path,
@@ -143,7 +145,7 @@ def _request(daemon: Daemon, method: str, path: str, body: Any = None) -> Any:
         },
     )
     try:
-        with _OPENER.open(req, timeout=REQUEST_TIMEOUT) as resp:
+        with _OPENER.open(req, timeout=timeout) as resp:
             raw = resp.read()
     except urllib.error.HTTPError as exc:
         raw = exc.read()
@@ -173,9 +175,12 @@ def _enabled_on_disk(datadir: Path) -> bool:
         return True
 
 
-def admin(daemon: Daemon, method: str, path: str, body: Any = None) -> Any:
+def admin(
+    daemon: Daemon, method: str, path: str, body: Any = None, *, timeout: float = REQUEST_TIMEOUT
+) -> Any:
     """``method path`` on the daemon's admin surface with ``body`` as JSON
-    (None: no body); returns the decoded JSON answer. Raises
+    (None: no body), waiting ``timeout`` seconds for the answer; returns the
+    decoded JSON answer. Raises
     :class:`Disabled` when the surface is off (the bridge is disabled: the
     listener is unbound, or its gate answers a plain 404),
     :class:`AdminError` for an error status, and CLIError when the daemon
@@ -185,7 +190,7 @@ def admin(daemon: Daemon, method: str, path: str, body: Any = None) -> Any:
         f"{cli_command(daemon.datadir)} settings set enabled=true"
     )
     try:
-        return _request(daemon, method, path, body)
+        return _request(daemon, method, path, body, timeout)
     except _Unreachable as exc:
         if not _enabled_on_disk(daemon.datadir):
             raise disabled from None

@@ -60,7 +60,7 @@ def parse_pairs(pairs: Sequence[str]) -> dict[str, Any]:
     """``KEY=VALUE`` pairs as a settings change (the JSON the admin surface
     takes): ``enabled`` a boolean (true/false, 1/0, yes/no, on/off), ``mode``
     ``approval`` or ``autopay``, the caps and timeouts integers (atoms,
-    seconds), ``allowed_bots`` and ``prepay_bots`` comma-separated uids, a
+    seconds), ``allowed_bots``, ``prepay_bots`` and ``directories`` comma-separated uids, a
     ``token`` checked as a new token. Raises :class:`CLIError` for no
     pairs, a malformed pair, an unknown key (naming the closest key, e.g.
     ``did you mean per_call_cap_atoms?``) or a bad value."""
@@ -87,7 +87,7 @@ def parse_pairs(pairs: Sequence[str]) -> dict[str, Any]:
                 changes[key] = int(value)
             except ValueError:
                 raise CLIError(f"{key}={value!r}: not an integer number of {_unit(key)}") from None
-        elif key in ("allowed_bots", "prepay_bots"):
+        elif key in ("allowed_bots", "prepay_bots", "directories"):
             changes[key] = [uid.strip() for uid in value.split(",") if uid.strip()]
         elif key == "token":
             try:

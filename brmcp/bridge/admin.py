@@ -14,6 +14,8 @@ their own payments. All bodies are JSON.
 | ``GET /admin/spend`` | ``{"entries": [SpendEntry…], "day_total_atoms": n}`` |
 | ``GET /admin/config-snippet/<uid>`` | the agent configuration for one bot |
 | ``POST /admin/ui-login`` | ``{"url", "expires_in"}``: a one-time login link to the approvals page |
+| ``POST /admin/find``, ``GET /admin/contact/<uid>`` | discovery through directories (:mod:`.discovery`) |
+| ``POST /admin/introduce``, ``POST /admin/wait-kx`` | the same: introductions and key exchanges |
 
 A ``mode`` other than ``"approval"`` or ``"autopay"`` is refused here (400),
 although loading ``mcpclient.json`` reads any other value as approval (Go's
@@ -35,6 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 from ._asgi import PathHandler, read_body, send_json
 from .approvals import PendingPayment
+from .discovery import Discovery, discovery_handler
 from .errors import BridgeError, SettingsError, SettingsFileBroken
 from .settings import (
     MODE_APPROVAL,
@@ -66,6 +69,9 @@ class AdminHost(Protocol):
 
     @property
     def ui_sessions(self) -> UISessions: ...
+
+    @property
+    def discovery(self) -> Discovery: ...
 
     def pending_payments(self) -> list[PendingPayment]: ...
 
@@ -197,6 +203,8 @@ def admin_handler(bridge: AdminHost) -> PathHandler:
                 await send_json(send, 400, {"error": str(exc)})
                 return
             await send_json(send, 200, {**snippet.to_dict(), "allowed": bridge.settings.allows(parts[1])})
+            return
+        if await discovery_handler(bridge.discovery, route, parts, method, receive, send):
             return
         if route == "ui-login" and len(parts) == 1:
             if method != "POST":

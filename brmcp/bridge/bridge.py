@@ -29,6 +29,7 @@ from ._command import cli_command
 from ._files import read_text, write_atomic
 from .admin import ConfigSnippet, admin_handler, config_snippet
 from .approvals import PendingPayment
+from .discovery import Contacts, Discovery
 from .errors import BridgeError, SettingsFileBroken
 from .funding import Funding
 from .http import MAX_BODY_BYTES, BridgeApp
@@ -162,6 +163,7 @@ class Bridge:
         self._links: dict[str, BotLink] = {}
         self._proxies: dict[str, BotProxy] = {}
         self._ui_sessions = UISessions()
+        self._discovery = Discovery(self)
         self._app = BridgeApp(
             self, admin_handler(self), ui=ui_handler(self), max_body_bytes=config.max_body_bytes
         )
@@ -487,6 +489,18 @@ class Bridge:
         self._own_uid = uid
         for link in self._links.values():
             link.own_uid = uid
+
+    @property
+    def discovery(self) -> Discovery:
+        """Find and introductions through the configured directories
+        (:mod:`.discovery`; BRIDGE.md §Finding bots through directories)."""
+        return self._discovery
+
+    def use_contacts(self, contacts: Contacts | None) -> None:
+        """Tell discovery how to learn whether a user is a contact of this
+        bridge's brclient (the daemon passes
+        :class:`~.discovery.ClientrpcContacts`); None: it cannot tell."""
+        self._discovery.contacts = contacts
 
     def link(self, uid: str) -> BotLink | None:
         """The link to bot ``uid`` if one was built (observability)."""

@@ -12,6 +12,8 @@ surface").
     brmcp-bridge [--datadir DIR] spend                         spend log and rolling 24 h total
     brmcp-bridge [--datadir DIR] config-snippet BOT_UID        .mcp.json and `claude mcp add` lines
     brmcp-bridge [--datadir DIR] ui [--open]                   one-time login link to the approvals page
+    brmcp-bridge [--datadir DIR] find QUERY [--max-price N] [--tag T]...   search the directories
+    brmcp-bridge [--datadir DIR] add PROVIDER_UID [--via DIR_UID] [--per-call-cap N] [--per-day-cap N]
 
 The daemon logs as the logging keys of ``<DIR>/brmcp-bridge.conf`` say
 (:mod:`brmcp._ops.botlog`); ``--log-level`` replaces its ``debug`` key.
@@ -26,8 +28,10 @@ enabled. Without it (the daemon is not running, or the bridge is disabled):
   and say so on stderr;
 * ``settings set`` edits ``mcpclient.json`` itself (the same validation;
   enabling without a token mints one) and sends a running daemon SIGHUP;
-* ``approvals`` and ``config-snippet`` fail: parked payments live only in the
-  running daemon's memory, and the snippet needs its live endpoint.
+* ``approvals``, ``config-snippet``, ``find`` and ``add`` fail: parked
+  payments live only in the running daemon's memory, the snippet needs its
+  live endpoint, and directories are asked through its brclient
+  (:mod:`._findcli`).
 
 Without a daemon on the data directory given, each of them also says that a
 daemon running with another data directory needs ``--datadir``. While the
@@ -67,6 +71,8 @@ from .._ops.goflags import go_style, long_options
 from ..clientrpc import BotConfig, ClientrpcConfigError
 from ._adminclient import OTHER_DATADIR_HINT, AdminError, CLIError, Disabled, NotRunning, admin, locate
 from ._command import PROG, cli_command, default_datadir
+from ._findcli import add_parsers as _add_find_parsers
+from ._findcli import cmd_add, cmd_find
 from ._settingsedit import edit_file, parse_pairs, set_offline
 from .bridge import DEFAULT_LISTEN
 from .daemon import BOT_CONFIG_NAME, BridgeDaemon, load_daemon_config
@@ -155,6 +161,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ui.add_argument("--open", action="store_true", help="also open the link in the default web browser")
     snippet = sub.add_parser("config-snippet", parents=[common], help="agent configuration for one bot")
     snippet.add_argument("uid", metavar="BOT_UID", help="the bot's 64-hex uid")
+    _add_find_parsers(sub, common)
     args = list(sys.argv[1:] if argv is None else argv)
     # Go's flag syntax (-datadir DIR, -listen=ADDR): every long option.
     return parser.parse_args(go_style(args, long_options(parser)))
@@ -404,6 +411,8 @@ _COMMANDS = {
     "spend": _cmd_spend,
     "config-snippet": _cmd_config_snippet,
     "ui": _cmd_ui,
+    "find": cmd_find,
+    "add": cmd_add,
 }
 
 

@@ -68,6 +68,7 @@ from ..transport.router import RouterOptions
 from ._command import cli_command
 from .approvals import PendingPayment
 from .bridge import DEFAULT_LISTEN, Bridge, BridgeConfig
+from .discovery import ClientrpcContacts
 from .errors import BridgeError
 from .listener import parse_listen_address
 from .patient import DEFAULT_OFFLINE_HINT, PatientSender
@@ -207,6 +208,8 @@ class BridgeDaemon:
                 router_options=router_options or RouterOptions(),
             )
         )
+        # Discovery asks brclient whether a provider is a contact yet.
+        self.bridge.use_contacts(ClientrpcContacts(client))
         #: True when :meth:`from_datadir` wrote ``brmcp-bridge.conf`` with defaults.
         self.config_created = False
         #: Terminal tip-progress events that matched no waiting payment.
@@ -560,7 +563,8 @@ def _describe(settings: Settings) -> str:
     return (
         f"enabled={str(settings.enabled).lower()} mode={settings.mode} "
         f"per_call_cap_atoms={settings.per_call_cap_atoms} per_day_cap_atoms={settings.per_day_cap_atoms} "
-        f"allowed_bots={bots} prepay_bots={len(settings.prepay_bots or ())}"
+        f"allowed_bots={bots} prepay_bots={len(settings.prepay_bots or ())} "
+        f"directories={len(settings.directories or ())}"
     )
 
 

@@ -42,6 +42,7 @@ from .errors import BridgeError, SettingsError
 __all__ = [
     "DEFAULT_APPROVAL_TIMEOUT_SECS",
     "DEFAULT_TIP_WAIT_SECS",
+    "MAX_DIRECTORIES",
     "MIN_TOKEN_CHARS",
     "MODE_APPROVAL",
     "MODE_AUTOPAY",
@@ -90,7 +91,11 @@ _FIELDS: dict[str, _gojson.Kind] = {
     "approval_timeout_secs": "int64",
     "tip_wait_secs": "int64",
     "prepay_bots": "strings",
+    "directories": "strings",
 }
+
+#: Most directories ``directories`` may name (each is asked on every ``find``).
+MAX_DIRECTORIES = 32
 
 
 def is_uid(value: str) -> bool:
@@ -115,6 +120,13 @@ class Settings:
     * ``prepay_bots``: bot uids whose balance the bridge keeps topped up
       ahead of need (BRIDGE.md §Pay alongside and prepay); None or empty: prepay is off.
       Written only when set (the Go reference has no such key and ignores it).
+    * ``directories``: uids of the brmcp directories ``brmcp-bridge find``
+      asks (docs/directory.md), at most :data:`MAX_DIRECTORIES`; a directory is
+      a bot like any other, reachable as if it were on ``allowed_bots``
+      (:meth:`allows`), under the same caps. Written only when set; the Go
+      reference ignores the key (its ``json.Unmarshal`` drops unknown keys),
+      so a Go bridge on the same file does not reach a directory that is
+      not also on ``allowed_bots``.
     """
 
     enabled: bool = False
@@ -126,9 +138,10 @@ class Settings:
     approval_timeout_secs: int = DEFAULT_APPROVAL_TIMEOUT_SECS
     tip_wait_secs: int = DEFAULT_TIP_WAIT_SECS
     prepay_bots: tuple[str, ...] | None = None
+    directories: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("allowed_bots", "prepay_bots"):
+        for name in ("allowed_bots", "prepay_bots", "directories"):
             bots: Any = getattr(self, name)
             if bots is not None and not isinstance(bots, tuple):
                 if isinstance(bots, str) or not isinstance(bots, Iterable):
@@ -172,11 +185,28 @@ class Settings:
         for bot in self.prepay_bots or ():
             if not isinstance(bot, str) or not is_uid(bot):
                 raise SettingsError(f"prepay bot {_go_quote(bot)} is not a 64-hex uid")
+        for bot in self.directories or ():
+            if not isinstance(bot, str) or not is_uid(bot):
+                raise SettingsError(
+                    f"directories: {_go_quote(bot)} is not a 64-hex uid (a directory is named by its "
+                    "Bison Relay uid, 64 hex characters)"
+                )
+        if len(self.directories or ()) > MAX_DIRECTORIES:
+            raise SettingsError(
+                f"directories: {len(self.directories or ())} uids given; at most {MAX_DIRECTORIES} allowed"
+            )
 
     def allows(self, uid: str) -> bool:
-        """True when ``uid`` is on ``allowed_bots`` (case-insensitive)."""
+        """True when ``uid`` is on ``allowed_bots`` or ``directories``
+        (case-insensitive): a directory the user configured is reached as a
+        bot (BRIDGE.md §Finding bots through directories)."""
         wanted = uid.lower()
-        return any(bot.lower() == wanted for bot in self.allowed_bots or ())
+        return any(bot.lower() == wanted for bot in (self.allowed_bots or ()) + (self.directories or ()))
+
+    def is_directory(self, uid: str) -> bool:
+        """True when ``uid`` is on ``directories`` (case-insensitive)."""
+        wanted = uid.lower()
+        return any(bot.lower() == wanted for bot in self.directories or ())
 
     def prepays(self, uid: str) -> bool:
         """True when prepay is on for ``uid`` (on ``prepay_bots``, case-insensitive)."""
@@ -189,16 +219,20 @@ class Settings:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object in the Go key order."""
-        return {
-            "enabled": self.enabled,
-            "token": self.token,
-            "mode": self.mode,
-            "per_call_cap_atoms": self.per_call_cap_atoms,
-            "per_day_cap_atoms": self.per_day_cap_atoms,
-            "allowed_bots": list(self.allowed_bots) if self.allowed_bots is not None else None,
-            "approval_timeout_secs": self.approval_timeout_secs,
-            "tip_wait_secs": self.tip_wait_secs,
-        } | ({"prepay_bots": list(self.prepay_bots)} if self.prepay_bots else {})
+        return (
+            {
+                "enabled": self.enabled,
+                "token": self.token,
+                "mode": self.mode,
+                "per_call_cap_atoms": self.per_call_cap_atoms,
+                "per_day_cap_atoms": self.per_day_cap_atoms,
+                "allowed_bots": list(self.allowed_bots) if self.allowed_bots is not None else None,
+                "approval_timeout_secs": self.approval_timeout_secs,
+                "tip_wait_secs": self.tip_wait_secs,
+            }
+            | ({"prepay_bots": list(self.prepay_bots)} if self.prepay_bots else {})
+            | ({"directories": list(self.directories)} if self.directories else {})
+        )
 
     def to_json(self) -> str:
         """The file content: Go's ``MarshalIndent`` with two spaces."""
@@ -224,7 +258,7 @@ def describe_changes(before: Settings, after: Settings) -> str:
         if key == "token":
             verb = "minted" if not old[key] else "cleared" if not new[key] else "changed"
             items.append(f"token {verb}")
-        elif key in ("allowed_bots", "prepay_bots"):
+        elif key in ("allowed_bots", "prepay_bots", "directories"):
             was = {b.lower() for b in old.get(key) or ()}
             now = {b.lower() for b in new.get(key) or ()}
             added, removed = sorted(now - was), sorted(was - now)
@@ -279,9 +313,9 @@ def settings_from_json(text: str | bytes, *, base: Settings | None = None) -> Se
     # Go: explicit null for a slice sets it to nil.
     if isinstance(parsed, list):
         for key, value in parsed:
-            if value is None and key.lower() in ("allowed_bots", "prepay_bots"):
+            if value is None and key.lower() in ("allowed_bots", "prepay_bots", "directories"):
                 result = result.replace(**{key.lower(): None})
-    for name in ("allowed_bots", "prepay_bots"):
+    for name in ("allowed_bots", "prepay_bots", "directories"):
         if name in fields:
             fields[name] = tuple(fields[name])
     return result.replace(**fields)

@@ -364,6 +364,11 @@ def _how_to_change(key: str, settings: Settings, command: str) -> str:
             f"{_set(command, 'prepay_bots=UID,UID')}: bots whose balance is topped up ahead of need; "
             "empty turns prepay off"
         )
+    if key == "directories":
+        return (
+            f"{_set(command, 'directories=UID,UID')}: the directories <code>{_e(command)} find</code> "
+            "asks (64-hex uids; reachable like allowed bots); empty asks none"
+        )
     return _set(command, f"{key}=VALUE")
 
 
@@ -388,6 +393,7 @@ def render_settings(
         ("token", "set (hidden)" if settings.token else "not set"),
         ("allowed_bots", _uid_list(settings.allowed_bots)),
         ("prepay_bots", _uid_list(settings.prepay_bots)),
+        ("directories", _uid_list(settings.directories)),
     ]
     rows = "".join(
         f'<tr><th>{_e(k)}</th><td>{v}</td><td class="how">{_how_to_change(k, settings, command)}</td></tr>'
