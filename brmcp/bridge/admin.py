@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from starlette.types import Receive, Scope, Send
 
 from ._asgi import PathHandler, read_body, send_json
+from ._discoveryroutes import discovery_handler
 from .approvals import PendingPayment
-from .discovery import Discovery, discovery_handler
+from .discovery import Discovery
 from .errors import BridgeError, SettingsError, SettingsFileBroken
 from .settings import (
     MODE_APPROVAL,
