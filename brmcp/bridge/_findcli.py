@@ -226,8 +226,12 @@ def cmd_add(datadir: Path, args: argparse.Namespace) -> None:
                 f"{PROG}: directory {via} sent your brclient a KX suggestion toward {uid}"
                 + (f" ({_shown(intro['note'])})" if intro.get("note") else "")
                 + ".\n"
-                f"{PROG}: accept the KX suggestion: in brclient type the /mi command it shows (it reads "
-                f"/mi {via} {uid}); waiting up to {args.kx_timeout:.0f} s for the key exchange...",
+                # brclient shows "/mi <the directory's nick> <uid>"; its /mi also
+                # takes a uid for the nick (bisonrelay's brclient/appstate.go,
+                # KXSuggestion; client/remoteuser.go, byNick).
+                f"{PROG}: accept the KX suggestion: in brclient type the /mi command it shows (/mi "
+                f"<the directory's nick> {uid}), or: /mi {via} {uid}; waiting up to "
+                f"{args.kx_timeout:.0f} s for the key exchange...",
                 file=sys.stderr,
                 flush=True,
             )
