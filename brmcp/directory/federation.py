@@ -6,7 +6,10 @@
   own snapshot price, judged against the peer's listed price), verifies it
   against the key stored by ``add_peer`` and turns unknown providers into
   leads. Nothing from a snapshot is listed; a snapshot signed by another
-  key yields nothing.
+  key yields nothing. A peer that offers the index in pages (this
+  directory's extension, docs/directory.md §Snapshot pages) is bought its
+  manifest, at the same bound, and its pages fetched free; a Go peer
+  sells ``get_snapshot``.
 * ``pursue_lead`` calls the lead's ``listing_invite`` (a free tool: any
   payment request fails the invite). When the provider cannot be reached,
   it asks for a transitive key exchange through the peer that supplied the
@@ -26,19 +29,30 @@ import anyio.abc
 from .._ops.clock import Clock
 from ..bridge.budget import Listing
 from .client import CallError, ProviderClient, listing_in, result_json, result_text
+from .pages import PagesRefused, SnapshotMirror, verify_manifest
 from .pipeline import new_call_key
 from .policy import Policy
 from .snapshot import Snapshot, verify_snapshot
 from .store import LEAD_CONVERTED, LEAD_INVITED, LEAD_NEW, LEAD_PURSUING, DirectoryStore, Lead
 from .types import InviteIn, InviteOut, ShapeError
 
-__all__ = ["PEER_SNAPSHOT_BUDGET_FACTOR", "Federation", "Introducer", "Suggester", "leads_from"]
+__all__ = [
+    "MAX_PEER_PAGES",
+    "PEER_SNAPSHOT_BUDGET_FACTOR",
+    "Federation",
+    "Introducer",
+    "Suggester",
+    "leads_from",
+]
 
 log = logging.getLogger("brmcp.directory")
 
 #: What one snapshot purchase may cost, as a multiple of the directory's own
 #: snapshot price (Go's ``peerSnapshotBudgetFactor``).
 PEER_SNAPSHOT_BUDGET_FACTOR = 10
+#: The most pages a peer's manifest may list (1 MiB pages: 256 MiB, about
+#: 170k listings of the size bench/snapshot_bench.py measures).
+MAX_PEER_PAGES = 256
 
 
 _HEX = frozenset("0123456789abcdef")
@@ -141,6 +155,10 @@ class Federation:
         budget = self._policy.snapshot_price_atoms * PEER_SNAPSHOT_BUDGET_FACTOR
         try:
             catalog = await self._client.crawl(peer_uid)
+            names = {tool.get("name") for tool in catalog if isinstance(tool, dict)}
+            if {"get_snapshot_manifest", "get_snapshot_page"} <= names:
+                snapshot = await self._paged_snapshot(peer_uid, peer.pub_key, json.dumps(catalog), budget)
+                return await self._mine(peer_uid, snapshot)
             outcome = await self._client.paid_call(
                 peer_uid,
                 "get_snapshot",
@@ -158,12 +176,51 @@ class Federation:
             signed = json.loads(result_json(outcome.result))
         except ValueError as exc:
             raise ValueError(f"snapshot malformed: {exc}") from None
-        snapshot = verify_snapshot(signed, peer.pub_key)
+        return await self._mine(peer_uid, verify_snapshot(signed, peer.pub_key))
+
+    async def _mine(self, peer_uid: str, snapshot: Snapshot) -> int:
         now = self._now()
         leads = leads_from(snapshot, me=self._self_uid(), peer_uid=peer_uid, now=now)
         added = await self._store.add_leads(leads)
         await self._store.stamp_peer(peer_uid, now)
         return added
+
+    async def _paged_snapshot(self, peer_uid: str, pub_key: str, catalog: str, budget: int) -> Snapshot:
+        """Buy the peer's manifest (at most ``budget``, judged against its
+        listed price) and fetch its pages on one session, verified against
+        ``pub_key`` (docs/directory.md §Snapshot pages). Raises
+        :class:`CallError`, or ValueError for a refusal, a manifest of more
+        than :data:`MAX_PEER_PAGES` pages or pages that do not verify."""
+        async with self._client.session(peer_uid) as session:
+
+            async def fetch(tool: str, args: dict[str, Any]) -> Any:
+                outcome = await self._client.paid_call(
+                    peer_uid,
+                    tool,
+                    args or None,
+                    call_key=new_call_key(),
+                    cap=budget if tool == "get_snapshot_manifest" else 0,
+                    listing=listing_in(catalog, tool),
+                    escrow_reg=None,
+                    session=session,
+                )
+                if outcome.result.is_error:
+                    raise PagesRefused(result_text(outcome.result))
+                try:
+                    return json.loads(result_json(outcome.result))
+                except ValueError as exc:
+                    raise ValueError(f"{tool} answer malformed: {exc}") from None
+
+            mirror = SnapshotMirror(pub_key)
+            try:
+                signed = await fetch("get_snapshot_manifest", {})
+                pages = len(verify_manifest(signed, pub_key).pages)
+                if pages > MAX_PEER_PAGES:
+                    raise ValueError(f"peer manifest lists {pages} pages, more than {MAX_PEER_PAGES}")
+                mirror.load(signed, await mirror.pages_of(fetch, signed))
+            except PagesRefused as exc:
+                raise ValueError(f"snapshot refused: {exc}") from None
+        return Snapshot(version=1, generated_at=mirror.generated_at, listings=mirror.snapshot())
 
     async def pursue_lead(self, uid: str) -> Lead:
         """Invite the lead ``uid`` to register: its state after (``invited``,

@@ -19,6 +19,10 @@ tool                price                     answer
 ``get_snapshot``    ``snapshot_price_atoms``  ``{payload, sig, pub}``
 ``export_registry`` free                      ``{servers, metadata}`` (registry.py)
 =================== ========================= =====================================
+
+The index in pages (pages.py): ``get_snapshot_manifest`` (priced
+``snapshot_price_atoms``), then ``get_snapshot_page`` and
+``get_snapshot_changes`` (free to the manifest's buyer).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol.payment import PRICE_ATOMS_KEY, PRICING_DYNAMIC, PRICING_KEY
 from ..server import CallContext, Harness
+from .pages import PAGE_TOOLS, register_pages_tools
 from .registry import register_export_tool
 from .search import EXTENSION_PROPERTIES, SearchIndex, SearchRequest
 from .snapshot import SnapshotListing
@@ -118,10 +123,11 @@ PUBLIC_TOOLS = (
     "policy",
     "get_snapshot",
     "export_registry",
+    *PAGE_TOOLS,
 )
 
 #: Public tools the Go reference's directory does not have.
-EXTENSION_TOOLS = ("export_registry",)
+EXTENSION_TOOLS = ("export_registry", *PAGE_TOOLS)
 
 #: ``introduce``'s note when the suggestion was sent.
 INTRODUCE_NOTE = "accept the KX suggestion in your client to complete the exchange"
@@ -366,3 +372,4 @@ def register_public_tools(harness: Harness, directory: Directory) -> None:
     for name, description, handler, schema, price in tools:
         harness.add_tool(name, handler, description=description, input_schema=schema, price_atoms=price)
     register_export_tool(harness, directory)
+    register_pages_tools(harness, directory, snapshot_listing)

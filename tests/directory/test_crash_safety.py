@@ -300,7 +300,10 @@ def check(data_dir: Path, log_dir: Path, obs: Observation, totals: Totals, *, fi
     escrow = {ref: r for ref, r in spend.items() if r[6]}
     pocket = {ref: r for ref, r in spend.items() if not r[6]}
     assert {r[1] for r in escrow.values()} <= set(PROVIDERS)
-    assert {(r[1], r[2]) for r in pocket.values()} <= {(PEER_DIR, "get_snapshot")}
+    assert {(r[1], r[2]) for r in pocket.values()} <= {
+        (PEER_DIR, "get_snapshot"),
+        (PEER_DIR, "get_snapshot_manifest"),
+    }
     tests = {str(m[4]): m for m in movements if m[2] == "directory_test"}
     refunds = {str(m[4]).removeprefix("dirrefund:"): m for m in movements if m[2] == "directory_refund"}
     assert set(refunds) <= set(tests), "a refund of a test debit that never happened"

@@ -83,7 +83,13 @@ async def test_verify_peer_makes_leads_and_pursues_them(tmp_path: Path) -> None:
         # Paid out of the directory's pocket, the peer's price, journaled.
         assert st.payer.sent == [(PEER_DIR, 300)]
         [spend] = await st.directory.store.spends()
-        assert (spend.uid, spend.tool, spend.escrow, spend.state) == (PEER_DIR, "get_snapshot", False, "paid")
+        # A Python peer sells its index in pages: the manifest is the purchase.
+        assert (spend.uid, spend.tool, spend.escrow, spend.state) == (
+            PEER_DIR,
+            "get_snapshot_manifest",
+            False,
+            "paid",
+        )
         leads = (await st.ok(ADMIN, "leads"))["leads"]
         assert [lead["providerUid"] for lead in leads] == sorted([PROVIDER, PROVIDER2])
         assert all(lead["state"] == "new" and lead["peerUid"] == PEER_DIR for lead in leads)
@@ -137,7 +143,7 @@ async def test_snapshot_signed_by_another_key_yields_nothing(tmp_path: Path) -> 
         await peer_directory(st, tmp_path, [PROVIDER])
         await st.ok(ADMIN, "add_peer", {"uid": PEER_DIR, "pubKey": "ab" * 32})
         text = await st.error(ADMIN, "verify_peer", {"uid": PEER_DIR})
-        assert text == "snapshot signed by an unexpected key"
+        assert text == "manifest signed by an unexpected key"
         assert await st.directory.store.leads() == []
         assert await st.error(ADMIN, "pursue_lead", {"uid": PROVIDER}) == "no lead for that uid"
 

@@ -1,0 +1,759 @@
+"""Signed snapshots in pages, and the changes since one (docs/directory.md
+§Snapshot pages). An extension of this directory: the Go reference
+(karamble/brmcp, ``directory/snapshot.go``) sells the whole index as one
+``get_snapshot`` message, which it keeps doing here unchanged; a large
+index (100k listings) does not fit one message (WIRE.md §Reassembly bounds:
+16 MiB), so it is also sold as a manifest plus pages.
+
+Every signed object is ``{"payload", "sig", "pub"}`` as in
+:mod:`brmcp.directory.snapshot`: the payload bytes are the canon, the
+signature is checked over them before they are decoded.
+
+* The **manifest** payload: ``{"v": 1, "generatedAt", "pageSize",
+  "pages": [{"index", "count", "sha256", "firstUid", "lastUid"}], "total",
+  "pub"}``. ``pageSize`` is the bound in bytes of one page payload,
+  ``sha256`` the hex SHA-256 of that page's payload bytes, ``total`` the
+  number of listings, ``pub`` the signing key (hex).
+* A **page** payload: ``{"v": 1, "generatedAt", "page", "listings"}``, the
+  listings ordered by uid, each written exactly as in the full snapshot.
+  A page is accepted only when its signature verifies with the manifest's
+  key and its SHA-256 is the one the manifest lists at its index, so a page
+  of another generation or another directory is refused.
+* **Changes**: ``{"v": 1, "since", "generatedAt", "upserts", "removals"}``:
+  the listings changed at or after ``since`` (less
+  :data:`CHANGES_OVERLAP_SECONDS`) that are live now, and the uids removed
+  (expired or unlisted) since then that are not live now. Applying them to a
+  copy taken at ``since`` gives the index at ``generatedAt``; the overlap
+  only re-sends what a copy already holds. Removals are kept as tombstones
+  (``dir_removed``) for :data:`TOMBSTONE_DAYS` days; a ``since`` before the
+  oldest kept answers :data:`TOO_OLD` (fetch the pages again).
+
+Times are unix seconds, sizes bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import itertools
+import json
+import sqlite3
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from .._ops import gojson
+from .rows import LISTING_COLUMNS, Listing, all_listings, listing_of
+from .snapshot import Signer, SnapshotError, SnapshotListing
+
+if TYPE_CHECKING:
+    from ..server import CallContext, Harness
+    from .service import Directory
+
+__all__ = [
+    "CHANGES_MAX_BYTES",
+    "CHANGES_OVERLAP_SECONDS",
+    "ENTITLEMENT_SECONDS",
+    "HELD_GENERATIONS",
+    "NOT_ENTITLED",
+    "PAGES_SCHEMA",
+    "PAGES_VERSION",
+    "PAGE_MAX_BYTES",
+    "PAGE_TOOLS",
+    "REGENERATE_SECONDS",
+    "TOMBSTONE_DAYS",
+    "TOO_OLD",
+    "Changes",
+    "Generation",
+    "Manifest",
+    "PageRef",
+    "PagesError",
+    "PagesRefused",
+    "SnapshotMirror",
+    "SnapshotPages",
+    "build_changes_payload",
+    "build_generation",
+    "changes_since",
+    "fetch_pages",
+    "open_tables",
+    "record_removal",
+    "register_pages_tools",
+    "tombstone_horizon",
+    "verify_changes",
+    "verify_manifest",
+    "verify_page",
+]
+
+PAGES_VERSION = 1
+#: The bound of one page payload. A tool answer carries the signed page
+#: twice (structured content and its text) and base64 adds a third, so a
+#: 1 MiB page is about 2.7 MiB on the wire, well under the 16 MiB message
+#: bound. A single listing larger than this is a page of its own.
+PAGE_MAX_BYTES = 1 << 20
+#: The bound of one changes payload; past it the answer is "too many
+#: changes" and the consumer fetches the pages.
+CHANGES_MAX_BYTES = 3 << 20
+#: How long a removal is remembered for changes.
+TOMBSTONE_DAYS = 14
+#: Changes reach back this far before ``since``: a listing's stamp is taken
+#: just before its transaction commits, so a commit that waited is still
+#: seen. Applying a listing twice is harmless.
+CHANGES_OVERLAP_SECONDS = 300
+#: A new generation is built for a manifest sale at most this often; a sold
+#: generation is held (its pages served) at least this long after the sale.
+REGENERATE_SECONDS = 600
+#: Generations held in memory at once (the newest and the one before).
+HELD_GENERATIONS = 2
+#: A manifest sale lets its buyer fetch changes free for this long.
+ENTITLEMENT_SECONDS = 86_400
+#: The start of the refusal of a ``since`` older than the tombstones.
+TOO_OLD = "too old"
+#: The start of the refusal of a caller who bought no manifest.
+NOT_ENTITLED = "buy get_snapshot_manifest first"
+
+#: The extension tools, in registration order.
+PAGE_TOOLS = ("get_snapshot_manifest", "get_snapshot_page", "get_snapshot_changes")
+
+PAGES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS dir_removed (
+    uid        TEXT PRIMARY KEY,
+    removed_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dir_removed_at ON dir_removed (removed_at);
+CREATE TABLE IF NOT EXISTS dir_removed_horizon (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    horizon INTEGER NOT NULL
+);
+"""
+
+_SHA_HEX = frozenset("0123456789abcdef")
+
+
+class PagesError(SnapshotError):
+    """A manifest, page or changes answer that does not verify or decode,
+    or a set of pages that does not make a whole index; the message says
+    which check failed."""
+
+
+class PagesRefused(Exception):
+    """A tool error from the directory (its text is the message), raised by
+    a consumer's fetch function for :class:`SnapshotMirror`."""
+
+
+# -- tombstones (inside the store's transactions) ----------------------------------
+
+
+def open_tables(conn: sqlite3.Connection, now: int) -> None:
+    """Create ``dir_removed`` and its horizon when missing. A new horizon is
+    ``now``: removals before the table existed were not recorded."""
+    for statement in PAGES_SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute("INSERT OR IGNORE INTO dir_removed_horizon (id, horizon) VALUES (1, ?)", (now,))
+
+
+def tombstone_horizon(conn: sqlite3.Connection) -> int:
+    """The earliest ``since`` changes can answer (unix seconds)."""
+    row = conn.execute("SELECT horizon FROM dir_removed_horizon WHERE id = 1").fetchone()
+    return int(row[0]) if row else 0
+
+
+def record_removal(conn: sqlite3.Connection, uid: str, now: int, *, keep_days: int = TOMBSTONE_DAYS) -> None:
+    """Remember that ``uid``'s listing went at ``now``, in the caller's
+    transaction (the one deleting the listing). Tombstones older than
+    ``keep_days`` days are dropped first and the horizon moves past them."""
+    cutoff = now - keep_days * 86_400
+    row = conn.execute("SELECT MAX(removed_at) FROM dir_removed WHERE removed_at < ?", (cutoff,)).fetchone()
+    if row is not None and row[0] is not None:
+        conn.execute("DELETE FROM dir_removed WHERE removed_at < ?", (cutoff,))
+        conn.execute(
+            "UPDATE dir_removed_horizon SET horizon = MAX(horizon, ?) WHERE id = 1", (int(row[0]) + 1,)
+        )
+    conn.execute("INSERT OR REPLACE INTO dir_removed (uid, removed_at) VALUES (?, ?)", (uid, now))
+
+
+def changes_since(conn: sqlite3.Connection, since: int) -> tuple[int, list[Listing], list[str]]:
+    """``(horizon, upserts, removals)`` for ``since``: the live listings
+    whose latest stamp (crawl, test, approval, renewal) is at or after
+    ``since - CHANGES_OVERLAP_SECONDS``, and the uids removed since then that
+    are not live, both ordered by uid."""
+    start = since - CHANGES_OVERLAP_SECONDS
+    upserts = [
+        listing_of(row)
+        for row in conn.execute(
+            f"SELECT {LISTING_COLUMNS} FROM dir_listings WHERE MAX(catalog_checked_at, "
+            "last_verified_execution, approved_at, renewed_at) >= ? ORDER BY uid",
+            (start,),
+        )
+    ]
+    removals = [
+        str(row[0])
+        for row in conn.execute(
+            "SELECT uid FROM dir_removed WHERE removed_at >= ? "
+            "AND uid NOT IN (SELECT uid FROM dir_listings) ORDER BY uid",
+            (start,),
+        )
+    ]
+    return tombstone_horizon(conn), upserts, removals
+
+
+# -- building ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PageRef:
+    """One page as the manifest lists it (``sha256``: hex of the page
+    payload's SHA-256)."""
+
+    index: int
+    count: int
+    sha256: str
+    first_uid: str
+    last_uid: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "count": self.count,
+            "sha256": self.sha256,
+            "firstUid": self.first_uid,
+            "lastUid": self.last_uid,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A verified manifest."""
+
+    version: int
+    generated_at: int
+    page_size: int
+    pages: tuple[PageRef, ...]
+    total: int
+    pub: str
+
+
+def _page_payload(generated_at: int, index: int, texts: Sequence[str]) -> bytes:
+    body = ",".join(texts)
+    return f'{{"v":{PAGES_VERSION},"generatedAt":{generated_at},"page":{index},"listings":[{body}]}}'.encode()
+
+
+def _split(
+    listings: Sequence[SnapshotListing], generated_at: int, max_bytes: int
+) -> list[tuple[bytes, list[str]]]:
+    """Page payloads and their uids: listings in uid order, as many per
+    page as keep the payload within ``max_bytes`` (at least one)."""
+    ordered = sorted(listings, key=lambda item: item.uid)
+    pages: list[tuple[bytes, list[str]]] = []
+    texts: list[str] = []
+    uids: list[str] = []
+    head = len(_page_payload(generated_at, 0, ()))
+    size = head
+    for item in ordered:
+        text = item.to_json_text()
+        length = len(text.encode())
+        if texts and size + 1 + length > max_bytes:
+            pages.append((_page_payload(generated_at, len(pages), texts), uids))
+            texts, uids = [], []
+            size = len(_page_payload(generated_at, len(pages), ()))
+        size += length + (1 if texts else 0)
+        texts.append(text)
+        uids.append(item.uid)
+    if texts:
+        pages.append((_page_payload(generated_at, len(pages), texts), uids))
+    return pages
+
+
+@dataclass(slots=True)
+class Generation:
+    """One built generation: the signed manifest and pages, and who bought it."""
+
+    generated_at: int
+    manifest: dict[str, str]
+    pages: tuple[dict[str, str], ...]
+    buyers: set[str] = field(default_factory=set)
+
+
+def build_generation(
+    signer: Signer, listings: Sequence[SnapshotListing], generated_at: int, *, max_bytes: int = PAGE_MAX_BYTES
+) -> Generation:
+    """Sign the pages of ``listings`` at ``generated_at`` and the manifest
+    naming them (CPU-bound: run it off the event loop)."""
+    split = _split(listings, int(generated_at), max_bytes)
+    refs = [
+        PageRef(i, len(uids), hashlib.sha256(payload).hexdigest(), uids[0], uids[-1]).to_json()
+        for i, (payload, uids) in enumerate(split)
+    ]
+    manifest = {
+        "v": PAGES_VERSION,
+        "generatedAt": int(generated_at),
+        "pageSize": max_bytes,
+        "pages": refs,
+        "total": sum(len(uids) for _, uids in split),
+        "pub": signer.public_hex,
+    }
+    return Generation(
+        generated_at=int(generated_at),
+        manifest=signer.sign(gojson.dumps(manifest).encode()),
+        pages=tuple(signer.sign(payload) for payload, _ in split),
+    )
+
+
+def build_changes_payload(
+    since: int, generated_at: int, upserts: Iterable[SnapshotListing], removals: Iterable[str]
+) -> bytes:
+    """The bytes to sign for a changes answer (upserts by uid, removals sorted)."""
+    ups = ",".join(item.to_json_text() for item in sorted(upserts, key=lambda item: item.uid))
+    gone = gojson.dumps(sorted(removals))
+    return (
+        f'{{"v":{PAGES_VERSION},"since":{int(since)},"generatedAt":{int(generated_at)},'
+        f'"upserts":[{ups}],"removals":{gone}}}'
+    ).encode()
+
+
+# -- verifying ---------------------------------------------------------------------
+
+
+def _open(signed: Any, expected_pub: str, what: str) -> bytes:
+    """The payload bytes of ``signed`` once its key is ``expected_pub`` and
+    its signature verifies over them; raises :class:`PagesError`."""
+    if not expected_pub:
+        raise PagesError(f"no trusted key for {what} verification")
+    if not isinstance(signed, dict):
+        raise PagesError(f"{what} malformed: expected a JSON object {{payload, sig, pub}}")
+    pub_hex, sig_hex, payload_b64 = signed.get("pub"), signed.get("sig"), signed.get("payload")
+    if not isinstance(pub_hex, str) or pub_hex != expected_pub:
+        raise PagesError(f"{what} signed by an unexpected key")
+    try:
+        key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(pub_hex))
+    except ValueError:
+        raise PagesError(f"{what} public key malformed") from None
+    try:
+        sig = bytes.fromhex(sig_hex) if isinstance(sig_hex, str) else b""
+        payload = base64.b64decode(payload_b64, validate=True) if isinstance(payload_b64, str) else None
+    except (binascii.Error, ValueError):
+        raise PagesError(f"{what} signature or payload malformed") from None
+    if payload is None or not sig:
+        raise PagesError(f"{what} signature or payload malformed")
+    try:
+        key.verify(sig, payload)
+    except InvalidSignature:
+        raise PagesError(f"{what} signature invalid") from None
+    return payload
+
+
+def _decode(payload: bytes, what: str) -> dict[str, Any]:
+    try:
+        decoded = json.loads(payload)
+    except (ValueError, RecursionError) as exc:
+        raise PagesError(f"{what} payload corrupt: {exc}") from None
+    if not isinstance(decoded, dict):
+        raise PagesError(f"{what} payload corrupt: not a JSON object")
+    version = decoded.get("v")
+    if version != PAGES_VERSION or isinstance(version, bool):
+        raise PagesError(f"{what} version {version!r} unsupported")
+    return decoded
+
+
+def _int(value: Any, what: str, key: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PagesError(f"{what} payload corrupt: {key} must be a non-negative integer")
+    return value
+
+
+def _listings(value: Any, what: str) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(item, dict) and isinstance(item.get("uid"), str) for item in value
+    ):
+        raise PagesError(f"{what} payload corrupt: listings must be objects with a string uid")
+    uids = [item["uid"] for item in value]
+    if any(a >= b for a, b in itertools.pairwise(uids)):
+        raise PagesError(f"{what} payload corrupt: listings not in strictly increasing uid order")
+    return tuple(value)
+
+
+def verify_manifest(signed: Any, expected_pub: str) -> Manifest:
+    """Check a signed manifest against ``expected_pub`` (hex; the trust
+    root), then decode and check its page list. Raises :class:`PagesError`."""
+    decoded = _decode(_open(signed, expected_pub, "manifest"), "manifest")
+    if decoded.get("pub") != expected_pub:
+        raise PagesError("manifest payload names another key")
+    raw_pages = decoded.get("pages")
+    if not isinstance(raw_pages, list):
+        raise PagesError("manifest payload corrupt: pages must be an array")
+    refs: list[PageRef] = []
+    for position, raw in enumerate(raw_pages):
+        if not isinstance(raw, dict):
+            raise PagesError(f"manifest payload corrupt: page {position} is not an object")
+        sha = raw.get("sha256")
+        first, last = raw.get("firstUid"), raw.get("lastUid")
+        if not isinstance(sha, str) or len(sha) != 64 or not _SHA_HEX.issuperset(sha):
+            raise PagesError(f"manifest payload corrupt: page {position} sha256 is not 64 hex digits")
+        if not isinstance(first, str) or not isinstance(last, str):
+            raise PagesError(f"manifest payload corrupt: page {position} firstUid/lastUid must be strings")
+        ref = PageRef(
+            _int(raw.get("index"), "manifest", "index"),
+            _int(raw.get("count"), "manifest", "count"),
+            sha,
+            first,
+            last,
+        )
+        if ref.index != position or ref.count < 1:
+            raise PagesError(
+                f"manifest payload corrupt: page {position} has index {ref.index}, count {ref.count}"
+            )
+        if refs and refs[-1].last_uid >= ref.first_uid:
+            raise PagesError(f"manifest payload corrupt: page {position} overlaps the page before")
+        refs.append(ref)
+    total = _int(decoded.get("total"), "manifest", "total")
+    if total != sum(ref.count for ref in refs):
+        raise PagesError(f"manifest payload corrupt: total {total} is not the sum of the page counts")
+    return Manifest(
+        version=PAGES_VERSION,
+        generated_at=_int(decoded.get("generatedAt"), "manifest", "generatedAt"),
+        page_size=_int(decoded.get("pageSize"), "manifest", "pageSize"),
+        pages=tuple(refs),
+        total=total,
+        pub=expected_pub,
+    )
+
+
+def verify_page(signed: Any, manifest: Manifest, index: int) -> tuple[dict[str, Any], ...]:
+    """The listings of page ``index`` of ``manifest``: its signature must
+    verify with the manifest's key and its payload's SHA-256 must be the
+    manifest's for that index (a page of another generation or directory
+    fails here), then its content must agree with the manifest's entry.
+    Raises :class:`PagesError`."""
+    if not 0 <= index < len(manifest.pages):
+        raise PagesError(f"page {index} is not in the manifest ({len(manifest.pages)} pages)")
+    what = f"page {index}"
+    payload = _open(signed, manifest.pub, what)
+    ref = manifest.pages[index]
+    if hashlib.sha256(payload).hexdigest() != ref.sha256:
+        raise PagesError(f"{what} does not match the manifest's sha256 (another generation or directory)")
+    decoded = _decode(payload, what)
+    if decoded.get("generatedAt") != manifest.generated_at or decoded.get("page") != index:
+        raise PagesError(f"{what} payload names another generation or page")
+    listings = _listings(decoded.get("listings"), what)
+    if (
+        len(listings) != ref.count
+        or listings[0]["uid"] != ref.first_uid
+        or listings[-1]["uid"] != ref.last_uid
+    ):
+        raise PagesError(f"{what} listings disagree with the manifest's count or uid range")
+    return listings
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """A verified changes answer."""
+
+    since: int
+    generated_at: int
+    upserts: tuple[dict[str, Any], ...]
+    removals: tuple[str, ...]
+
+
+def verify_changes(signed: Any, expected_pub: str) -> Changes:
+    """Check a signed changes answer against ``expected_pub``, then decode
+    it. Raises :class:`PagesError`."""
+    decoded = _decode(_open(signed, expected_pub, "changes"), "changes")
+    since = _int(decoded.get("since"), "changes", "since")
+    generated = _int(decoded.get("generatedAt"), "changes", "generatedAt")
+    if generated < since:
+        raise PagesError(f"changes payload corrupt: generatedAt {generated} is before since {since}")
+    removals = decoded.get("removals")
+    if not isinstance(removals, list) or not all(isinstance(uid, str) for uid in removals):
+        raise PagesError("changes payload corrupt: removals must be an array of uid strings")
+    upserts = _listings(decoded.get("upserts"), "changes")
+    if {item["uid"] for item in upserts} & set(removals):
+        raise PagesError("changes payload corrupt: a uid is both upserted and removed")
+    return Changes(since, generated, upserts, tuple(removals))
+
+
+# -- the consumer --------------------------------------------------------------------
+
+#: ``fetch(tool, args)``: call the directory's tool and return its parsed
+#: structured answer; a tool error is raised as :class:`PagesRefused`.
+Fetch = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+class SnapshotMirror:
+    """A local copy of one directory's index, trusted to ``expected_pub``
+    (hex): loaded from a manifest and its pages, kept fresh by changes.
+    ``generated_at`` is 0 until the first load."""
+
+    def __init__(self, expected_pub: str) -> None:
+        self.expected_pub = expected_pub
+        self.generated_at = 0
+        self.listings: dict[str, dict[str, Any]] = {}
+
+    def load(self, signed_manifest: Any, signed_pages: Sequence[Any]) -> Manifest:
+        """Replace the copy with a verified manifest and all its pages (in
+        index order). Raises :class:`PagesError` for a missing, extra or
+        failing page; the copy is unchanged then."""
+        manifest = verify_manifest(signed_manifest, self.expected_pub)
+        if len(signed_pages) != len(manifest.pages):
+            raise PagesError(f"got {len(signed_pages)} pages, the manifest lists {len(manifest.pages)}")
+        fresh: dict[str, dict[str, Any]] = {}
+        for index, signed in enumerate(signed_pages):
+            for item in verify_page(signed, manifest, index):
+                fresh[item["uid"]] = item
+        self.listings = fresh
+        self.generated_at = manifest.generated_at
+        return manifest
+
+    def apply(self, signed_changes: Any) -> Changes:
+        """Apply a verified changes answer whose ``since`` reaches back to
+        the copy (``since <= generated_at``) and which is not older than it.
+        Raises :class:`PagesError` otherwise; the copy is unchanged then."""
+        changes = verify_changes(signed_changes, self.expected_pub)
+        if not self.generated_at:
+            raise PagesError("no copy to apply changes to: load the pages first")
+        if changes.since > self.generated_at:
+            raise PagesError(
+                f"changes since {changes.since} leave a gap after the copy of {self.generated_at}"
+            )
+        if changes.generated_at < self.generated_at:
+            raise PagesError(
+                f"changes of {changes.generated_at} are older than the copy of {self.generated_at}"
+            )
+        for uid in changes.removals:
+            self.listings.pop(uid, None)
+        for item in changes.upserts:
+            self.listings[item["uid"]] = item
+        self.generated_at = changes.generated_at
+        return changes
+
+    def snapshot(self) -> tuple[dict[str, Any], ...]:
+        """The copy's listings ordered by uid."""
+        return tuple(self.listings[uid] for uid in sorted(self.listings))
+
+    async def pages_of(self, fetch: Fetch, signed_manifest: Any) -> list[Any]:
+        """Every page of a signed manifest, fetched in index order
+        (``get_snapshot_page`` with ``{index, generatedAt}``), not yet
+        verified (:meth:`load` does). Raises :class:`PagesError` for a
+        manifest that does not verify."""
+        manifest = verify_manifest(signed_manifest, self.expected_pub)
+        return [
+            await fetch("get_snapshot_page", {"index": i, "generatedAt": manifest.generated_at})
+            for i in range(len(manifest.pages))
+        ]
+
+    async def fetch_all(self, fetch: Fetch) -> Manifest:
+        """Buy the manifest, fetch every page and :meth:`load` them."""
+        signed_manifest = await fetch("get_snapshot_manifest", {})
+        return self.load(signed_manifest, await self.pages_of(fetch, signed_manifest))
+
+    async def refresh(self, fetch: Fetch) -> str:
+        """Bring the copy up to date: ``"changes"`` when a changes answer
+        did, ``"pages"`` when the directory refused changes (too old, too
+        many, no manifest bought) or there was no copy, and the manifest and
+        pages were fetched. Raises :class:`PagesError` for an answer that
+        fails verification and :class:`PagesRefused` for a refused fetch of
+        the manifest or a page."""
+        if self.generated_at:
+            try:
+                signed = await fetch("get_snapshot_changes", {"since": self.generated_at})
+            except PagesRefused:
+                pass
+            else:
+                self.apply(signed)
+                return "changes"
+        await self.fetch_all(fetch)
+        return "pages"
+
+
+async def fetch_pages(fetch: Fetch, expected_pub: str) -> SnapshotMirror:
+    """A new :class:`SnapshotMirror` loaded through ``fetch`` (see
+    :meth:`SnapshotMirror.fetch_all`)."""
+    mirror = SnapshotMirror(expected_pub)
+    await mirror.fetch_all(fetch)
+    return mirror
+
+
+# -- the directory's side ------------------------------------------------------------
+
+
+class SnapshotPages:
+    """The generations one directory serves and who may fetch them.
+
+    ``read()`` returns ``(generatedAt, listings)`` read in one transaction.
+    ``page_bytes`` bounds a page payload (None: :data:`PAGE_MAX_BYTES`).
+    A manifest sale reuses the newest generation when it is younger than
+    ``regenerate_seconds`` and builds one otherwise; the last
+    :data:`HELD_GENERATIONS` are held in memory. A buyer may fetch the pages
+    of a generation it bought and, for ``entitlement_seconds`` after a sale,
+    changes. Entitlements are in memory: after a restart a consumer buys a
+    manifest again."""
+
+    def __init__(
+        self,
+        signer: Signer,
+        read: Callable[[], Awaitable[tuple[int, list[SnapshotListing]]]],
+        clock: Callable[[], float],
+        *,
+        page_bytes: int | None = None,
+        regenerate_seconds: int = REGENERATE_SECONDS,
+        entitlement_seconds: int = ENTITLEMENT_SECONDS,
+    ) -> None:
+        self._signer = signer
+        self._read = read
+        self._clock = clock
+        self._page_bytes = PAGE_MAX_BYTES if page_bytes is None else page_bytes
+        self._regenerate = regenerate_seconds
+        self._entitlement = entitlement_seconds
+        self._held: list[Generation] = []
+        self._bought: dict[str, int] = {}
+        self._lock = anyio.Lock()
+
+    async def sell_manifest(self, buyer: str) -> dict[str, str]:
+        """The signed manifest of the current generation, recording
+        ``buyer`` as entitled to its pages and to changes."""
+        async with self._lock:
+            now = int(self._clock())
+            newest = self._held[-1] if self._held else None
+            if newest is None or now - newest.generated_at >= self._regenerate:
+                generated_at, listings = await self._read()
+                if newest is not None and generated_at <= newest.generated_at:
+                    generated_at = newest.generated_at + 1
+                newest = await anyio.to_thread.run_sync(
+                    lambda: build_generation(self._signer, listings, generated_at, max_bytes=self._page_bytes)
+                )
+                self._held = [*self._held, newest][-HELD_GENERATIONS:]
+            newest.buyers.add(buyer)
+            self._bought = {p: t for p, t in self._bought.items() if now - t < self._entitlement}
+            self._bought[buyer] = now
+            return newest.manifest
+
+    def page(self, buyer: str, generated_at: int, index: int) -> dict[str, str]:
+        """Page ``index`` of the generation ``generated_at``. Raises
+        ValueError when that generation is not held, ``buyer`` did not buy
+        it, or there is no such page."""
+        held = next((g for g in self._held if g.generated_at == generated_at), None)
+        if held is None:
+            raise ValueError(
+                f"generation {generated_at} is not held (held: "
+                f"{[g.generated_at for g in self._held]}); buy get_snapshot_manifest again"
+            )
+        if buyer not in held.buyers:
+            raise ValueError(f"{NOT_ENTITLED}: pages are free to the buyers of their generation's manifest")
+        if not 0 <= index < len(held.pages):
+            raise ValueError(
+                f"index {index} out of range: generation {generated_at} has {len(held.pages)} pages"
+            )
+        return held.pages[index]
+
+    def entitled(self, buyer: str) -> bool:
+        """Whether ``buyer`` bought a manifest within the entitlement window."""
+        bought = self._bought.get(buyer)
+        return bought is not None and int(self._clock()) - bought < self._entitlement
+
+
+def _whole(args: dict[str, Any], key: str) -> int:
+    value = args.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{key}: expected a non-negative integer (unix seconds), got {value!r}")
+    return value
+
+
+def register_pages_tools(
+    harness: Harness, directory: Directory, to_listing: Callable[[Listing], SnapshotListing]
+) -> SnapshotPages:
+    """Add :data:`PAGE_TOOLS` to ``harness``: ``get_snapshot_manifest``
+    (``{}``, priced ``snapshot_price_atoms``), ``get_snapshot_page``
+    (``{index, generatedAt}``, free to the manifest's buyers) and
+    ``get_snapshot_changes`` (``{since}``, free within
+    :data:`ENTITLEMENT_SECONDS` of a manifest purchase). Returns the
+    generations' holder."""
+    clock = harness.config.clock
+
+    async def read() -> tuple[int, list[SnapshotListing]]:
+        def op(conn: sqlite3.Connection) -> tuple[int, list[SnapshotListing]]:
+            return int(clock()), [to_listing(item) for item in all_listings(conn)]
+
+        with anyio.CancelScope(shield=True):
+            result = await harness.transact(op)
+        return result
+
+    pages = SnapshotPages(directory.signer, read, clock)
+
+    async def get_snapshot_manifest(ctx: CallContext, args: dict[str, Any]) -> Any:
+        return await pages.sell_manifest(ctx.peer)
+
+    async def get_snapshot_page(ctx: CallContext, args: dict[str, Any]) -> Any:
+        return pages.page(ctx.peer, _whole(args, "generatedAt"), _whole(args, "index"))
+
+    async def get_snapshot_changes(ctx: CallContext, args: dict[str, Any]) -> Any:
+        since = _whole(args, "since")
+        if not pages.entitled(ctx.peer):
+            raise ValueError(f"{NOT_ENTITLED}: changes are free for a day after a manifest purchase")
+
+        def op(conn: sqlite3.Connection) -> tuple[int, int, list[Listing], list[str]]:
+            return (int(clock()), *changes_since(conn, since))
+
+        with anyio.CancelScope(shield=True):
+            now, horizon, upserts, removals = await harness.transact(op)
+        if since < horizon:
+            raise ValueError(
+                f"{TOO_OLD}: since {since} is before the oldest removal kept ({horizon}); "
+                "fetch the full pages (get_snapshot_manifest)"
+            )
+        if since > now:
+            raise ValueError(f"since {since} is after the directory's time {now}")
+        payload = build_changes_payload(since, now, [to_listing(item) for item in upserts], removals)
+        if len(payload) > CHANGES_MAX_BYTES:
+            raise ValueError(
+                f"too many changes since {since} ({len(payload)} bytes, more than {CHANGES_MAX_BYTES}): "
+                "fetch the full pages (get_snapshot_manifest)"
+            )
+        return await anyio.to_thread.run_sync(lambda: directory.signer.sign(payload))
+
+    int_schema = {"type": "integer", "minimum": 0}
+    tools: list[
+        tuple[str, str, Callable[[CallContext, dict[str, Any]], Awaitable[Any]], dict[str, Any], int]
+    ] = [
+        (
+            "get_snapshot_manifest",
+            "Buy the signed manifest of the index in pages: {payload, sig, pub}, the payload "
+            "{v, generatedAt, pageSize, pages: [{index, count, sha256, firstUid, lastUid}], total, pub}. "
+            "Its buyer then fetches the pages, and changes for a day, free.",
+            get_snapshot_manifest,
+            {"type": "object", "additionalProperties": False},
+            directory.policy.snapshot_price_atoms,
+        ),
+        (
+            "get_snapshot_page",
+            "Fetch one signed page of a bought manifest's generation: {payload, sig, pub}, the payload "
+            "{v, generatedAt, page, listings}. Verify its sha256 against the manifest.",
+            get_snapshot_page,
+            {
+                "type": "object",
+                "properties": {"index": int_schema, "generatedAt": int_schema},
+                "required": ["index", "generatedAt"],
+                "additionalProperties": False,
+            },
+            0,
+        ),
+        (
+            "get_snapshot_changes",
+            "Fetch the signed changes since a generatedAt: {payload, sig, pub}, the payload "
+            "{v, since, generatedAt, upserts, removals}. Free for a day after a manifest purchase.",
+            get_snapshot_changes,
+            {
+                "type": "object",
+                "properties": {"since": int_schema},
+                "required": ["since"],
+                "additionalProperties": False,
+            },
+            0,
+        ),
+    ]
+    for name, description, handler, schema, price in tools:
+        harness.add_tool(name, handler, description=description, input_schema=schema, price_atoms=price)
+    return pages
