@@ -20,13 +20,13 @@ signature is checked over them before they are decoded.
   key and its SHA-256 is the one the manifest lists at its index, so a page
   of another generation or another directory is refused.
 * **Changes**: ``{"v": 1, "since", "generatedAt", "upserts", "removals"}``:
-  the listings changed at or after ``since`` (less
-  :data:`CHANGES_OVERLAP_SECONDS`) that are live now, and the uids removed
-  (expired or unlisted) since then that are not live now. Applying them to a
-  copy taken at ``since`` gives the index at ``generatedAt``; the overlap
-  only re-sends what a copy already holds. Removals are kept as tombstones
-  (``dir_removed``) for :data:`TOMBSTONE_DAYS` days; a ``since`` before the
-  oldest kept answers :data:`TOO_OLD` (fetch the pages again).
+  the listings changed since ``since`` that are live now, and the uids
+  removed (expired or unlisted) since then that are not live now. Applying
+  them to a copy taken at ``since`` gives the index at ``generatedAt``.
+
+This module is the formats, their verification and the consumer
+(:class:`SnapshotMirror`); the directory's side, which sells them and keeps
+the removal times changes answer from, is :mod:`brmcp.directory.pagetools`.
 
 Times are unix seconds, sizes bytes.
 """
@@ -38,36 +38,19 @@ import binascii
 import hashlib
 import itertools
 import json
-import sqlite3
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import anyio
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .._ops import gojson
-from .rows import LISTING_COLUMNS, Listing, all_listings, listing_of
 from .snapshot import Signer, SnapshotError, SnapshotListing
 
-if TYPE_CHECKING:
-    from ..server import CallContext, Harness
-    from .service import Directory
-
 __all__ = [
-    "CHANGES_MAX_BYTES",
-    "CHANGES_OVERLAP_SECONDS",
-    "ENTITLEMENT_SECONDS",
-    "HELD_GENERATIONS",
-    "NOT_ENTITLED",
-    "PAGES_SCHEMA",
     "PAGES_VERSION",
     "PAGE_MAX_BYTES",
-    "PAGE_TOOLS",
-    "REGENERATE_SECONDS",
-    "TOMBSTONE_DAYS",
-    "TOO_OLD",
     "Changes",
     "Generation",
     "Manifest",
@@ -75,15 +58,9 @@ __all__ = [
     "PagesError",
     "PagesRefused",
     "SnapshotMirror",
-    "SnapshotPages",
     "build_changes_payload",
     "build_generation",
-    "changes_since",
     "fetch_pages",
-    "open_tables",
-    "record_removal",
-    "register_pages_tools",
-    "tombstone_horizon",
     "verify_changes",
     "verify_manifest",
     "verify_page",
@@ -95,41 +72,6 @@ PAGES_VERSION = 1
 #: 1 MiB page is about 2.7 MiB on the wire, well under the 16 MiB message
 #: bound. A single listing larger than this is a page of its own.
 PAGE_MAX_BYTES = 1 << 20
-#: The bound of one changes payload; past it the answer is "too many
-#: changes" and the consumer fetches the pages.
-CHANGES_MAX_BYTES = 3 << 20
-#: How long a removal is remembered for changes.
-TOMBSTONE_DAYS = 14
-#: Changes reach back this far before ``since``: a listing's stamp is taken
-#: just before its transaction commits, so a commit that waited is still
-#: seen. Applying a listing twice is harmless.
-CHANGES_OVERLAP_SECONDS = 300
-#: A new generation is built for a manifest sale at most this often; a sold
-#: generation is held (its pages served) at least this long after the sale.
-REGENERATE_SECONDS = 600
-#: Generations held in memory at once (the newest and the one before).
-HELD_GENERATIONS = 2
-#: A manifest sale lets its buyer fetch changes free for this long.
-ENTITLEMENT_SECONDS = 86_400
-#: The start of the refusal of a ``since`` older than the tombstones.
-TOO_OLD = "too old"
-#: The start of the refusal of a caller who bought no manifest.
-NOT_ENTITLED = "buy get_snapshot_manifest first"
-
-#: The extension tools, in registration order.
-PAGE_TOOLS = ("get_snapshot_manifest", "get_snapshot_page", "get_snapshot_changes")
-
-PAGES_SCHEMA = """
-CREATE TABLE IF NOT EXISTS dir_removed (
-    uid        TEXT PRIMARY KEY,
-    removed_at INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS dir_removed_at ON dir_removed (removed_at);
-CREATE TABLE IF NOT EXISTS dir_removed_horizon (
-    id      INTEGER PRIMARY KEY CHECK (id = 1),
-    horizon INTEGER NOT NULL
-);
-"""
 
 _SHA_HEX = frozenset("0123456789abcdef")
 
@@ -143,63 +85,6 @@ class PagesError(SnapshotError):
 class PagesRefused(Exception):
     """A tool error from the directory (its text is the message), raised by
     a consumer's fetch function for :class:`SnapshotMirror`."""
-
-
-# -- tombstones (inside the store's transactions) ----------------------------------
-
-
-def open_tables(conn: sqlite3.Connection, now: int) -> None:
-    """Create ``dir_removed`` and its horizon when missing. A new horizon is
-    ``now``: removals before the table existed were not recorded."""
-    for statement in PAGES_SCHEMA.split(";"):
-        if statement.strip():
-            conn.execute(statement)
-    conn.execute("INSERT OR IGNORE INTO dir_removed_horizon (id, horizon) VALUES (1, ?)", (now,))
-
-
-def tombstone_horizon(conn: sqlite3.Connection) -> int:
-    """The earliest ``since`` changes can answer (unix seconds)."""
-    row = conn.execute("SELECT horizon FROM dir_removed_horizon WHERE id = 1").fetchone()
-    return int(row[0]) if row else 0
-
-
-def record_removal(conn: sqlite3.Connection, uid: str, now: int, *, keep_days: int = TOMBSTONE_DAYS) -> None:
-    """Remember that ``uid``'s listing went at ``now``, in the caller's
-    transaction (the one deleting the listing). Tombstones older than
-    ``keep_days`` days are dropped first and the horizon moves past them."""
-    cutoff = now - keep_days * 86_400
-    row = conn.execute("SELECT MAX(removed_at) FROM dir_removed WHERE removed_at < ?", (cutoff,)).fetchone()
-    if row is not None and row[0] is not None:
-        conn.execute("DELETE FROM dir_removed WHERE removed_at < ?", (cutoff,))
-        conn.execute(
-            "UPDATE dir_removed_horizon SET horizon = MAX(horizon, ?) WHERE id = 1", (int(row[0]) + 1,)
-        )
-    conn.execute("INSERT OR REPLACE INTO dir_removed (uid, removed_at) VALUES (?, ?)", (uid, now))
-
-
-def changes_since(conn: sqlite3.Connection, since: int) -> tuple[int, list[Listing], list[str]]:
-    """``(horizon, upserts, removals)`` for ``since``: the live listings
-    whose latest stamp (crawl, test, approval, renewal) is at or after
-    ``since - CHANGES_OVERLAP_SECONDS``, and the uids removed since then that
-    are not live, both ordered by uid."""
-    start = since - CHANGES_OVERLAP_SECONDS
-    upserts = [
-        listing_of(row)
-        for row in conn.execute(
-            f"SELECT {LISTING_COLUMNS} FROM dir_listings WHERE MAX(catalog_checked_at, "
-            "last_verified_execution, approved_at, renewed_at) >= ? ORDER BY uid",
-            (start,),
-        )
-    ]
-    removals = [
-        str(row[0])
-        for row in conn.execute(
-            "SELECT uid FROM dir_removed WHERE removed_at >= ? "
-            "AND uid NOT IN (SELECT uid FROM dir_listings) ORDER BY uid",
-            (start,),
-        )
-    ]
-    return tombstone_horizon(conn), upserts, removals
 
 
 # -- building ----------------------------------------------------------------------
@@ -575,185 +460,3 @@ async def fetch_pages(fetch: Fetch, expected_pub: str) -> SnapshotMirror:
     mirror = SnapshotMirror(expected_pub)
     await mirror.fetch_all(fetch)
     return mirror
-
-
-# -- the directory's side ------------------------------------------------------------
-
-
-class SnapshotPages:
-    """The generations one directory serves and who may fetch them.
-
-    ``read()`` returns ``(generatedAt, listings)`` read in one transaction.
-    ``page_bytes`` bounds a page payload (None: :data:`PAGE_MAX_BYTES`).
-    A manifest sale reuses the newest generation when it is younger than
-    ``regenerate_seconds`` and builds one otherwise; the last
-    :data:`HELD_GENERATIONS` are held in memory. A buyer may fetch the pages
-    of a generation it bought and, for ``entitlement_seconds`` after a sale,
-    changes. Entitlements are in memory: after a restart a consumer buys a
-    manifest again."""
-
-    def __init__(
-        self,
-        signer: Signer,
-        read: Callable[[], Awaitable[tuple[int, list[SnapshotListing]]]],
-        clock: Callable[[], float],
-        *,
-        page_bytes: int | None = None,
-        regenerate_seconds: int = REGENERATE_SECONDS,
-        entitlement_seconds: int = ENTITLEMENT_SECONDS,
-    ) -> None:
-        self._signer = signer
-        self._read = read
-        self._clock = clock
-        self._page_bytes = PAGE_MAX_BYTES if page_bytes is None else page_bytes
-        self._regenerate = regenerate_seconds
-        self._entitlement = entitlement_seconds
-        self._held: list[Generation] = []
-        self._bought: dict[str, int] = {}
-        self._lock = anyio.Lock()
-
-    async def sell_manifest(self, buyer: str) -> dict[str, str]:
-        """The signed manifest of the current generation, recording
-        ``buyer`` as entitled to its pages and to changes."""
-        async with self._lock:
-            now = int(self._clock())
-            newest = self._held[-1] if self._held else None
-            if newest is None or now - newest.generated_at >= self._regenerate:
-                generated_at, listings = await self._read()
-                if newest is not None and generated_at <= newest.generated_at:
-                    generated_at = newest.generated_at + 1
-                newest = await anyio.to_thread.run_sync(
-                    lambda: build_generation(self._signer, listings, generated_at, max_bytes=self._page_bytes)
-                )
-                self._held = [*self._held, newest][-HELD_GENERATIONS:]
-            newest.buyers.add(buyer)
-            self._bought = {p: t for p, t in self._bought.items() if now - t < self._entitlement}
-            self._bought[buyer] = now
-            return newest.manifest
-
-    def page(self, buyer: str, generated_at: int, index: int) -> dict[str, str]:
-        """Page ``index`` of the generation ``generated_at``. Raises
-        ValueError when that generation is not held, ``buyer`` did not buy
-        it, or there is no such page."""
-        held = next((g for g in self._held if g.generated_at == generated_at), None)
-        if held is None:
-            raise ValueError(
-                f"generation {generated_at} is not held (held: "
-                f"{[g.generated_at for g in self._held]}); buy get_snapshot_manifest again"
-            )
-        if buyer not in held.buyers:
-            raise ValueError(f"{NOT_ENTITLED}: pages are free to the buyers of their generation's manifest")
-        if not 0 <= index < len(held.pages):
-            raise ValueError(
-                f"index {index} out of range: generation {generated_at} has {len(held.pages)} pages"
-            )
-        return held.pages[index]
-
-    def entitled(self, buyer: str) -> bool:
-        """Whether ``buyer`` bought a manifest within the entitlement window."""
-        bought = self._bought.get(buyer)
-        return bought is not None and int(self._clock()) - bought < self._entitlement
-
-
-def _whole(args: dict[str, Any], key: str) -> int:
-    value = args.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{key}: expected a non-negative integer (unix seconds), got {value!r}")
-    return value
-
-
-def register_pages_tools(
-    harness: Harness, directory: Directory, to_listing: Callable[[Listing], SnapshotListing]
-) -> SnapshotPages:
-    """Add :data:`PAGE_TOOLS` to ``harness``: ``get_snapshot_manifest``
-    (``{}``, priced ``snapshot_price_atoms``), ``get_snapshot_page``
-    (``{index, generatedAt}``, free to the manifest's buyers) and
-    ``get_snapshot_changes`` (``{since}``, free within
-    :data:`ENTITLEMENT_SECONDS` of a manifest purchase). Returns the
-    generations' holder."""
-    clock = harness.config.clock
-
-    async def read() -> tuple[int, list[SnapshotListing]]:
-        def op(conn: sqlite3.Connection) -> tuple[int, list[SnapshotListing]]:
-            return int(clock()), [to_listing(item) for item in all_listings(conn)]
-
-        with anyio.CancelScope(shield=True):
-            result = await harness.transact(op)
-        return result
-
-    pages = SnapshotPages(directory.signer, read, clock)
-
-    async def get_snapshot_manifest(ctx: CallContext, args: dict[str, Any]) -> Any:
-        return await pages.sell_manifest(ctx.peer)
-
-    async def get_snapshot_page(ctx: CallContext, args: dict[str, Any]) -> Any:
-        return pages.page(ctx.peer, _whole(args, "generatedAt"), _whole(args, "index"))
-
-    async def get_snapshot_changes(ctx: CallContext, args: dict[str, Any]) -> Any:
-        since = _whole(args, "since")
-        if not pages.entitled(ctx.peer):
-            raise ValueError(f"{NOT_ENTITLED}: changes are free for a day after a manifest purchase")
-
-        def op(conn: sqlite3.Connection) -> tuple[int, int, list[Listing], list[str]]:
-            return (int(clock()), *changes_since(conn, since))
-
-        with anyio.CancelScope(shield=True):
-            now, horizon, upserts, removals = await harness.transact(op)
-        if since < horizon:
-            raise ValueError(
-                f"{TOO_OLD}: since {since} is before the oldest removal kept ({horizon}); "
-                "fetch the full pages (get_snapshot_manifest)"
-            )
-        if since > now:
-            raise ValueError(f"since {since} is after the directory's time {now}")
-        payload = build_changes_payload(since, now, [to_listing(item) for item in upserts], removals)
-        if len(payload) > CHANGES_MAX_BYTES:
-            raise ValueError(
-                f"too many changes since {since} ({len(payload)} bytes, more than {CHANGES_MAX_BYTES}): "
-                "fetch the full pages (get_snapshot_manifest)"
-            )
-        return await anyio.to_thread.run_sync(lambda: directory.signer.sign(payload))
-
-    int_schema = {"type": "integer", "minimum": 0}
-    tools: list[
-        tuple[str, str, Callable[[CallContext, dict[str, Any]], Awaitable[Any]], dict[str, Any], int]
-    ] = [
-        (
-            "get_snapshot_manifest",
-            "Buy the signed manifest of the index in pages: {payload, sig, pub}, the payload "
-            "{v, generatedAt, pageSize, pages: [{index, count, sha256, firstUid, lastUid}], total, pub}. "
-            "Its buyer then fetches the pages, and changes for a day, free.",
-            get_snapshot_manifest,
-            {"type": "object", "additionalProperties": False},
-            directory.policy.snapshot_price_atoms,
-        ),
-        (
-            "get_snapshot_page",
-            "Fetch one signed page of a bought manifest's generation: {payload, sig, pub}, the payload "
-            "{v, generatedAt, page, listings}. Verify its sha256 against the manifest.",
-            get_snapshot_page,
-            {
-                "type": "object",
-                "properties": {"index": int_schema, "generatedAt": int_schema},
-                "required": ["index", "generatedAt"],
-                "additionalProperties": False,
-            },
-            0,
-        ),
-        (
-            "get_snapshot_changes",
-            "Fetch the signed changes since a generatedAt: {payload, sig, pub}, the payload "
-            "{v, since, generatedAt, upserts, removals}. Free for a day after a manifest purchase.",
-            get_snapshot_changes,
-            {
-                "type": "object",
-                "properties": {"since": int_schema},
-                "required": ["since"],
-                "additionalProperties": False,
-            },
-            0,
-        ),
-    ]
-    for name, description, handler, schema, price in tools:
-        harness.add_tool(name, handler, description=description, input_schema=schema, price_atoms=price)
-    return pages

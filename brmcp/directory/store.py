@@ -16,7 +16,7 @@ catalog as JSON text), ``dir_flags`` (moderation notes and rejection
 reasons), ``dir_peers``, ``dir_leads`` and ``dir_spend`` (the outbound
 spend journal: a row is written before money moves and deleted only on a
 definitive rail failure); ``dir_removed`` holds the removal times changes
-report (:mod:`brmcp.directory.pages`). The shapes follow karamble/brmcp,
+report (:mod:`brmcp.directory.pagetools`). The shapes follow karamble/brmcp,
 ``directory/store.go``.
 
 The tables, the row shapes and the one-row functions are in
@@ -37,7 +37,7 @@ import anyio
 
 from ..server import Harness
 from ..server import store as ledger
-from . import pages as snapshot_pages
+from . import pagetools
 from . import search as search_index
 from .rows import (
     KIND_FEE,
@@ -137,7 +137,7 @@ class DirectoryStore:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
-            snapshot_pages.open_tables(conn, self._now())
+            pagetools.open_tables(conn, self._now())
             search_index.ensure_index(conn, lambda: all_listings(conn))
 
         await self._run(create)
@@ -346,7 +346,7 @@ class DirectoryStore:
                 return False
             conn.execute("DELETE FROM dir_listings WHERE uid = ?", (uid,))
             search_index.unindex_listing(conn, uid)
-            snapshot_pages.record_removal(conn, uid, self._now())
+            pagetools.record_removal(conn, uid, self._now())
             if get_registration(conn, uid) is None:
                 set_flag(conn, uid, "")
             return True
@@ -376,7 +376,7 @@ class DirectoryStore:
                 raise ValueError("no listing for that uid")
             conn.execute("DELETE FROM dir_listings WHERE uid = ?", (uid,))
             search_index.unindex_listing(conn, uid)
-            snapshot_pages.record_removal(conn, uid, self._now())
+            pagetools.record_removal(conn, uid, self._now())
 
         await self._run(op)
 

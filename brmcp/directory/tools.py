@@ -20,7 +20,7 @@ tool                price                     answer
 ``export_registry`` free                      ``{servers, metadata}`` (registry.py)
 =================== ========================= =====================================
 
-The index in pages (pages.py): ``get_snapshot_manifest`` (priced
+The index in pages (pagetools.py): ``get_snapshot_manifest`` (priced
 ``snapshot_price_atoms``), then ``get_snapshot_page`` and
 ``get_snapshot_changes`` (free to the manifest's buyer).
 """
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol.payment import PRICE_ATOMS_KEY, PRICING_DYNAMIC, PRICING_KEY
 from ..server import CallContext, Harness
-from .pages import PAGE_TOOLS, register_pages_tools
+from .pagetools import PAGE_TOOLS, register_pages_tools
 from .registry import register_export_tool
 from .search import EXTENSION_PROPERTIES, SearchIndex, SearchRequest
 from .snapshot import SnapshotListing

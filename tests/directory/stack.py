@@ -164,6 +164,27 @@ class Stack:
     async def add_client(self, who: str) -> None:
         self.routers[who] = await self.stack.enter_async_context(self.fabric.router(who))
 
+    async def add_peer_directory(self, timeouts: Timeouts) -> Directory:
+        """A second directory ``peerdir`` served at :data:`PEER_DIR` (data in
+        ``data_dir/peer``, its own payer), paid by this stack's payer like
+        any payee; its listings are for the caller to write."""
+        peer = Directory(
+            DirectoryConfig(
+                self.data_dir / "peer",
+                policy(name="peerdir"),
+                TipPayer(),
+                self_uid=PEER_DIR,
+                clock=self.clock,
+                timeouts=timeouts,
+                sweep_interval=0,
+            )
+        )
+        await self.stack.enter_async_context(peer)
+        router = await peer.start(self.fabric.sender(PEER_DIR))
+        self.fabric.attach(PEER_DIR, router.handle_pm)
+        self.payer.harnesses[PEER_DIR] = peer.harness
+        return peer
+
 
 def register_args(tool: str = "fortune", max_atoms: int = BUDGET, **extra: Any) -> dict[str, Any]:
     args: dict[str, Any] = {

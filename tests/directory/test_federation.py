@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from brmcp.directory import Directory, DirectoryConfig, Timeouts
+from brmcp.directory import Directory, Timeouts
 from brmcp.directory import store as dstore
 from brmcp.server import CallContext
 from tests.kit import until
@@ -23,33 +23,17 @@ from .stack import (
     PROVIDER2,
     START,
     Stack,
-    TipPayer,
     directory_stack,
-    policy,
     provider_harness,
 )
 
 QUICK = Timeouts(dial=1.0, crawl=2.0, call=2.0, pay=2.0, credit_polls=2, credit_poll_delay=3.0)
 
 
-async def peer_directory(st: Stack, tmp_path: Path, listed: list[str]) -> Directory:
+async def peer_directory(st: Stack, listed: list[str]) -> Directory:
     """A second directory at PEER_DIR listing ``listed`` (written straight
     into its store), paid by our directory's payer like any payee."""
-    peer = Directory(
-        DirectoryConfig(
-            tmp_path / "peer",
-            policy(name="peerdir"),
-            TipPayer(),
-            self_uid=PEER_DIR,
-            clock=st.clock,
-            timeouts=QUICK,
-            sweep_interval=0,
-        )
-    )
-    await st.stack.enter_async_context(peer)
-    router = await peer.start(st.fabric.sender(PEER_DIR))
-    st.fabric.attach(PEER_DIR, router.handle_pm)
-    st.payer.harnesses[PEER_DIR] = peer.harness
+    peer = await st.add_peer_directory(QUICK)
     for uid in listed:
         item = dstore.Listing(
             uid=uid,
@@ -76,7 +60,7 @@ async def test_verify_peer_makes_leads_and_pursues_them(tmp_path: Path) -> None:
             introduced.append((mediator_uid, target_uid))
 
     async with directory_stack(tmp_path, timeouts=QUICK, introducer=Introduce()) as st:
-        peer = await peer_directory(st, tmp_path, [PROVIDER, PROVIDER2, DIRECTORY])
+        peer = await peer_directory(st, [PROVIDER, PROVIDER2, DIRECTORY])
         assert "not a curated peer" in await st.error(ADMIN, "verify_peer", {"uid": PEER_DIR})
         await st.ok(ADMIN, "add_peer", {"uid": PEER_DIR, "pubKey": peer.public_key})
         assert await st.ok(ADMIN, "verify_peer", {"uid": PEER_DIR}) == {"newLeads": 2}
@@ -140,7 +124,7 @@ async def _accept() -> dict[str, Any]:
 
 async def test_snapshot_signed_by_another_key_yields_nothing(tmp_path: Path) -> None:
     async with directory_stack(tmp_path, timeouts=QUICK) as st:
-        await peer_directory(st, tmp_path, [PROVIDER])
+        await peer_directory(st, [PROVIDER])
         await st.ok(ADMIN, "add_peer", {"uid": PEER_DIR, "pubKey": "ab" * 32})
         text = await st.error(ADMIN, "verify_peer", {"uid": PEER_DIR})
         assert text == "manifest signed by an unexpected key"
@@ -150,7 +134,7 @@ async def test_snapshot_signed_by_another_key_yields_nothing(tmp_path: Path) -> 
 
 async def test_pursue_without_introducer(tmp_path: Path) -> None:
     async with directory_stack(tmp_path, timeouts=QUICK) as st:
-        peer = await peer_directory(st, tmp_path, [PROVIDER])
+        peer = await peer_directory(st, [PROVIDER])
         await st.ok(ADMIN, "add_peer", {"uid": PEER_DIR, "pubKey": peer.public_key})
         await st.ok(ADMIN, "verify_peer", {"uid": PEER_DIR})
         text = await st.error(ADMIN, "pursue_lead", {"uid": PROVIDER})

@@ -1,7 +1,8 @@
 """The index in signed pages and the changes since a generation
-(brmcp/directory/pages.py, docs/directory.md §Snapshot pages): tampering,
-pages swapped across generations and directories, missing pages, changes
-applied to an old copy, the tombstone horizon and the tools' entitlements."""
+(brmcp/directory/pages.py and pagetools.py, docs/directory.md §Snapshot
+pages): tampering, pages swapped across generations and directories,
+missing pages, changes applied to an old copy, the tombstone horizon and
+the tools' entitlements."""
 
 from __future__ import annotations
 
@@ -17,27 +18,29 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brmcp.directory import Directory, DirectoryConfig
+from brmcp.directory import Directory
 from brmcp.directory import search as search_index
 from brmcp.directory.pages import (
-    CHANGES_OVERLAP_SECONDS,
-    NOT_ENTITLED,
-    TOMBSTONE_DAYS,
-    TOO_OLD,
     Generation,
     PagesError,
     PagesRefused,
     SnapshotMirror,
     build_changes_payload,
     build_generation,
-    changes_since,
     fetch_pages,
-    open_tables,
-    record_removal,
-    tombstone_horizon,
     verify_changes,
     verify_manifest,
     verify_page,
+)
+from brmcp.directory.pagetools import (
+    CHANGES_OVERLAP_SECONDS,
+    NOT_ENTITLED,
+    TOMBSTONE_DAYS,
+    TOO_OLD,
+    changes_since,
+    open_tables,
+    record_removal,
+    tombstone_horizon,
 )
 from brmcp.directory.rows import SCHEMA, Listing, all_listings, put_listing
 from brmcp.directory.snapshot import Signer, SnapshotListing, verify_snapshot
@@ -53,9 +56,7 @@ from .stack import (
     PEER_DIR,
     START,
     Stack,
-    TipPayer,
     directory_stack,
-    policy,
 )
 
 NOW = int(START)
@@ -409,24 +410,10 @@ async def test_tools_sell_the_manifest_and_serve_pages_and_changes_to_its_buyer(
 # -- federation ---------------------------------------------------------------------
 
 
-async def paged_peer(stack: Stack, tmp_path: Path, count: int) -> Directory:
+async def paged_peer(stack: Stack, count: int) -> Directory:
     """A Python directory at PEER_DIR listing ``count`` providers in pages
     of 1 KiB (so several pages), paid by our directory's payer."""
-    peer = Directory(
-        DirectoryConfig(
-            tmp_path / "peer",
-            policy(name="peerdir"),
-            TipPayer(),
-            self_uid=PEER_DIR,
-            clock=stack.clock,
-            timeouts=FAST,
-            sweep_interval=0,
-        )
-    )
-    await stack.stack.enter_async_context(peer)
-    router = await peer.start(stack.fabric.sender(PEER_DIR))
-    stack.fabric.attach(PEER_DIR, router.handle_pm)
-    stack.payer.harnesses[PEER_DIR] = peer.harness
+    peer = await stack.add_peer_directory(FAST)
 
     def op(conn: sqlite3.Connection) -> None:
         for n in range(1, count + 1):
@@ -439,9 +426,9 @@ async def paged_peer(stack: Stack, tmp_path: Path, count: int) -> Directory:
 async def test_verify_peer_buys_the_manifest_and_fetches_the_pages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("brmcp.directory.pages.PAGE_MAX_BYTES", 1024)
+    monkeypatch.setattr("brmcp.directory.pagetools.PAGE_MAX_BYTES", 1024)
     async with directory_stack(tmp_path) as stack:
-        peer = await paged_peer(stack, tmp_path, 12)
+        peer = await paged_peer(stack, 12)
         await stack.ok(ADMIN, "add_peer", {"uid": PEER_DIR, "pubKey": peer.public_key})
         assert await stack.ok(ADMIN, "verify_peer", {"uid": PEER_DIR}) == {"newLeads": 12}
         # One manifest bought at the peer's price; the pages were free.
@@ -456,10 +443,10 @@ async def test_verify_peer_buys_the_manifest_and_fetches_the_pages(
 async def test_verify_peer_refuses_a_manifest_of_too_many_pages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("brmcp.directory.pages.PAGE_MAX_BYTES", 1024)
+    monkeypatch.setattr("brmcp.directory.pagetools.PAGE_MAX_BYTES", 1024)
     monkeypatch.setattr("brmcp.directory.federation.MAX_PEER_PAGES", 2)
     async with directory_stack(tmp_path) as stack:
-        peer = await paged_peer(stack, tmp_path, 12)
+        peer = await paged_peer(stack, 12)
         await stack.ok(ADMIN, "add_peer", {"uid": PEER_DIR, "pubKey": peer.public_key})
         assert "more than 2" in await stack.error(ADMIN, "verify_peer", {"uid": PEER_DIR})
         assert await stack.directory.store.leads() == []

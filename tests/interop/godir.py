@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 
+from brmcp.server import CallContext, Harness
 from brmcp.testing import Fabric, uid
 from brmcp.testing.pipe import PipePeer
 
@@ -39,7 +40,10 @@ __all__ = [
     "GoProvider",
     "KXFunc",
     "PayFunc",
+    "add_probe_tools",
+    "go_autofund_provider",
     "go_directory",
+    "go_directory_pair",
     "go_provider",
 ]
 
@@ -218,6 +222,38 @@ async def go_directory(
         yield GoDirectory(peer, at, data_dir, str(ready["pubKey"]), str(ready["name"]), asks)
 
 
+@asynccontextmanager
+async def go_directory_pair(
+    fabric: Fabric,
+    binary: Path,
+    data_dir: Path,
+    policy: dict[str, Any],
+    *,
+    first_pays: PayFunc,
+    second_pays: PayFunc,
+    args: Sequence[str] = (),
+) -> AsyncIterator[tuple[GoDirectory, GoDirectory]]:
+    """Two reference directories to federate, started in this order: the
+    first at :data:`DIRECTORY` with ``policy`` (data in ``data_dir/first``,
+    payments settled by ``first_pays``) and the second at
+    :data:`PEER_DIRECTORY` with ``policy`` named ``interop-peer``
+    (``data_dir/second``, ``second_pays``); ``args`` go to both (see
+    :func:`go_directory`)."""
+    async with (
+        go_directory(fabric, binary, data_dir / "first", policy, pay=first_pays, args=args) as first,
+        go_directory(
+            fabric,
+            binary,
+            data_dir / "second",
+            {**policy, "name": "interop-peer"},
+            at=PEER_DIRECTORY,
+            pay=second_pays,
+            args=args,
+        ) as second,
+    ):
+        yield first, second
+
+
 @dataclass
 class GoProvider:
     """A running reference harness with the priced ``test`` tool, a free
@@ -326,3 +362,61 @@ async def go_provider(
         asks.peer.append(peer)
         await peer.next("ready")
         yield GoProvider(peer, at, data_dir, asks)
+
+
+def go_autofund_provider(
+    fabric: Fabric,
+    binary: Path,
+    data_dir: Path,
+    directories: Sequence[str],
+    *,
+    price: int,
+    test_max: int,
+    pay: PayFunc,
+    max_per_request: int = 0,
+    args: Sequence[str] = (),
+) -> AbstractAsyncContextManager[GoProvider]:
+    """The reference provider at :data:`PROVIDER` tagged ``go``, callable
+    by ``directories`` and funding its listings there under AutoFund (at
+    most ``max_per_request`` atoms a request, 0 = no cap; no monthly cap);
+    the other arguments as for :func:`go_provider`."""
+    return go_provider(
+        fabric,
+        binary,
+        PROVIDER,
+        data_dir,
+        allow=directories,
+        price=price,
+        test_max=test_max,
+        tags=["go"],
+        autofund=True,
+        max_per_request=max_per_request,
+        allowed_directories=directories,
+        pay=pay,
+        args=args,
+    )
+
+
+def add_probe_tools(harness: Harness, runs: list[dict[str, Any]], *, price_atoms: int) -> None:
+    """Give a Python provider ``harness`` the tools of the reference
+    provider (:func:`go_provider`): ``test`` at ``price_atoms`` atoms, the
+    one a directory nominates for its paid test call (its arguments are
+    appended to ``runs``; it answers ``{"ok": true, "text"}``), and a free
+    ``echo`` (``{"echo"}``). Both take ``{"text"}``."""
+
+    async def test_tool(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
+        runs.append(args)
+        return {"ok": True, "text": args.get("text", "")}
+
+    async def echo(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
+        return {"echo": args.get("text", "")}
+
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+    harness.add_tool(
+        "test",
+        test_tool,
+        description="A priced verification probe.",
+        input_schema=schema,
+        price_atoms=price_atoms,
+    )
+    harness.add_tool("echo", echo, description="Echo the text back.", input_schema=schema)

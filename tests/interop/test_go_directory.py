@@ -30,12 +30,22 @@ from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent
 
-from brmcp.server import CallContext, Harness, HarnessConfig
+from brmcp.server import Harness, HarnessConfig
 from brmcp.testing import Fabric
 from brmcp.transport import Router
 from tests.kit import until
 
-from .godir import ADMIN, DIRECTORY, PEER_DIRECTORY, PROVIDER, GoDirectory, go_directory, go_provider
+from .godir import (
+    ADMIN,
+    DIRECTORY,
+    PEER_DIRECTORY,
+    PROVIDER,
+    GoDirectory,
+    add_probe_tools,
+    go_autofund_provider,
+    go_directory,
+    go_directory_pair,
+)
 from .live import Tap
 
 pytestmark = pytest.mark.interop
@@ -153,23 +163,7 @@ def py_provider(data_dir: Path, runs: list[dict[str, Any]]) -> Harness:
             name="interop-provider",
         )
     )
-
-    async def test_tool(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
-        runs.append(args)
-        return {"ok": True, "text": args.get("text", "")}
-
-    async def echo(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
-        return {"echo": args.get("text", "")}
-
-    text_schema = {"type": "object", "properties": {"text": {"type": "string"}}}
-    harness.add_tool(
-        "test",
-        test_tool,
-        description="A priced verification probe.",
-        input_schema=text_schema,
-        price_atoms=TEST_PRICE,
-    )
-    harness.add_tool("echo", echo, description="Echo the text back.", input_schema=text_schema)
+    add_probe_tools(harness, runs, price_atoms=TEST_PRICE)
     return harness
 
 
@@ -464,18 +458,14 @@ async def test_listing_of_a_go_provider_with_autofund(tmp_path: Path, goref_bina
         go_directory(
             fabric, goref_binary, tmp_path / "dir", POLICY, pay=directory_pays, args=["-now", str(START)]
         ) as d,
-        go_provider(
+        go_autofund_provider(
             fabric,
             goref_binary,
-            PROVIDER,
             tmp_path / "prov",
-            allow=[DIRECTORY],
+            [DIRECTORY],
             price=TEST_PRICE,
             test_max=TEST_MAX,
-            tags=["go"],
-            autofund=True,
             max_per_request=FEE + TEST_MAX,
-            allowed_directories=[DIRECTORY],
             pay=provider_pays,
             args=["-now", str(START)],
         ) as prov,
@@ -541,27 +531,16 @@ async def test_federation_lead_becomes_a_listing(tmp_path: Path, goref_binary: P
     now = ["-now", str(START)]
     async with (
         Fabric() as fabric,
-        go_directory(fabric, goref_binary, tmp_path / "first", POLICY, pay=first_pays, args=now) as first,
-        go_directory(
+        go_directory_pair(
+            fabric, goref_binary, tmp_path, POLICY, first_pays=first_pays, second_pays=second_pays, args=now
+        ) as (first, second),
+        go_autofund_provider(
             fabric,
             goref_binary,
-            tmp_path / "second",
-            {**POLICY, "name": "interop-peer"},
-            at=PEER_DIRECTORY,
-            pay=second_pays,
-            args=now,
-        ) as second,
-        go_provider(
-            fabric,
-            goref_binary,
-            PROVIDER,
             tmp_path / "prov",
-            allow=[DIRECTORY, PEER_DIRECTORY],
+            [DIRECTORY, PEER_DIRECTORY],
             price=TEST_PRICE,
             test_max=TEST_MAX,
-            tags=["go"],
-            autofund=True,
-            allowed_directories=[DIRECTORY, PEER_DIRECTORY],
             pay=provider_pays,
             args=now,
         ) as prov,

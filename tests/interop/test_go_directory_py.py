@@ -48,7 +48,18 @@ from brmcp.testing import Fabric, uid
 from brmcp.transport import Router
 from tests.kit import until
 
-from .godir import ADMIN, DIRECTORY, PEER_DIRECTORY, PROVIDER, GoDirectory, go_directory, go_provider
+from .godir import (
+    ADMIN,
+    DIRECTORY,
+    PEER_DIRECTORY,
+    PROVIDER,
+    GoDirectory,
+    add_probe_tools,
+    go_autofund_provider,
+    go_directory,
+    go_directory_pair,
+    go_provider,
+)
 from .test_go_directory import ok, session, status, wait_state
 
 registrant = pytest.importorskip(
@@ -133,22 +144,7 @@ async def py_provider(
         )
     )
 
-    async def test_tool(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
-        runs.append(args)
-        return {"ok": True, "text": args.get("text", "")}
-
-    async def echo(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
-        return {"echo": args.get("text", "")}
-
-    schema = {"type": "object", "properties": {"text": {"type": "string"}}}
-    harness.add_tool(
-        "test",
-        test_tool,
-        description="A priced verification probe.",
-        input_schema=schema,
-        price_atoms=TEST_PRICE,
-    )
-    harness.add_tool("echo", echo, description="Echo the text back.", input_schema=schema)
+    add_probe_tools(harness, runs, price_atoms=TEST_PRICE)
     config = registrant.RegistrantConfig(
         description="A Python provider",
         tags=("Python", "interop"),
@@ -282,16 +278,9 @@ async def test_go_directory_invites_the_python_registrant(
 
     async with (
         Fabric() as fabric,
-        go_directory(fabric, goref_binary, tmp_path / "first", POLICY, pay=first_pays, args=NOW) as first,
-        go_directory(
-            fabric,
-            goref_binary,
-            tmp_path / "second",
-            {**POLICY, "name": "interop-peer"},
-            at=PEER_DIRECTORY,
-            pay=second_pays,
-            args=NOW,
-        ) as second,
+        go_directory_pair(
+            fabric, goref_binary, tmp_path, POLICY, first_pays=first_pays, second_pays=second_pays, args=NOW
+        ) as (first, second),
         py_provider(
             fabric,
             tmp_path / "prov",
@@ -490,18 +479,14 @@ async def test_go_provider_lists_at_the_python_directory(tmp_path: Path, goref_b
     async with (
         Fabric() as fabric,
         py_directory(fabric, tmp_path / "dir") as d,
-        go_provider(
+        go_autofund_provider(
             fabric,
             goref_binary,
-            PROVIDER,
             tmp_path / "prov",
-            allow=[DIRECTORY],
+            [DIRECTORY],
             price=TEST_PRICE,
             test_max=TEST_MAX,
-            tags=["go"],
-            autofund=True,
             max_per_request=COST,
-            allowed_directories=[DIRECTORY],
             pay=provider_pays,
             args=NOW,
         ) as prov,

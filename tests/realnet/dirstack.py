@@ -1,9 +1,10 @@
-"""The directory scenario's pieces on brnet (tests/realnet/test_directory_real.py):
+"""The directory scenario's pieces on brnet (tests/realnet/test_directory_real.py,
+test_find_add_real.py): its users and data directories (:func:`open_scenario`),
 the ``brmcpdir`` daemon on one user, ``brmcp-serve`` with a ``directory``
-block on another, a PM log over every user's PM stream, a per-step
-reporter, and the books of each daemon read from where its money is
-recorded (SQLite ledgers read-only, ``regfund.json``, the bridge's spend
-log through ``brmcp-bridge --json spend``).
+block on another, ``brmcp-bridge`` on the third, a PM log over every user's
+PM stream, a per-step reporter, and the books of each daemon read from where
+its money is recorded (SQLite ledgers read-only, ``regfund.json``, the
+bridge's spend log through ``brmcp-bridge --json spend``).
 
 Amounts are atoms; times are seconds (``time.monotonic``)."""
 
@@ -17,17 +18,20 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
+import pytest
+from mcp.types import CallToolResult
 
+from brmcp.bridge.daemon import read_runtime
 from brmcp.clientrpc import write_bot_config
 from brmcp.directory.registrant import RegistrantConfig
 from brmcp.serve.config import SERVE_CONFIG_FILE, ServeConfig, write_serve_config
 from brmcp.testing.brnet import BrNet, BrNetUser
 from tests.kit.clientrpc import FAST
 
-from .stack import Daemon, start_serve
+from .stack import Daemon, start_bridge, start_serve
 
 #: The database every harness (the directory's included) keeps its ledger in.
 LEDGER_DB = "brmcp.sqlite3"
@@ -60,6 +64,122 @@ def start_provider(
     block = RegistrantConfig.from_json(directory)
     write_serve_config(datadir / SERVE_CONFIG_FILE, ServeConfig(allowed_uids=(caller.uid,), directory=block))
     return start_serve(net, bot, caller, datadir)
+
+
+# -- the scenario ----------------------------------------------------------------------
+
+#: The scenario's users and its KX'd pairs: dir has KX'd with both, prov and
+#: cons have not.
+SCENARIO_USERS = ("dir", "prov", "cons")
+SCENARIO_KX = (("dir", "prov"), ("dir", "cons"))
+
+
+@dataclass
+class Scenario:
+    """The scenario's brnet and where each daemon keeps its data: ``d``
+    runs ``brmcpdir`` (``dir_data``, its ``policy``), ``prov`` runs
+    ``brmcp-serve`` (``prov_data``, ``block`` its ``directory`` block),
+    ``cons`` runs ``brmcp-bridge`` (``bridge_data``) and is the directory's
+    admin. ``log`` counts the PMs of all three, ``report`` times the steps."""
+
+    net: BrNet
+    d: BrNetUser
+    prov: BrNetUser
+    cons: BrNetUser
+    dir_data: Path
+    prov_data: Path
+    bridge_data: Path
+    policy: dict[str, Any]
+    block: dict[str, Any]
+    log: PMLog
+    report: Reporter
+
+
+async def open_scenario(
+    brnet_factory: Callable[..., BrNet], tmp_path: Path, *, listing_fee: int, test_budget: int
+) -> Scenario:
+    """Start the scenario's brnet and lay out its daemons under
+    ``tmp_path`` (``dir``, ``prov``, ``bridge``): the directory charges
+    ``listing_fee`` atoms (policy name ``realnet-dir``), prov offers a
+    ``fortune`` test call with a budget of ``test_budget`` atoms and funds
+    its listing at dir under AutoFund. Skips the test when brnet has no
+    status server (``introduce`` needs one)."""
+    net = await anyio.to_thread.run_sync(lambda: brnet_factory(users=SCENARIO_USERS, kx=SCENARIO_KX))
+    d, prov, cons = net.user("dir"), net.user("prov"), net.user("cons")
+    if not d.status_url:
+        pytest.skip(
+            "this brnet build has no status server (brstatusurl), so introduce cannot run; rebuild brnet"
+        )
+    block = {
+        "description": "fortunes and echoes on brnet",
+        "tags": ["fun"],
+        "test": {"tool": "fortune", "args": {}, "maxAtoms": test_budget},
+        "auto_fund": {"enabled": True, "max_atoms_per_request": 100_000, "max_atoms_per_month": 1_000_000},
+        "register_at_uids": [d.uid],
+    }
+    log = PMLog({d.uid: "dir", prov.uid: "prov", cons.uid: "cons"})
+    return Scenario(
+        net=net,
+        d=d,
+        prov=prov,
+        cons=cons,
+        dir_data=tmp_path / "dir",
+        prov_data=tmp_path / "prov",
+        bridge_data=tmp_path / "bridge",
+        policy={"admin_uids": [cons.uid], "listing_fee_atoms": listing_fee, "name": "realnet-dir"},
+        block=block,
+        log=log,
+        report=Reporter(net, log),
+    )
+
+
+async def start_directory_and_bridge(sc: Scenario, daemons: list[Daemon]) -> None:
+    """Start ``brmcpdir`` on dir and ``brmcp-bridge`` on cons (for dir),
+    appended to ``daemons`` in that order, and wait until the bridge
+    serves."""
+    daemons.append(start_directory(sc.d, sc.dir_data, sc.policy))
+    bridge = start_bridge(sc.cons, sc.d, sc.bridge_data)
+    daemons.append(bridge)
+    await wait_bridge(sc.bridge_data, bridge)
+
+
+async def wait_bridge(datadir: Path, bridge: Daemon) -> None:
+    """Wait (60 s at most) until the bridge's runtime record names its
+    process; fail with its output if it exits first."""
+    assert bridge.proc is not None
+    pid = bridge.proc.pid
+    with anyio.fail_after(60):
+        while (read_runtime(datadir) or {}).get("pid") != pid:
+            if bridge.proc.poll() is not None:
+                raise AssertionError(f"brmcp-bridge exited:\n{bridge.tail()}")
+            await anyio.sleep(0.1)
+
+
+def bridge_url(datadir: Path, bot_uid: str) -> str:
+    """The running bridge's MCP endpoint for ``bot_uid``."""
+    record = read_runtime(datadir)
+    assert record is not None
+    return f"{record['url']}/mcp/{bot_uid}"
+
+
+def payload(result: CallToolResult) -> Any:
+    """A tool result's JSON (structured content, else its text)."""
+    assert not result.is_error, result
+    if result.structured_content is not None:
+        return result.structured_content
+    text = "".join(getattr(c, "text", "") for c in result.content)
+    return json.loads(text)
+
+
+def suggestion_seen(log: Path, target_uid: str) -> bool:
+    """Whether brclient logged a KX suggestion naming ``target_uid``
+    (bisonrelay's ``handleKXSuggestion``: "Received suggestion to KX with ...";
+    clientrpc has no stream for it)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return False
+    return any("Received suggestion to KX" in line and target_uid in line for line in text.splitlines())
 
 
 # -- counting PMs ----------------------------------------------------------------------
@@ -261,6 +381,52 @@ async def bridge_spend(datadir: Path) -> list[dict[str, Any]]:
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     entries: list[dict[str, Any]] = json.loads(done.stdout)["entries"]
     return entries
+
+
+async def settled_spend(datadir: Path) -> list[dict[str, Any]]:
+    """The bridge's spend log once it has entries and none is pending (the
+    bridge writes it after the call returns); 30 s at most."""
+    with anyio.fail_after(30):
+        while True:
+            entries = await bridge_spend(datadir)
+            if entries and all(e.get("status", "paid") != "pending" for e in entries):
+                return entries
+            await anyio.sleep(0.2)
+
+
+class Books(NamedTuple):
+    """The scenario's books after the paid call (amounts in atoms, the
+    wallet's in milliatoms): the bridge's settled spend log; at dir, prov's
+    and cons's accounts and its payments out to prov; prov's
+    ``regfund.json``; at prov, dir's and cons's accounts; the simulated
+    wallet's payments."""
+
+    spend: list[dict[str, Any]]
+    at_dir: Ledger
+    cons_at_dir: Ledger
+    dir_paid: list[tuple[int, str, bool]]
+    fund: list[dict[str, Any]]
+    dir_at_prov: Ledger
+    cons_at_prov: Ledger
+    wallet: list[int]
+
+
+async def read_books(
+    net: BrNet, dir_data: Path, prov_data: Path, bridge_data: Path, dir_uid: str, prov_uid: str, cons_uid: str
+) -> Books:
+    """Read :class:`Books` from where each daemon records its money (files
+    read in worker threads, the spend log through the bridge)."""
+    spend = await settled_spend(bridge_data)
+    return Books(
+        spend=spend,
+        at_dir=await anyio.to_thread.run_sync(read_ledger, dir_data, prov_uid),
+        cons_at_dir=await anyio.to_thread.run_sync(read_ledger, dir_data, cons_uid),
+        dir_paid=await anyio.to_thread.run_sync(read_directory_spend, dir_data, prov_uid),
+        fund=await anyio.to_thread.run_sync(read_fund_history, prov_data),
+        dir_at_prov=await anyio.to_thread.run_sync(read_ledger, prov_data, dir_uid),
+        cons_at_prov=await anyio.to_thread.run_sync(read_ledger, prov_data, cons_uid),
+        wallet=await anyio.to_thread.run_sync(simwallet_matoms, net),
+    )
 
 
 async def bridge_settings_set(datadir: Path, *assignments: str) -> dict[str, Any]:

@@ -24,33 +24,30 @@ cons's balance there; and the simulated wallet paid exactly those tips."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
-from mcp.types import CallToolResult
 
-from brmcp.bridge.daemon import read_runtime
 from brmcp.testing.brnet import BrNet, mediated_kx
 
 from .dirstack import (
-    PMLog,
-    Reporter,
     bridge_settings_set,
-    bridge_spend,
+    bridge_url,
+    open_scenario,
+    payload,
     poll,
+    read_books,
     read_directory_spend,
     read_fund_history,
     read_ledger,
     read_registration_state,
-    simwallet_matoms,
-    start_directory,
+    start_directory_and_bridge,
     start_provider,
+    suggestion_seen,
 )
-from .stack import FORTUNE_ATOMS, Daemon, agent, start_bridge
+from .stack import FORTUNE_ATOMS, Daemon, agent
 
 pytestmark = [pytest.mark.realnet, pytest.mark.slow]
 
@@ -58,59 +55,21 @@ LISTING_FEE = 1_000
 #: The test call's budget the provider offers (above the fortune's price,
 #: so escrow is left after the test).
 TEST_BUDGET = 15_000
-PAIRS = (("dir", "prov"), ("dir", "cons"))
-
-
-def payload(result: CallToolResult) -> Any:
-    """A tool result's JSON (structured content, else its text)."""
-    assert not result.is_error, result
-    if result.structured_content is not None:
-        return result.structured_content
-    text = "".join(getattr(c, "text", "") for c in result.content)
-    return json.loads(text)
-
-
-def suggestion_seen(log: Path, target_uid: str) -> bool:
-    """Whether brclient logged a KX suggestion naming ``target_uid``
-    (bisonrelay's ``handleKXSuggestion``: "Received suggestion to KX with ...";
-    clientrpc has no stream for it)."""
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return False
-    return any("Received suggestion to KX" in line and target_uid in line for line in text.splitlines())
 
 
 async def test_directory_scenario_on_a_real_relay(
     brnet_factory: Callable[..., BrNet], tmp_path: Path
 ) -> None:
-    net = await anyio.to_thread.run_sync(lambda: brnet_factory(users=("dir", "prov", "cons"), kx=PAIRS))
-    d, prov, cons = net.user("dir"), net.user("prov"), net.user("cons")
-    if not d.status_url:
-        pytest.skip(
-            "this brnet build has no status server (brstatusurl), so introduce cannot run; rebuild brnet"
-        )
-    dir_data, prov_data, bridge_data = tmp_path / "dir", tmp_path / "prov", tmp_path / "bridge"
-    policy = {"admin_uids": [cons.uid], "listing_fee_atoms": LISTING_FEE, "name": "realnet-dir"}
-    block = {
-        "description": "fortunes and echoes on brnet",
-        "tags": ["fun"],
-        "test": {"tool": "fortune", "args": {}, "maxAtoms": TEST_BUDGET},
-        "auto_fund": {"enabled": True, "max_atoms_per_request": 100_000, "max_atoms_per_month": 1_000_000},
-        "register_at_uids": [d.uid],
-    }
-    log = PMLog({d.uid: "dir", prov.uid: "prov", cons.uid: "cons"})
-    report = Reporter(net, log)
+    sc = await open_scenario(brnet_factory, tmp_path, listing_fee=LISTING_FEE, test_budget=TEST_BUDGET)
+    net, d, prov, cons, report = sc.net, sc.d, sc.prov, sc.cons, sc.report
+    dir_data, prov_data, bridge_data = sc.dir_data, sc.prov_data, sc.bridge_data
     daemons: list[Daemon] = []
     dir_url = ""
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(log.run, [d, prov, cons])
-            daemons.append(start_directory(d, dir_data, policy))
-            bridge = start_bridge(cons, d, bridge_data)
-            daemons.append(bridge)
-            await _wait_bridge(bridge_data, bridge)
-            dir_url = _bridge_url(bridge_data, d.uid)
+            await tg.start(sc.log.run, [d, prov, cons])
+            await start_directory_and_bridge(sc, daemons)
+            dir_url = bridge_url(bridge_data, d.uid)
 
             async def serving() -> None:
                 with anyio.fail_after(120):
@@ -122,7 +81,7 @@ async def test_directory_scenario_on_a_real_relay(
             await report.step("0 the directory serves (policy)", serving)
 
             async def registered_and_funded() -> None:
-                daemons.append(start_provider(net, prov, cons, prov_data, block))
+                daemons.append(start_provider(net, prov, cons, prov_data, sc.block))
 
                 def funded() -> bool:
                     paid = read_fund_history(prov_data)
@@ -198,7 +157,7 @@ async def test_directory_scenario_on_a_real_relay(
                 applied = await bridge_settings_set(bridge_data, f"allowed_bots={d.uid},{prov.uid}")
                 assert {u.lower() for u in applied["allowed_bots"]} == {d.uid, prov.uid}, applied
                 with anyio.fail_after(180):
-                    async with agent(_bridge_url(bridge_data, prov.uid)) as s:
+                    async with agent(bridge_url(bridge_data, prov.uid)) as s:
                         assert "fortune" in payload(await s.call_tool("fortune", {}))
 
             await report.step("6 admit prov, paid fortune call", paid_call)
@@ -221,22 +180,10 @@ async def _check_books(
     cons_uid: str,
     daemons: list[Daemon],
 ) -> None:
-    # The bridge writes its spend log after the call returns: wait for a settled entry.
-    async def settled() -> list[dict[str, Any]]:
-        with anyio.fail_after(30):
-            while True:
-                entries = await bridge_spend(bridge_data)
-                if entries and all(e.get("status", "paid") != "pending" for e in entries):
-                    return entries
-                await anyio.sleep(0.2)
-
-    spend = await settled()
-    at_dir = await anyio.to_thread.run_sync(read_ledger, dir_data, prov_uid)
-    dir_paid = await anyio.to_thread.run_sync(read_directory_spend, dir_data, prov_uid)
-    fund = await anyio.to_thread.run_sync(read_fund_history, prov_data)
-    dir_at_prov = await anyio.to_thread.run_sync(read_ledger, prov_data, dir_uid)
-    cons_at_prov = await anyio.to_thread.run_sync(read_ledger, prov_data, cons_uid)
-    wallet = await anyio.to_thread.run_sync(simwallet_matoms, net)
+    # The bridge writes its spend log after the call returns: read_books waits for a settled entry.
+    books = await read_books(net, dir_data, prov_data, bridge_data, dir_uid, prov_uid, cons_uid)
+    spend, at_dir, dir_paid, fund = books.spend, books.at_dir, books.dir_paid, books.fund
+    dir_at_prov, cons_at_prov, wallet = books.dir_at_prov, books.cons_at_prov, books.wallet
     print(
         "\nbooks:"
         f"\n  dir, prov's account: {at_dir}; payments out: {dir_paid}"
@@ -278,19 +225,3 @@ async def _check_books(
     for daemon in daemons:
         assert daemon.proc is not None
         assert daemon.proc.poll() is None, daemon.tail(30)
-
-
-async def _wait_bridge(datadir: Path, bridge: Daemon) -> None:
-    assert bridge.proc is not None
-    pid = bridge.proc.pid
-    with anyio.fail_after(60):
-        while (read_runtime(datadir) or {}).get("pid") != pid:
-            if bridge.proc.poll() is not None:
-                raise AssertionError(f"brmcp-bridge exited:\n{bridge.tail()}")
-            await anyio.sleep(0.1)
-
-
-def _bridge_url(datadir: Path, bot_uid: str) -> str:
-    record = read_runtime(datadir)
-    assert record is not None
-    return f"{record['url']}/mcp/{bot_uid}"

@@ -31,37 +31,31 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 from anyio.abc import ByteReceiveStream
 
 from brmcp.bridge import ADMIN_TOKEN_FILE
-from brmcp.bridge.daemon import read_runtime
 from brmcp.testing.brnet import BrNet, mediated_kx
 
 from .dirstack import (
-    PMLog,
-    Reporter,
-    bridge_spend,
+    bridge_url,
+    open_scenario,
+    payload,
     poll,
-    read_directory_spend,
-    read_fund_history,
-    read_ledger,
+    read_books,
     read_registration_state,
-    simwallet_matoms,
-    start_directory,
+    start_directory_and_bridge,
     start_provider,
+    suggestion_seen,
 )
-from .stack import FORTUNE_ATOMS, TOKEN, Daemon, agent, start_bridge
-from .test_directory_real import payload, suggestion_seen
+from .stack import FORTUNE_ATOMS, TOKEN, Daemon, agent
 
 pytestmark = [pytest.mark.realnet, pytest.mark.slow]
 
 LISTING_FEE = 1_000
 TEST_BUDGET = 15_000
-PAIRS = (("dir", "prov"), ("dir", "cons"))
 #: Wall seconds ``add`` may wait for the key exchange (its --kx-timeout).
 KX_WAIT = 120
 
@@ -164,23 +158,9 @@ def agent_config(stdout: str) -> tuple[str, str]:
 async def test_find_add_and_a_paid_call_on_a_real_relay(
     brnet_factory: Callable[..., BrNet], tmp_path: Path
 ) -> None:
-    net = await anyio.to_thread.run_sync(lambda: brnet_factory(users=("dir", "prov", "cons"), kx=PAIRS))
-    d, prov, cons = net.user("dir"), net.user("prov"), net.user("cons")
-    if not d.status_url:
-        pytest.skip(
-            "this brnet build has no status server (brstatusurl), so introduce cannot run; rebuild brnet"
-        )
-    dir_data, prov_data, bridge_data = tmp_path / "dir", tmp_path / "prov", tmp_path / "bridge"
-    policy = {"admin_uids": [cons.uid], "listing_fee_atoms": LISTING_FEE, "name": "realnet-dir"}
-    block = {
-        "description": "fortunes and echoes on brnet",
-        "tags": ["fun"],
-        "test": {"tool": "fortune", "args": {}, "maxAtoms": TEST_BUDGET},
-        "auto_fund": {"enabled": True, "max_atoms_per_request": 100_000, "max_atoms_per_month": 1_000_000},
-        "register_at_uids": [d.uid],
-    }
-    log = PMLog({d.uid: "dir", prov.uid: "prov", cons.uid: "cons"})
-    report = Reporter(net, log)
+    sc = await open_scenario(brnet_factory, tmp_path, listing_fee=LISTING_FEE, test_budget=TEST_BUDGET)
+    net, d, prov, cons, report = sc.net, sc.d, sc.prov, sc.cons, sc.report
+    dir_data, prov_data, bridge_data = sc.dir_data, sc.prov_data, sc.bridge_data
     transcript = Transcript(secrets={TOKEN: "<agent token>"}, paths={str(tmp_path): "$TMP"})
     transcript.note(
         f"dir  = {d.uid} (brmcpdir)\nprov = {prov.uid} (brmcp-serve)\ncons = {cons.uid} (brmcp-bridge)"
@@ -188,18 +168,15 @@ async def test_find_add_and_a_paid_call_on_a_real_relay(
     daemons: list[Daemon] = []
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(log.run, [d, prov, cons])
-            daemons.append(start_directory(d, dir_data, policy))
-            bridge = start_bridge(cons, d, bridge_data)
-            daemons.append(bridge)
-            await _wait_bridge(bridge_data, bridge)
+            await tg.start(sc.log.run, [d, prov, cons])
+            await start_directory_and_bridge(sc, daemons)
             admin_token = (bridge_data / ADMIN_TOKEN_FILE).read_text().strip()
             if admin_token:
                 transcript.secrets[admin_token] = "<admin token>"
-            dir_url = _bridge_url(bridge_data, d.uid)
+            dir_url = bridge_url(bridge_data, d.uid)
 
             async def listed() -> None:
-                daemons.append(start_provider(net, prov, cons, prov_data, block))
+                daemons.append(start_provider(net, prov, cons, prov_data, sc.block))
                 await poll(
                     lambda: read_registration_state(dir_data, prov.uid) == "pending_review",
                     "prov to register, fund, and pass dir's test call (pending_review)",
@@ -246,7 +223,7 @@ async def test_find_add_and_a_paid_call_on_a_real_relay(
             async def paid_call() -> None:
                 url, header = url_header[0]
                 assert header == f"Bearer {TOKEN}", "add printed another token than the bridge's"
-                assert url == _bridge_url(bridge_data, prov.uid), url
+                assert url == bridge_url(bridge_data, prov.uid), url
                 with anyio.fail_after(180):
                     async with agent(url) as s:
                         tools = {t.name: t for t in (await s.list_tools()).tools}
@@ -343,23 +320,9 @@ async def _check_books(
     cons_uid: str,
 ) -> str:
     """The books of dir, prov and cons agree to the atom; returns them as text."""
-
-    async def settled() -> list[dict[str, Any]]:
-        with anyio.fail_after(30):
-            while True:
-                entries = await bridge_spend(bridge_data)
-                if entries and all(e.get("status", "paid") != "pending" for e in entries):
-                    return entries
-                await anyio.sleep(0.2)
-
-    spend = await settled()
-    at_dir = await anyio.to_thread.run_sync(read_ledger, dir_data, prov_uid)
-    cons_at_dir = await anyio.to_thread.run_sync(read_ledger, dir_data, cons_uid)
-    dir_paid = await anyio.to_thread.run_sync(read_directory_spend, dir_data, prov_uid)
-    fund = await anyio.to_thread.run_sync(read_fund_history, prov_data)
-    dir_at_prov = await anyio.to_thread.run_sync(read_ledger, prov_data, dir_uid)
-    cons_at_prov = await anyio.to_thread.run_sync(read_ledger, prov_data, cons_uid)
-    wallet = await anyio.to_thread.run_sync(simwallet_matoms, net)
+    books = await read_books(net, dir_data, prov_data, bridge_data, dir_uid, prov_uid, cons_uid)
+    spend, at_dir, cons_at_dir, dir_paid = books.spend, books.at_dir, books.cons_at_dir, books.dir_paid
+    fund, dir_at_prov, cons_at_prov, wallet = books.fund, books.dir_at_prov, books.cons_at_prov, books.wallet
     fund_shown = [(e["directoryUid"][:8], e["atoms"]) for e in fund]
     spend_shown = [(e["bot"][:8], e.get("tool", ""), e["atoms"], e.get("status", "paid")) for e in spend]
     text = (
@@ -402,19 +365,3 @@ async def _check_books(
         [fund_out * 1000, test_paid * 1000, *(int(e["atoms"]) * 1000 for e in paid)]
     ), text
     return text
-
-
-async def _wait_bridge(datadir: Path, bridge: Daemon) -> None:
-    assert bridge.proc is not None
-    pid = bridge.proc.pid
-    with anyio.fail_after(60):
-        while (read_runtime(datadir) or {}).get("pid") != pid:
-            if bridge.proc.poll() is not None:
-                raise AssertionError(f"brmcp-bridge exited:\n{bridge.tail()}")
-            await anyio.sleep(0.1)
-
-
-def _bridge_url(datadir: Path, bot_uid: str) -> str:
-    record = read_runtime(datadir)
-    assert record is not None
-    return f"{record['url']}/mcp/{bot_uid}"
