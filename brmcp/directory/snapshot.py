@@ -19,20 +19,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from .._ops import gojson
+from .._ops import edkey, gojson
 
 __all__ = [
     "SNAPSHOT_KEY_FILENAME",
@@ -107,66 +103,19 @@ class Signer:
 
     def __init__(self, private: Ed25519PrivateKey) -> None:
         self._private = private
-        self.public_hex = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+        self.public_hex = edkey.public_hex(private)
 
     @classmethod
     def load_or_create(cls, path: str | os.PathLike[str]) -> Signer:
         """Open the key file at ``path`` or, when it does not exist, create
         one (mode 0600, its directory 0700, written to a temporary name and
-        renamed into place). Raises :class:`SnapshotError` naming the file
-        for a file that is not Go's key format or whose halves disagree."""
-        where = Path(path)
+        renamed into place; :func:`brmcp._ops.edkey.load_or_create_key`).
+        Raises :class:`SnapshotError` naming the file for a file that is not
+        Go's key format or whose halves disagree."""
         try:
-            raw = where.read_bytes()
-        except FileNotFoundError:
-            signer = cls(Ed25519PrivateKey.generate())
-            signer._write(where)
-            return signer
-        except OSError as exc:
-            raise SnapshotError(f"{where}: cannot read the snapshot key: {exc.strerror or exc}") from None
-        return cls._parse(where, raw)
-
-    @classmethod
-    def _parse(cls, where: Path, raw: bytes) -> Signer:
-        try:
-            fields = gojson.decode_struct(
-                gojson.loads(raw), {"pub": "string", "priv": "string"}, struct="snapshot key"
-            )
-        except gojson.GoJSONError as exc:
-            raise SnapshotError(f"{where}: snapshot key file corrupt: {exc}") from None
-        try:
-            pub = bytes.fromhex(fields.get("pub", ""))
-            priv = bytes.fromhex(fields.get("priv", ""))
-        except ValueError:
-            raise SnapshotError(f'{where}: "pub" and "priv" must be hex') from None
-        if len(pub) != 32:
-            raise SnapshotError(f'{where}: "pub" must be 32 bytes of hex, got {len(pub)} bytes')
-        if len(priv) != 64:
-            raise SnapshotError(
-                f'{where}: "priv" must be 64 bytes of hex (seed, public key), got {len(priv)}'
-            )
-        signer = cls(Ed25519PrivateKey.from_private_bytes(priv[:32]))
-        if signer.public_hex != pub.hex() or priv[32:] != pub:
-            raise SnapshotError(f'{where}: "pub" does not match the key in "priv"')
-        return signer
-
-    def _write(self, where: Path) -> None:
-        seed = self._private.private_bytes_raw()
-        pub = bytes.fromhex(self.public_hex)
-        text = gojson.dumps({"pub": pub.hex(), "priv": (seed + pub).hex()}, indent=True)
-        where.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{where.name}.", dir=where.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, where)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+            return cls(edkey.load_or_create_key(path, "snapshot key"))
+        except edkey.KeyFileError as exc:
+            raise SnapshotError(str(exc)) from None
 
     def sign(self, payload: bytes) -> dict[str, str]:
         """The signed snapshot of ``payload``: ``{"payload": base64, "sig": hex, "pub": hex}``."""
