@@ -1,6 +1,7 @@
-"""Money and journal operations of the harness, over the built-in SQLite
-ledger (one transaction per movement plus its journal row) or an external
-:class:`~.billing.Billing` store (journal in SQLite, balances elsewhere,
+"""Money and journal operations of the harness, over the built-in ledger
+(one transaction per movement plus its journal row, in SQLite or, with a
+``postgresql://`` store URL, PostgreSQL: :mod:`.store.url`) or an external
+:class:`~.billing.Billing` store (journal in the store, balances elsewhere,
 exactly-once through movement refs)."""
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..protocol.units import atoms_from_milliatoms
 from . import store
-from ._executor import GroupCommitExecutor
+from ._executor import BatchExecutor, GroupCommitExecutor
 from .billing import Billing, InsufficientBalance
 from .store import HeldTip, JournalEntry, StatementEntry
+from .store._conn import Connection
+from .store.postgres.driver import is_driver_error
+from .store.url import DEFAULT_STORE, StoreURL, parse_store_url
 
 log = logging.getLogger("brmcp.server")
 
@@ -29,28 +34,42 @@ GC_INTERVAL = 60.0
 
 
 class Accounts:
-    """See the module docstring. ``data_dir`` None means no journal: only
-    possible with an external billing store (callKey replay is then in
-    memory only)."""
+    """See the module docstring. ``store_url`` selects the backend
+    (:mod:`.store.url`; a :class:`ValueError` names a bad one): ``sqlite:``
+    keeps the book in ``data_dir``, where ``data_dir`` None means no
+    journal, only possible with an external billing store (callKey replay
+    is then in memory only); a PostgreSQL URL keeps it in that database
+    (``data_dir`` unused). Raises :class:`~.store.StoreError` when the
+    database cannot be opened."""
 
     def __init__(
         self,
         data_dir: str | os.PathLike[str] | None,
         billing: Billing | None,
         clock: Callable[[], float],
+        store_url: str | StoreURL = DEFAULT_STORE,
     ) -> None:
-        if billing is None and data_dir is None:
+        try:
+            url = store_url if isinstance(store_url, StoreURL) else parse_store_url(store_url)
+        except ValueError as exc:
+            raise ValueError(f"brmcp: store: {exc}") from None
+        if billing is None and data_dir is None and url.kind == "sqlite":
             raise ValueError("brmcp: harness needs a data_dir for the built-in ledger or a Billing store")
         self._billing = billing
         self._clock = clock
         self.local = billing is None
         self.path: Path | None = None
-        self._db: GroupCommitExecutor | None = None
+        self.store_url = url
+        self._db: BatchExecutor[Any] | None = None
         self._seen_tips: OrderedDict[tuple[int, str, int], None] = OrderedDict()
         #: Without a journal: tips held for senders not allowed, (seq, peer, matoms) -> atoms.
         self._held_memory: OrderedDict[tuple[int, str, int], int] = OrderedDict()
         self._next_gc = 0.0
-        if data_dir is not None:
+        if url.kind == "postgresql":
+            from .store.postgres import PostgresExecutor
+
+            self._db = PostgresExecutor(url)
+        elif data_dir is not None:
             conn = store.open_database(data_dir)
             self.path = Path(data_dir).expanduser() / store.DB_FILENAME
             self._db = GroupCommitExecutor(conn)
@@ -60,7 +79,7 @@ class Accounts:
         return self._db is not None
 
     @property
-    def executor(self) -> GroupCommitExecutor | None:
+    def executor(self) -> BatchExecutor[Any] | None:
         return self._db
 
     def close(self) -> None:
@@ -185,7 +204,7 @@ class Accounts:
         if billing is None:
             assert db is not None
 
-            def charge_op(c: sqlite3.Connection) -> tuple[bool, int]:
+            def charge_op(c: Connection) -> tuple[bool, int]:
                 if gc:
                     store.gc_calls(c, now)
                 return store.charge(
@@ -204,7 +223,7 @@ class Accounts:
         )
         if db is not None:
 
-            def journal_op(c: sqlite3.Connection) -> None:
+            def journal_op(c: Connection) -> None:
                 if gc:
                     store.gc_calls(c, now)
                 journal(c, state="charging")
@@ -415,4 +434,6 @@ def _recovery(ts: float, expires: float, outcome_json: str, *, local: bool) -> f
 
 
 def is_store_error(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.Error | store.StoreError)
+    """True for an error of the store: SQLite's, psycopg's, or
+    :class:`~.store.StoreError`."""
+    return isinstance(exc, sqlite3.Error | store.StoreError) or is_driver_error(exc)

@@ -1,5 +1,6 @@
-"""Group commit for SQLite: run store operations off the event loop, many
-per transaction.
+"""Group commit: run store operations off the event loop, many per
+transaction (:class:`BatchExecutor`; SQLite: :class:`GroupCommitExecutor`,
+PostgreSQL: :class:`~.store.postgres.executor.PostgresExecutor`).
 
 Operations queued while a transaction is being committed are committed
 together in the next one, so concurrent paid calls share fsyncs. Each
@@ -15,6 +16,7 @@ paid call makes two. Other anyio backends use ``anyio.to_thread``.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import queue
@@ -26,14 +28,21 @@ from typing import Any, Generic, TypeVar
 import anyio
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 Op = Callable[[sqlite3.Connection], Any]
 
+__all__ = ["BatchExecutor", "GroupCommitExecutor", "Slot"]
 
-class _Slot(Generic[T]):
+
+class Slot(Generic[T]):
+    """One queued operation: ``op`` and, once its batch ran, its ``result``
+    or ``error`` (``ran`` is set by the worker thread once the batch was
+    attempted)."""
+
     __slots__ = ("error", "event", "finished", "op", "ran", "result")
 
-    def __init__(self, op: Callable[[sqlite3.Connection], T]) -> None:
+    def __init__(self, op: Callable[[Any], T]) -> None:
         self.op = op
         self.result: T | None = None
         self.error: BaseException | None = None
@@ -42,38 +51,39 @@ class _Slot(Generic[T]):
         self.event = anyio.Event()
 
 
-class GroupCommitExecutor:
-    """Serialises all access to one SQLite connection (opened with
-    ``check_same_thread=False`` and ``isolation_level=None``)."""
+class BatchExecutor(abc.ABC, Generic[C]):
+    """Group commit over one connection of type ``C``: the queueing, the
+    leader hand-over and the worker thread. A backend supplies
+    :meth:`_execute` (run one batch in one transaction, recording each
+    slot's result or error, never raising) and :meth:`_close_connection`."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._queue: list[_Slot[Any]] = []
+        self._queue: list[Slot[Any]] = []
         self._busy = False
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self.batches = 0  #: transactions committed (for tests and benchmarks)
         self.operations = 0
 
-    def run_now(self, op: Callable[[sqlite3.Connection], T]) -> T:
+    def run_now(self, op: Callable[[C], T]) -> T:
         """Run one operation in its own transaction on the calling thread
         (start-up, before an event loop serves traffic)."""
-        slot = _Slot(op)
+        slot: Slot[T] = Slot(op)
         self._execute([slot])
         if slot.error is not None:
             raise slot.error
         return slot.result  # type: ignore[return-value]
 
-    async def run(self, op: Callable[[sqlite3.Connection], T]) -> T:
+    async def run(self, op: Callable[[C], T]) -> T:
         """Queue ``op`` and return its result once its transaction committed.
 
         Raises whatever ``op`` raised, or the ``sqlite3.Error`` of a failed
-        commit. A caller cancelled while its operation is still queued
+        commit (the backend driver's error). A caller cancelled while its operation is still queued
         withdraws it; once the transaction is in flight it completes and its
         effects stand, so money paths call this inside a shielded scope.
         """
-        slot: _Slot[T] = _Slot(op)
+        slot: Slot[T] = Slot(op)
         self._queue.append(slot)
         while not slot.finished:
             if self._busy:
@@ -116,7 +126,7 @@ class GroupCommitExecutor:
             raise slot.error
         return slot.result  # type: ignore[return-value]
 
-    async def _in_thread(self, batch: list[_Slot[Any]]) -> None:
+    async def _in_thread(self, batch: list[Slot[Any]]) -> None:
         """Run :meth:`_execute` on the worker thread and wait until it is
         done, even through a cancellation (re-raised afterwards)."""
         try:
@@ -155,7 +165,35 @@ class GroupCommitExecutor:
         while (job := self._jobs.get()) is not None:
             job()
 
-    def _execute(self, batch: list[_Slot[Any]]) -> None:
+    @abc.abstractmethod
+    def _execute(self, batch: list[Slot[Any]]) -> None:
+        """Run ``batch`` in one transaction on the calling thread, setting
+        each slot's ``result`` or ``error``."""
+
+    @abc.abstractmethod
+    def _close_connection(self) -> None:
+        """Close the backend's connection (called once, under the lock)."""
+
+    def close(self) -> None:
+        """Stop the worker thread (after the batches handed to it) and close
+        the connection."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            self._jobs.put(None)
+            worker.join()
+        with self._lock:
+            self._close_connection()
+
+
+class GroupCommitExecutor(BatchExecutor[sqlite3.Connection]):
+    """Serialises all access to one SQLite connection (opened with
+    ``check_same_thread=False`` and ``isolation_level=None``)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def _execute(self, batch: list[Slot[Any]]) -> None:
         conn = self._conn
         with self._lock:
             for slot in batch:
@@ -193,15 +231,8 @@ class GroupCommitExecutor:
             self.batches += 1
             self.operations += len(batch)
 
-    def close(self) -> None:
-        """Stop the worker thread (after the batches handed to it) and close
-        the connection."""
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            self._jobs.put(None)
-            worker.join()
-        with self._lock:
-            self._conn.close()
+    def _close_connection(self) -> None:
+        self._conn.close()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -5,14 +5,19 @@ received tips, one transaction per money movement.
   (:class:`StatementEntry`, :class:`JournalEntry`, :class:`HeldTip`), the
   errors, the bounds (:data:`MAX_BALANCE_ATOMS`, :data:`MAX_INT63`,
   :data:`TIP_MEMORY`) and a tip's movement ref (:func:`tip_ref`);
-* the SQLite backend, one database in the data directory: :mod:`._schema`
-  (the file, its tables and migrations: :func:`open_database`),
+* the operations, shared by both backends (one SQL text, :mod:`._conn`):
   :mod:`.ledger` (balances, movements, credits, debits, statements),
   :mod:`.journal` (the paid-call journal) and :mod:`.tips` (tip
-  de-duplication and held tips).
+  de-duplication and held tips);
+* the SQLite backend, one database in the data directory: :mod:`._schema`
+  (the file, its tables and migrations: :func:`open_database`);
+* the PostgreSQL backend, one database several processes share:
+  :mod:`.postgres` (psycopg 3, imported only when used);
+* :mod:`.url` -- the ``store`` URL selecting the backend.
 
-Every SQLite operation is a plain function of a connection executed by
-:class:`~.._executor.GroupCommitExecutor`, so money movements and their
+Every operation is a plain function of a connection executed by the
+backend's executor (:class:`~.._executor.GroupCommitExecutor`,
+:class:`~.postgres.PostgresExecutor`), so money movements and their
 journal rows always commit together. Every name is importable from here
 (``from brmcp.server.store import open_database``), as from the single
 module this package replaces.

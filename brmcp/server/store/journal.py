@@ -1,4 +1,4 @@
-"""SQLite: the paid-call journal (``calls``; WIRE.md §callKey).
+"""The paid-call journal (both backends) (``calls``; WIRE.md §callKey).
 
 A paid call is journaled in the same transaction as its debit (built-in
 ledger: :func:`charge`) or around an external debit (:func:`journal_charge`:
@@ -13,10 +13,10 @@ next start (:func:`interrupted`, :func:`recover_call`).
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+from ._conn import Connection
 from .ledger import add_balance, debit, record_movement
 from .records import JournalEntry
 
@@ -33,7 +33,7 @@ __all__ = [
 
 
 def charge(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     call_id: str,
     peer: str,
@@ -65,7 +65,7 @@ def charge(
 
 
 def journal_charge(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     call_id: str,
     peer: str,
@@ -96,7 +96,7 @@ def journal_charge(
 
 
 def _insert_call(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     call_id: str,
     peer: str,
@@ -117,14 +117,14 @@ def _insert_call(
     )
 
 
-def drop_call(conn: sqlite3.Connection, call_id: str) -> None:
+def drop_call(conn: Connection, call_id: str) -> None:
     """Forget the journal row of ``call_id`` (an unkeyed call done, or an
     external debit refused)."""
     conn.execute("DELETE FROM calls WHERE call_id = ?", (call_id,))
 
 
 def _refund(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     kind: str,
     call_id: str,
@@ -153,9 +153,7 @@ def _refund(
     return after
 
 
-def _keep(
-    conn: sqlite3.Connection, call_id: str, ts: float, expires: float, outcome_json: str | None
-) -> None:
+def _keep(conn: Connection, call_id: str, ts: float, expires: float, outcome_json: str | None) -> None:
     """Mark a call done, keeping its key (and ``outcome_json`` when given)
     for replay until ``expires``."""
     conn.execute(
@@ -166,7 +164,7 @@ def _keep(
 
 
 def complete(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     call_id: str,
     keyed: bool,
@@ -212,7 +210,7 @@ def complete(
     return known
 
 
-def interrupted(conn: sqlite3.Connection) -> list[tuple[str, str, str | None, str, int, str]]:
+def interrupted(conn: Connection) -> list[tuple[str, str, str | None, str, int, str]]:
     """Calls charged (or being charged) but never completed: a crash came
     between the debit and completion. Rows: (call_id, peer, call_key, tool,
     atoms, state)."""
@@ -224,7 +222,7 @@ def interrupted(conn: sqlite3.Connection) -> list[tuple[str, str, str | None, st
 
 
 def recover_call(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     call_id: str,
     peer: str,
@@ -241,7 +239,12 @@ def recover_call(
     A keyed call keeps its key bound to an error outcome until ``expires`` so
     a retry of the same key is answered rather than executed a second time.
     ``charged`` False (external billing, debit not confirmed) refunds nothing.
+    A call no longer interrupted (settled meanwhile by another process
+    sharing the database) changes nothing.
     """
+    row = conn.execute("SELECT state FROM calls WHERE call_id = ?", (call_id,)).fetchone()
+    if row is None or row[0] not in ("charging", "charged"):
+        return
     if charged:
         _refund(
             conn,
@@ -259,7 +262,7 @@ def recover_call(
         _keep(conn, call_id, ts, expires, outcome_json)
 
 
-def completed_keyed(conn: sqlite3.Connection, now: float) -> list[JournalEntry]:
+def completed_keyed(conn: Connection, now: float) -> list[JournalEntry]:
     """Delete expired completed rows and return the live ones."""
     conn.execute("DELETE FROM calls WHERE state = 'done' AND (expires IS NULL OR expires <= ?)", (now,))
     out: list[JournalEntry] = []
@@ -278,7 +281,7 @@ def completed_keyed(conn: sqlite3.Connection, now: float) -> list[JournalEntry]:
     return out
 
 
-def gc_calls(conn: sqlite3.Connection, now: float) -> int:
+def gc_calls(conn: Connection, now: float) -> int:
     """Delete completed rows whose replay window ended by ``now`` (unix
     seconds); returns how many."""
     cursor = conn.execute("DELETE FROM calls WHERE state = 'done' AND expires <= ?", (now,))

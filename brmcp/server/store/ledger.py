@@ -1,38 +1,40 @@
-"""SQLite: the built-in prepaid ledger -- balances in atoms, the append-only
+"""The built-in prepaid ledger -- balances in atoms, the append-only
 ``movements`` audit rows, operator credits, the debit of a charge and a
 peer's statement.
 
-Every operation is a plain function of a connection, run inside the one
-transaction :class:`~.._executor.GroupCommitExecutor` opens for it, so a
+Every operation is a plain function of a connection (:mod:`._conn`: SQLite
+or PostgreSQL, the same SQL), run inside the one transaction the backend's
+executor opens for it (:class:`~.._executor.GroupCommitExecutor`,
+:class:`~.postgres.executor.PostgresExecutor`), so a
 money movement, its audit row and (for a charge) its journal row
 (:mod:`.journal`) always commit together.
 """
 
 from __future__ import annotations
 
-import sqlite3
-
+from ._conn import Connection
 from .records import MAX_BALANCE_ATOMS, BalanceLimitError, StatementEntry
 
 __all__ = ["add_balance", "balance", "credit", "debit", "record_movement", "statement"]
 
 
-def balance(conn: sqlite3.Connection, peer: str) -> int:
+def balance(conn: Connection, peer: str) -> int:
     """The built-in balance of ``peer`` in atoms (0 for a peer never credited)."""
     row = conn.execute("SELECT atoms FROM balances WHERE peer = ?", (peer,)).fetchone()
     return int(row[0]) if row else 0
 
 
-def add_balance(conn: sqlite3.Connection, peer: str, delta: int) -> int:
+def add_balance(conn: Connection, peer: str, delta: int) -> int:
     """Add ``delta`` atoms (negative: take them) to ``peer``'s balance and
     return the new balance. No audit row: the caller records the movement in
-    the same transaction. An overdraft raises :class:`sqlite3.IntegrityError`
-    (the ``CHECK (atoms >= 0)`` constraint); the bound of
+    the same transaction. An overdraft raises the driver's integrity error
+    (:class:`sqlite3.IntegrityError`, ``psycopg.IntegrityError``: the
+    ``CHECK (atoms >= 0)`` constraint); the bound of
     :data:`~.records.MAX_BALANCE_ATOMS` is the caller's to check."""
     if delta >= 0:
         conn.execute(
             "INSERT INTO balances (peer, atoms) VALUES (?, ?) "
-            "ON CONFLICT (peer) DO UPDATE SET atoms = atoms + excluded.atoms",
+            "ON CONFLICT (peer) DO UPDATE SET atoms = balances.atoms + excluded.atoms",
             (peer, delta),
         )
     else:
@@ -42,7 +44,7 @@ def add_balance(conn: sqlite3.Connection, peer: str, delta: int) -> int:
 
 
 def record_movement(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     ts: float,
     peer: str,
@@ -57,7 +59,8 @@ def record_movement(
     """Append one audit row: ``kind`` (see :class:`~.records.StatementEntry`),
     signed ``atoms``, ``ts`` in unix seconds. ``ref`` is unique in
     ``movements``: recording a ref twice raises
-    :class:`sqlite3.IntegrityError`, which is how a movement is applied at
+    the driver's integrity error (:class:`sqlite3.IntegrityError`,
+    ``psycopg.IntegrityError``), which is how a movement is applied at
     most once."""
     conn.execute(
         "INSERT INTO movements (ts, peer, kind, atoms, call_key, tip_seq, ref, balance_after, tool) "
@@ -66,7 +69,7 @@ def record_movement(
     )
 
 
-def credit(conn: sqlite3.Connection, peer: str, atoms: int, *, ts: float, kind: str, ref: str) -> int:
+def credit(conn: Connection, peer: str, atoms: int, *, ts: float, kind: str, ref: str) -> int:
     """Add ``atoms`` (> 0) to ``peer`` and audit it; returns the new balance.
     Raises :class:`BalanceLimitError` (nothing written) when the balance would
     pass :data:`MAX_BALANCE_ATOMS`."""
@@ -79,7 +82,7 @@ def credit(conn: sqlite3.Connection, peer: str, atoms: int, *, ts: float, kind: 
 
 
 def debit(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     peer: str,
     atoms: int,
@@ -113,7 +116,7 @@ def debit(
     return True, after
 
 
-def statement(conn: sqlite3.Connection, peer: str) -> list[StatementEntry]:
+def statement(conn: Connection, peer: str) -> list[StatementEntry]:
     """Every movement of ``peer``, oldest first (the audit table in id order)."""
     rows = conn.execute(
         "SELECT ts, kind, atoms, call_key, tip_seq, balance_after FROM movements WHERE peer = ? ORDER BY id",

@@ -1,4 +1,4 @@
-"""SQLite: received tips (``tips``, ``held_tips``; WIRE.md §Payments).
+"""Received tips (both backends) (``tips``, ``held_tips``; WIRE.md §Payments).
 
 A tip is processed once, keyed by (sequence id, sender, amount): its
 ``tips`` row and its credit (or, for a sender not allowed, its
@@ -11,8 +11,7 @@ credit is done (:func:`finish_tip`; :func:`pending_tips` after a crash).
 
 from __future__ import annotations
 
-import sqlite3
-
+from ._conn import Connection
 from .ledger import add_balance, balance, record_movement
 from .records import MAX_BALANCE_ATOMS, TIP_MEMORY, BalanceLimitError, HeldTip, tip_ref
 
@@ -28,7 +27,7 @@ __all__ = [
 ]
 
 
-def tip_seen(conn: sqlite3.Connection, sequence_id: int, peer: str, amount_matoms: int) -> str | None:
+def tip_seen(conn: Connection, sequence_id: int, peer: str, amount_matoms: int) -> str | None:
     """The state of the tip's ``tips`` row (``pending`` or ``done``), or
     None when the seen-set does not hold it."""
     row = conn.execute(
@@ -39,7 +38,7 @@ def tip_seen(conn: sqlite3.Connection, sequence_id: int, peer: str, amount_matom
 
 
 def record_tip(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     sequence_id: int,
     peer: str,
@@ -103,7 +102,7 @@ def record_tip(
     return True, credited
 
 
-def _held_row(conn: sqlite3.Connection, sequence_id: int, peer: str, amount_matoms: int) -> bool:
+def _held_row(conn: Connection, sequence_id: int, peer: str, amount_matoms: int) -> bool:
     return (
         conn.execute(
             "SELECT 1 FROM held_tips WHERE sequence_id = ? AND peer = ? AND amount_matoms = ?",
@@ -113,7 +112,7 @@ def _held_row(conn: sqlite3.Connection, sequence_id: int, peer: str, amount_mato
     )
 
 
-def held_tips(conn: sqlite3.Connection, peer: str | None = None) -> list[HeldTip]:
+def held_tips(conn: Connection, peer: str | None = None) -> list[HeldTip]:
     """The tips held now (of ``peer``, or of everyone), oldest first."""
     sql = "SELECT sequence_id, peer, amount_matoms, atoms, ts FROM held_tips"
     args: tuple[str, ...] = ()
@@ -124,12 +123,12 @@ def held_tips(conn: sqlite3.Connection, peer: str | None = None) -> list[HeldTip
     return [HeldTip(int(r[0]), str(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
 
 
-def held_peers(conn: sqlite3.Connection) -> list[str]:
+def held_peers(conn: Connection) -> list[str]:
     """The senders with at least one held tip."""
     return [str(r[0]) for r in conn.execute("SELECT DISTINCT peer FROM held_tips ORDER BY peer")]
 
 
-def release_held_tip(conn: sqlite3.Connection, tip: HeldTip, *, ts: float, local: bool) -> int:
+def release_held_tip(conn: Connection, tip: HeldTip, *, ts: float, local: bool) -> int:
     """Credit one held tip to its sender, exactly once, and delete its
     ``held_tips`` row in the same transaction; returns the atoms credited.
 
@@ -169,15 +168,13 @@ def release_held_tip(conn: sqlite3.Connection, tip: HeldTip, *, ts: float, local
     return tip.atoms
 
 
-def has_tips(conn: sqlite3.Connection) -> bool:
+def has_tips(conn: Connection) -> bool:
     """True when any received tip was ever recorded (the seen-set keeps the
     newest :data:`TIP_MEMORY`, so it is never emptied once used)."""
     return conn.execute("SELECT 1 FROM tips LIMIT 1").fetchone() is not None
 
 
-def finish_tip(
-    conn: sqlite3.Connection, *, sequence_id: int, peer: str, amount_matoms: int, ts: float
-) -> None:
+def finish_tip(conn: Connection, *, sequence_id: int, peer: str, amount_matoms: int, ts: float) -> None:
     """External billing: the credit of a pending tip is done; audit it."""
     row = conn.execute(
         "SELECT credited FROM tips "
@@ -201,7 +198,7 @@ def finish_tip(
     )
 
 
-def pending_tips(conn: sqlite3.Connection) -> list[tuple[int, str, int, int]]:
+def pending_tips(conn: Connection) -> list[tuple[int, str, int, int]]:
     """External billing: tips whose credit may not have happened before a
     crash. Rows: (sequence_id, peer, amount_matoms, credited atoms)."""
     rows = conn.execute(

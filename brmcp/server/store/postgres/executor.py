@@ -1,0 +1,215 @@
+"""PostgreSQL: the executor running store operations, group-committed,
+on a psycopg 3 connection owned by a worker thread (nothing blocks the
+event loop; :class:`~..._executor.BatchExecutor` hands batches over).
+
+A batch is one ``SERIALIZABLE`` transaction, each operation inside its own
+savepoint (one failing operation rolls back only itself, as on SQLite).
+When PostgreSQL aborts the transaction with a serialization failure or a
+deadlock (:data:`~.connection.RETRY_SQLSTATES`) -- from any statement or
+from ``COMMIT`` -- the whole transaction is rolled back and every operation
+of the batch runs again from the start, up to :data:`MAX_ATTEMPTS` times
+with a short random back-off (a batch of several operations that conflicts
+once is split, each operation then retried in its own transaction; a lock
+wait past :data:`LOCK_TIMEOUT_MS` counts as a conflict): nothing of an aborted attempt is durable, and
+operations are plain functions of the connection, so a rerun applies each
+movement once. A lost connection fails the batch's operations with
+:class:`~..records.StoreError` and is reopened for the next batch; when it
+was lost during ``COMMIT`` the outcome is unknown, and the unique movement
+refs, tip keys and call ids make any later repeat of those movements fail
+instead of applying twice (the journal's start-up recovery settles the
+calls).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..._executor import BatchExecutor, Slot
+from ..records import StoreError
+from ..url import StoreURL
+from .connection import PgConnection, is_retryable
+from .driver import psycopg
+from .schema import ensure_schema
+
+if TYPE_CHECKING:
+    import psycopg as psycopg_types
+
+__all__ = ["CONNECT_TIMEOUT", "LOCK_TIMEOUT_MS", "MAX_ATTEMPTS", "PostgresExecutor"]
+
+#: Attempts of one batch before its serialization failures are reported.
+MAX_ATTEMPTS = 30
+#: Seconds a connection attempt may take.
+CONNECT_TIMEOUT = 10
+#: Milliseconds a statement waits for a row lock before its transaction is
+#: rolled back and run again (``55P03``): two batches locking rows in
+#: opposite orders then part in this time, not in the server's
+#: ``deadlock_timeout`` (1 s by default).
+LOCK_TIMEOUT_MS = 200
+
+
+class _Broken(Exception):
+    """The connection failed; ``during_commit`` when COMMIT had been sent."""
+
+    def __init__(self, cause: BaseException, *, during_commit: bool) -> None:
+        super().__init__(str(cause))
+        self.during_commit = during_commit
+
+
+class PostgresExecutor(BatchExecutor[PgConnection]):
+    """Group commit over one PostgreSQL connection to ``url``'s database.
+
+    Construction connects and creates or checks the schema
+    (:func:`~.schema.ensure_schema`); raises :class:`~..records.StoreError`
+    (password redacted) when the server cannot be reached, refuses the
+    login, or holds a database that is not a brmcp one."""
+
+    def __init__(self, url: StoreURL, *, rng: random.Random | None = None) -> None:
+        super().__init__()
+        self._url = url
+        self._rng = rng or random.Random()
+        self._driver = psycopg()
+        self._raw: psycopg_types.Connection[Any] | None = None
+        #: Transactions rolled back and run again (for tests and metrics).
+        self.retries = 0
+        raw = self._connect()
+        try:
+            ensure_schema(raw, url.redacted())
+        except StoreError:
+            raw.close()
+            raise
+        except self._driver.Error as exc:
+            raw.close()
+            raise StoreError(
+                f"cannot prepare PostgreSQL store {url.redacted()}: {url.scrub(str(exc))}"
+            ) from None
+        self._raw = raw
+
+    @property
+    def url(self) -> StoreURL:
+        return self._url
+
+    def _connect(self) -> psycopg_types.Connection[Any]:
+        try:
+            raw: psycopg_types.Connection[Any] = self._driver.connect(
+                self._url.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+            )
+            raw.execute(f"SET lock_timeout = {int(LOCK_TIMEOUT_MS)}")
+        except self._driver.Error as exc:
+            detail = self._url.scrub(str(exc).strip().replace("\n", " "))
+            raise StoreError(f"cannot connect to PostgreSQL store {self._url.redacted()}: {detail}") from None
+        return raw
+
+    def _execute(self, batch: list[Slot[Any]]) -> None:
+        with self._lock:
+            for slot in batch:
+                slot.ran = True
+            if self._run(batch, attempts=1 if len(batch) > 1 else MAX_ATTEMPTS):
+                return
+            # The batch conflicted with another process: run each operation in
+            # its own transaction, so one hot row does not keep failing the rest.
+            for slot in batch:
+                self._run([slot], attempts=MAX_ATTEMPTS)
+
+    def _run(self, batch: list[Slot[Any]], *, attempts: int) -> bool:
+        """Run ``batch`` in one transaction, retried up to ``attempts`` times
+        on a conflict. True once done (committed, or failed for good with
+        each slot's error set); False when the last attempt conflicted and
+        the caller may try again (``attempts`` 1)."""
+        error: BaseException | None = None
+        for attempt in range(attempts):
+            try:
+                raw = self._raw if self._raw is not None and not self._raw.closed else self._reconnect()
+                if self._attempt(raw, batch):
+                    self.batches += 1
+                    self.operations += len(batch)
+                    return True
+            except StoreError as exc:
+                error = exc
+                break
+            except _Broken as exc:
+                self._drop()
+                error = StoreError(
+                    f"PostgreSQL store {self._url.redacted()}: connection lost"
+                    + (" during COMMIT (outcome unknown)" if exc.during_commit else "")
+                    + f": {self._url.scrub(str(exc))}"
+                )
+                if exc.during_commit:
+                    break
+                continue
+            error = None  # a serialization conflict: run the batch again
+            self.retries += 1
+            if attempt + 1 < attempts:
+                time.sleep(self._rng.uniform(0.0, min(0.05, 0.001 * 2**attempt)))
+        else:
+            if error is None and attempts == 1:
+                return False
+            error = error or StoreError(
+                f"PostgreSQL store {self._url.redacted()}: {attempts} attempts of one transaction "
+                "failed with serialization conflicts; nothing of it was written"
+            )
+        for slot in batch:
+            slot.result = None
+            slot.error = error
+        return True
+
+    def _attempt(self, raw: psycopg_types.Connection[Any], batch: list[Slot[Any]]) -> bool:
+        """One try of the batch: True once committed, False after a
+        serialization failure (rolled back). Raises :class:`_Broken` when
+        the connection fails."""
+        conn = PgConnection(raw)
+        for slot in batch:
+            slot.result = None
+            slot.error = None
+        try:
+            raw.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+            for slot in batch:
+                raw.execute("SAVEPOINT op")
+                try:
+                    slot.result = slot.op(conn)
+                except BaseException as exc:  # recorded for the caller, never lost
+                    if is_retryable(exc):
+                        self._rollback(raw)
+                        return False
+                    if raw.closed or raw.broken:
+                        raise
+                    slot.error = exc
+                    raw.execute("ROLLBACK TO SAVEPOINT op")
+                raw.execute("RELEASE SAVEPOINT op")
+        except self._driver.Error as exc:
+            if raw.closed or raw.broken:
+                raise _Broken(exc, during_commit=False) from exc
+            self._rollback(raw)
+            if is_retryable(exc):
+                return False
+            raise StoreError(f"PostgreSQL store {self._url.redacted()}: {self._url.scrub(str(exc))}") from exc
+        try:
+            raw.execute("COMMIT")
+        except self._driver.Error as exc:
+            if raw.closed or raw.broken:
+                raise _Broken(exc, during_commit=True) from exc
+            self._rollback(raw)
+            if is_retryable(exc):
+                return False
+            raise StoreError(f"PostgreSQL store {self._url.redacted()}: {self._url.scrub(str(exc))}") from exc
+        return True
+
+    def _rollback(self, raw: psycopg_types.Connection[Any]) -> None:
+        with contextlib.suppress(self._driver.Error):
+            raw.execute("ROLLBACK")
+
+    def _reconnect(self) -> psycopg_types.Connection[Any]:
+        self._drop()
+        self._raw = self._connect()
+        return self._raw
+
+    def _drop(self) -> None:
+        raw, self._raw = self._raw, None
+        if raw is not None:
+            with contextlib.suppress(Exception):
+                raw.close()
+
+    def _close_connection(self) -> None:
+        self._drop()
