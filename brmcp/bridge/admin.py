@@ -16,6 +16,9 @@ their own payments. All bodies are JSON.
 | ``POST /admin/ui-login`` | ``{"url", "expires_in"}``: a one-time login link to the approvals page |
 | ``POST /admin/find``, ``GET /admin/contact/<uid>`` | discovery through directories (:mod:`.discovery`) |
 | ``POST /admin/introduce``, ``POST /admin/wait-kx`` | the same: introductions and key exchanges |
+| ``GET /admin/receipts?bot=<uid>&limit=N``, ``GET …/<receiptId>`` | signed receipts (:mod:`.receipts`) |
+| ``GET /admin/bot-requests``, ``POST …/<id>`` | add-bot requests of agents (:mod:`._botrequestroutes`) |
+| ``POST /admin/rate`` | rate a bot at the directories with a kept receipt (:mod:`.rating`) |
 
 A ``mode`` other than ``"approval"`` or ``"autopay"`` is refused here (400),
 although loading ``mcpclient.json`` reads any other value as approval (Go's
@@ -36,10 +39,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from starlette.types import Receive, Scope, Send
 
 from ._asgi import PathHandler, read_body, send_json
+from ._botrequestroutes import bot_request_handler
 from ._discoveryroutes import discovery_handler
 from .approvals import PendingPayment
+from .botrequests import BotRequestQueue
 from .discovery import Discovery
 from .errors import BridgeError, SettingsError, SettingsFileBroken
+from .rating import rate_handler
+from .receipts import ReceiptBook, receipts_handler
 from .settings import (
     MODE_APPROVAL,
     MODE_AUTOPAY,
@@ -73,6 +80,12 @@ class AdminHost(Protocol):
 
     @property
     def discovery(self) -> Discovery: ...
+
+    @property
+    def receipts(self) -> ReceiptBook: ...
+
+    @property
+    def bot_requests(self) -> BotRequestQueue: ...
 
     def pending_payments(self) -> list[PendingPayment]: ...
 
@@ -206,6 +219,16 @@ def admin_handler(bridge: AdminHost) -> PathHandler:
             await send_json(send, 200, {**snippet.to_dict(), "allowed": bridge.settings.allows(parts[1])})
             return
         if await discovery_handler(bridge.discovery, route, parts, method, receive, send):
+            return
+        if route == "receipts" and await receipts_handler(
+            bridge.receipts, parts, method, scope.get("query_string", b""), send
+        ):
+            return
+        if await bot_request_handler(bridge.bot_requests, parts, method, receive, send):
+            return
+        if route == "rate" and await rate_handler(
+            bridge.discovery, bridge.receipts, parts, method, receive, send
+        ):
             return
         if route == "ui-login" and len(parts) == 1:
             if method != "POST":

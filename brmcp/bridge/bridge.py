@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -23,19 +23,23 @@ import anyio.to_thread
 from mcp.types import Implementation
 
 from .._ops.clock import Clock, SystemClock
+from ..protocol.receipts import SIGNED_RECEIPT_KEY
 from ..transport.router import Router, RouterOptions
 from ..transport.sender import PMSender
 from ._command import cli_command
 from ._files import read_text, write_atomic
 from .admin import ConfigSnippet, admin_handler, config_snippet
+from .agentdiscovery import AgentDiscovery
 from .approvals import PendingPayment
-from .discovery import Contacts, Discovery
+from .botrequests import BotRequestQueue
+from .discovery import Contacts, Discovery, Introduction
 from .errors import BridgeError, SettingsFileBroken
 from .funding import Funding
 from .http import MAX_BODY_BYTES, BridgeApp
 from .link import CONNECT_TIMEOUT, BotLink
 from .listener import SHUTDOWN_GRACE, ListenerLimits, OwnedListener, bind_failure_hint, parse_listen_address
 from .proxy import BotProxy
+from .receipts import RECEIPTS_FILE, ReceiptBook, ReceiptCall, record_receipt
 from .retry import RetryPolicy, relay_estimator
 from .settings import (
     SETTINGS_FILE,
@@ -159,13 +163,23 @@ class Bridge:
         self._router = Router(config.sender, allow=self._allow_peer, options=config.router_options)
         self._client_info = Implementation(name=config.name, version="1")
         self._snapshot_store = SnapshotStore(self._data_dir)
+        #: Signed receipts of the bots' results (BRIDGE.md §Signed receipts).
+        self._receipts = ReceiptBook(self._data_dir / RECEIPTS_FILE, clock=config.clock.now)
+        #: Receipts that could not be written to the book (each logged).
+        self.receipt_failures = 0
         self._snapshots: dict[str, BotSnapshot] = {}
         self._links: dict[str, BotLink] = {}
         self._proxies: dict[str, BotProxy] = {}
         self._ui_sessions = UISessions()
         self._discovery = Discovery(self)
+        self._bot_requests = BotRequestQueue(self, config.clock, on_change=self._settler._changed)
+        self._agent_discovery = AgentDiscovery(self, max_body_bytes=config.max_body_bytes)
         self._app = BridgeApp(
-            self, admin_handler(self), ui=ui_handler(self), max_body_bytes=config.max_body_bytes
+            self,
+            admin_handler(self),
+            ui=ui_handler(self),
+            max_body_bytes=config.max_body_bytes,
+            discover=self._agent_discovery,
         )
         self._listener: OwnedListener | None = None
         self._listener_token = ""
@@ -260,6 +274,7 @@ class Bridge:
                     await self._router.__aexit__(None, None, None)
             finally:
                 await tg.__aexit__(None, None, None)
+                self._receipts.close()
 
     @property
     def closed(self) -> bool:
@@ -477,9 +492,36 @@ class Bridge:
             settings=self._current,
             epoch=self._epoch,
         )
+        proxy.payments.on_result = lambda tool, arguments, key, meta: self._on_result(
+            link, arguments, key, meta
+        )
         self._links[uid] = link
         self._proxies[uid] = proxy
         return proxy
+
+    def _on_result(self, link: BotLink, arguments: dict[str, Any] | None, key: str, meta: Any) -> None:
+        """A result of ``link``'s bot went to its agent: keep its signed
+        receipt, if any, in the book in the background
+        (BRIDGE.md §Signed receipts); a failure is logged and counted, never the agent's."""
+        tg = self._tg
+        if tg is None or self._closed or not isinstance(meta, dict) or SIGNED_RECEIPT_KEY not in meta:
+            return
+
+        def expected() -> ReceiptCall:
+            return ReceiptCall.of(
+                announced=link.receipt_key, caller=link.own_uid, arguments=arguments, call_key=key, meta=meta
+            )
+
+        async def keep() -> None:
+            if not await record_receipt(self._receipts, link.uid, meta, expected):
+                self.receipt_failures += 1
+
+        tg.start_soon(keep)
+
+    @property
+    def receipts(self) -> ReceiptBook:
+        """The receipt book (:mod:`.receipts`; blocking: call it off the event loop)."""
+        return self._receipts
 
     def set_own_uid(self, uid: str) -> None:
         """Name this bridge's own BR uid (64 hex, as brclient reported it) in
@@ -495,6 +537,34 @@ class Bridge:
         """Find and introductions through the configured directories
         (:mod:`.discovery`; BRIDGE.md §Finding bots through directories)."""
         return self._discovery
+
+    @property
+    def bot_requests(self) -> BotRequestQueue:
+        """Add-bot requests of agents waiting for the user (:mod:`.botrequests`)."""
+        return self._bot_requests
+
+    async def allow_bot(self, uid: str) -> None:
+        """Put ``uid`` on ``allowed_bots`` through the settings commit (as the
+        admin API's settings change, which ``brmcp-bridge add`` uses), and
+        change nothing else; nothing when it is already there. Raises
+        :class:`SettingsFileBroken` or :class:`BridgeError` (nothing changed)."""
+        uid = uid.lower()
+        settings = self._settings
+        allowed = settings.allowed_bots or ()
+        if any(bot.lower() == uid for bot in allowed):
+            return
+        await self._commit_settings(
+            settings.replace(allowed_bots=(*allowed, uid)), source="bot request approved"
+        )
+
+    async def bot_contact(self, uid: str) -> bool | None:
+        """Whether this bridge's brclient has a key exchange with ``uid``
+        (:meth:`.Discovery.contact`)."""
+        return await self._discovery.contact(uid)
+
+    async def introduce_bot(self, uid: str, via: str | None) -> Introduction:
+        """A directory's introduction toward ``uid`` (:meth:`.Discovery.introduce`)."""
+        return await self._discovery.introduce(uid, via)
 
     def use_contacts(self, contacts: Contacts | None) -> None:
         """Tell discovery how to learn whether a user is a contact of this

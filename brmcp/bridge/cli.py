@@ -8,12 +8,14 @@ surface").
     brmcp-bridge [--datadir DIR] settings [--show-token]       show mcpclient.json in force
     brmcp-bridge [--datadir DIR] settings set KEY=VALUE...     change it, e.g. enabled=true
                                  mode=autopay per_call_cap_atoms=20000 allowed_bots=<uid>,<uid>
-    brmcp-bridge [--datadir DIR] approvals [approve ID | deny ID]
+    brmcp-bridge [--datadir DIR] approvals [approve ID | deny ID]   payments and agents' add-bot requests
     brmcp-bridge [--datadir DIR] spend                         spend log and rolling 24 h total
     brmcp-bridge [--datadir DIR] config-snippet BOT_UID        .mcp.json and `claude mcp add` lines
     brmcp-bridge [--datadir DIR] ui [--open]                   one-time login link to the approvals page
     brmcp-bridge [--datadir DIR] find QUERY [--max-price N] [--tag T]...   search the directories
     brmcp-bridge [--datadir DIR] add PROVIDER_UID [--via DIR_UID] [--per-call-cap N] [--per-day-cap N]
+    brmcp-bridge [--datadir DIR] receipts [--bot UID] [--export FILE]   signed receipts of the bots
+    brmcp-bridge [--datadir DIR] rate RECEIPT_ID --stars N [--comment TEXT]   rate a bot at the directories
 
 The daemon logs as the logging keys of ``<DIR>/brmcp-bridge.conf`` say
 (:mod:`brmcp._ops.botlog`); ``--log-level`` replaces its ``debug`` key.
@@ -28,6 +30,7 @@ enabled. Without it (the daemon is not running, or the bridge is disabled):
   and say so on stderr;
 * ``settings set`` edits ``mcpclient.json`` itself (the same validation;
   enabling without a token mints one) and sends a running daemon SIGHUP;
+* ``receipts`` reads ``receipts.sqlite3`` and says so (:mod:`._receiptcli`);
 * ``approvals``, ``config-snippet``, ``find`` and ``add`` fail: parked
   payments live only in the running daemon's memory, the snippet needs its
   live endpoint, and directories are asked through its brclient
@@ -69,10 +72,23 @@ from .._ops.botlog import LEVEL_CHOICES, LogSetupError, bot_logging
 from .._ops.console import add_version, quiet_broken_pipe
 from .._ops.goflags import go_style, long_options
 from ..clientrpc import BotConfig, ClientrpcConfigError
-from ._adminclient import OTHER_DATADIR_HINT, AdminError, CLIError, Disabled, NotRunning, admin, locate
+from ._adminclient import (
+    OTHER_DATADIR_HINT,
+    AdminError,
+    CLIError,
+    Daemon,
+    Disabled,
+    NotRunning,
+    admin,
+    locate,
+)
 from ._command import PROG, cli_command, default_datadir
 from ._findcli import add_parsers as _add_find_parsers
 from ._findcli import cmd_add, cmd_find
+from ._ratecli import add_parser as _add_rate_parser
+from ._ratecli import cmd_rate
+from ._receiptcli import add_parser as _add_receipts_parser
+from ._receiptcli import cmd_receipts
 from ._settingsedit import edit_file, parse_pairs, set_offline
 from .bridge import DEFAULT_LISTEN
 from .daemon import BOT_CONFIG_NAME, BridgeDaemon, load_daemon_config
@@ -152,7 +168,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--show-token", action="store_true", help=f"show the agents' token instead of {HIDDEN_TOKEN}"
     )
     approvals = sub.add_parser(
-        "approvals", parents=[common], help="list payments waiting for approval, or approve/deny one"
+        "approvals",
+        parents=[common],
+        help="list payments and add-bot requests waiting for you, or approve/deny one",
     )
     approvals.add_argument("action", nargs="?", choices=["list", "approve", "deny"], default="list")
     approvals.add_argument("id", nargs="?", help="payment id (for approve/deny)")
@@ -162,6 +180,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     snippet = sub.add_parser("config-snippet", parents=[common], help="agent configuration for one bot")
     snippet.add_argument("uid", metavar="BOT_UID", help="the bot's 64-hex uid")
     _add_find_parsers(sub, common)
+    _add_receipts_parser(sub, common)
+    _add_rate_parser(sub, common)
     args = list(sys.argv[1:] if argv is None else argv)
     # Go's flag syntax (-datadir DIR, -listen=ADDR): every long option.
     return parser.parse_args(go_style(args, long_options(parser)))
@@ -243,12 +263,23 @@ def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
             f"approvals live in the running daemon's memory, and it is not running ({exc.detail}); "
             f"start it with: {cli_command(datadir)} ({OTHER_DATADIR_HINT})"
         ) from None
+    bot_request: dict[str, Any] | None = None
     try:
         if args.action == "list":
             result = admin(daemon, "GET", "/admin/approvals")
+            result = {**result, "botRequests": _bot_requests(daemon)}
         else:
             path = f"/admin/approvals/{quote(args.id, safe='')}/{args.action}"
-            result = admin(daemon, "POST", path)
+            try:
+                result = admin(daemon, "POST", path)
+            except AdminError as exc:
+                if exc.status != 404:
+                    raise
+                # Not a payment: an agent's add-bot request has an ID of the same kind.
+                bot_request = _decide_bot_request(daemon, args.id, args.action == "approve")
+                if bot_request is None:
+                    raise
+                result = bot_request
     except Disabled:
         raise CLIError(
             "approvals live in the running daemon's memory and are reached through its admin surface, "
@@ -265,19 +296,64 @@ def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
     if args.json:
         _print_json(result, True)
         return
+    if bot_request is not None:
+        print(f"{_shown(bot_request.get('outcome'))} add bot {_shown(bot_request.get('id', args.id))}")
+        return
     if args.action != "list":
         print(f"{'approved' if result.get('approved') else 'denied'} {result.get('id', args.id)}")
         return
     pending = result.get("pending") or []
-    if not pending:
+    requests = result.get("botRequests") or []
+    if not pending and not requests:
         print("no payments waiting for approval")
         return
-    print(f"{'ID':<34} {'BOT':<18} {'TOOL':<20} {'ATOMS':>12}  CREATED (UTC)")
+    if pending:
+        print(f"{'ID':<34} {'BOT':<18} {'TOOL':<20} {'ATOMS':>12}  CREATED (UTC)")
     for p in pending:
         print(
             f"{_shown(p['id']):<34} {_shown(p['bot'])[:16]:<18} {_shown(p['tool']):<20} "
             f"{_atoms(p['atoms']):>12}  {_when(p['created'])}"
         )
+    for r in requests:
+        contact = {True: "KX done", False: "no KX yet: approving asks a directory to introduce it"}.get(
+            r.get("contact"), "KX unknown"
+        )
+        print(
+            f"{_shown(r['id']):<34} add bot {_shown(r['uid'])}  requested {_when(r['requestedAt'])} by "
+            f"{_shown(r.get('agent') or 'an agent')} ({contact})"
+        )
+        if r.get("reason"):
+            print(f"{'':<34} reason: {_shown(r['reason'])}")
+    if requests:
+        print(
+            "approving an add-bot request puts only that uid on allowed_bots (no cap changes): "
+            f"{listing} approve ID (or: deny ID)"
+        )
+
+
+def _bot_requests(daemon: Daemon) -> list[Any]:
+    """The agents' pending add-bot requests (an older daemon without the
+    route has none)."""
+    try:
+        return list(admin(daemon, "GET", "/admin/bot-requests").get("pending") or [])
+    except AdminError as exc:
+        if exc.status == 404:
+            return []
+        raise
+
+
+def _decide_bot_request(daemon: Daemon, request_id: str, approve: bool) -> dict[str, Any] | None:
+    """Decide the add-bot request ``request_id``; None when there is none
+    with that ID (the caller reports the unknown ID)."""
+    try:
+        answer = admin(
+            daemon, "POST", f"/admin/bot-requests/{quote(request_id, safe='')}", {"approve": approve}
+        )
+    except AdminError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return dict(answer)
 
 
 def _cmd_spend(datadir: Path, args: argparse.Namespace) -> None:
@@ -413,6 +489,8 @@ _COMMANDS = {
     "ui": _cmd_ui,
     "find": cmd_find,
     "add": cmd_add,
+    "receipts": cmd_receipts,
+    "rate": cmd_rate,
 }
 
 

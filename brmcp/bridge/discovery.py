@@ -25,7 +25,9 @@ shown and the caps allow. What a directory answers is a stranger's claim:
   after the user runs ``brmcp-bridge add`` (or ``settings set
   allowed_bots=…``), which only the admin token can do. Agents reach the
   directories at ``/mcp/<directory uid>`` like any allowed bot, and cannot
-  widen ``allowed_bots`` or the caps.
+  widen ``allowed_bots`` or the caps; an agent's ``request_bot``
+  (:mod:`.agentdiscovery`) adds one uid only once the user approves it
+  (:mod:`.botrequests`).
 
 Whether a key exchange exists is asked of brclient (:class:`Contacts`; the
 daemon's is :class:`ClientrpcContacts`: ``ChatService.UserNick`` answers
@@ -396,6 +398,16 @@ class Discovery:
         self.find_timeout = find_timeout
         self.introduce_timeout = introduce_timeout
 
+    @property
+    def host(self) -> DiscoveryHost:
+        """The bridge this discovery asks through (its settings and bot path)."""
+        return self._host
+
+    def directories(self) -> tuple[str, ...]:
+        """The configured directories (lowercase uids). Raises
+        :class:`DiscoveryError` (409, naming the settings command) when none is."""
+        return self._directories()
+
     def _directories(self) -> tuple[str, ...]:
         directories = tuple(d.lower() for d in self._host.settings.directories or ())
         if not directories:
@@ -584,6 +596,116 @@ class Discovery:
             return await self.contacts.wait_kx(uid.lower(), wait_secs)
         except ContactsUnavailable as exc:
             raise DiscoveryError(503, str(exc)) from None
+
+    async def provider_details(self, uid: str) -> dict[str, Any]:
+        """Ask every configured directory's ``get_provider`` for ``uid`` at
+        once (each within :attr:`find_timeout` wall seconds, plus
+        ``approval_timeout_secs`` in approval mode, through the bot path like
+        :meth:`find`). Answers ``{"uid", "directories": [{"directory",
+        "outcome", "error"?, "claims"}…], "now"}``: ``outcome`` as in
+        :class:`DirectoryAnswer`; ``claims`` (None unless ``"ok"``) what that
+        directory says, bounded like a find (:func:`_provider_claims`). Raises
+        :class:`DiscoveryError` (409) when no directory is configured."""
+        uid = uid.lower()
+        directories = self._directories()
+        settings = self._host.settings
+        timeout = self.find_timeout + (0 if settings.autopay else settings.approval_timeout_secs)
+        answers: dict[str, dict[str, Any]] = {}
+
+        async def ask(directory: str) -> None:
+            answers[directory] = await self._provider(directory, uid, timeout)
+
+        async with anyio.create_task_group() as tg:
+            for directory in directories:
+                tg.start_soon(ask, directory)
+        return {
+            "uid": uid,
+            "directories": [answers[d] for d in directories],
+            "now": int(self._host.clock_now()),
+        }
+
+    async def _provider(self, directory: str, uid: str, limit: float) -> dict[str, Any]:
+        def failed(outcome: str, error: str) -> dict[str, Any]:
+            return {"directory": directory, "outcome": outcome, "error": error, "claims": None}
+
+        try:
+            if await self.contact(directory) is False:
+                return failed("unreachable", self._not_contact(directory, "directory"))
+        except ContactsUnavailable as exc:
+            return failed("unreachable", f"directory {directory}: {exc}")
+        result: CallToolResult | None = None
+        try:
+            with anyio.move_on_after(limit):
+                result = await self._host._proxy(directory).call("get_provider", {"uid": uid})
+        except MCPError as exc:
+            return failed("unreachable", f"directory {directory}: {_text(str(exc))}")
+        except Exception as exc:
+            log.exception("get_provider at directory %s failed", directory)
+            return failed("failed", f"directory {directory}: {_text(str(exc) or type(exc).__name__)}")
+        if result is None:
+            return failed(
+                "timeout", f"directory {directory} did not answer get_provider within {limit:.0f} s"
+            )
+        if result.is_error:
+            reason = _refusal(result)
+            if reason is not None:
+                return failed("refused", f"get_provider at directory {directory} refused: {reason}")
+            return failed("failed", f"directory {directory}: {_error_text(result)}")
+        try:
+            answer = _answer_object(result)
+        except ValueError as exc:
+            return failed("failed", f"directory {directory}: {_text(str(exc))}")
+        if not isinstance(answer, dict):
+            return failed("failed", f"directory {directory}: answer is not an object")
+        return {"directory": directory, "outcome": "ok", "claims": _provider_claims(answer)}
+
+
+def _provider_claims(raw: dict[str, Any]) -> dict[str, Any]:
+    """A directory's ``get_provider`` answer bounded like a find hit: the
+    description cut at :data:`MAX_TEXT_CHARS`, at most :data:`MAX_TAGS`
+    tags, at most :data:`MAX_HITS_PER_DIRECTORY` catalog tools (``name``,
+    ``description``, ``priceAtoms`` and ``pricing`` from their ``_meta``;
+    ``catalogDropped`` counts the rest and the malformed), times that are
+    not Unix seconds as None."""
+    tags = raw.get("tags")
+    catalog = raw.get("catalog")
+    tools: list[dict[str, Any]] = []
+    entries = catalog if isinstance(catalog, list) else []
+    for entry in entries:
+        if len(tools) >= MAX_HITS_PER_DIRECTORY:
+            break
+        if not isinstance(entry, dict) or not _text(entry.get("name"), 128):
+            continue
+        meta = entry.get("_meta")
+        meta = meta if isinstance(meta, dict) else {}
+        price = meta.get("brmcp/priceAtoms")
+        tools.append(
+            {
+                "name": _text(entry.get("name"), 128),
+                "description": _text(entry.get("description")),
+                "priceAtoms": price
+                if isinstance(price, int) and not isinstance(price, bool) and 0 <= price < 1 << 63
+                else None,
+                "pricing": _text(meta.get("brmcp/pricing"), 16),
+            }
+        )
+    latency = raw.get("testLatencyMs")
+    return {
+        "description": _text(raw.get("description")),
+        "tags": [_text(t, MAX_TAG_CHARS) for t in tags[:MAX_TAGS] if _text(t, MAX_TAG_CHARS)]
+        if isinstance(tags, list)
+        else [],
+        "catalog": tools,
+        "catalogDropped": len(entries) - len(tools),
+        "catalogCheckedAt": _time(raw.get("catalogCheckedAt")),
+        "lastVerifiedExecution": _time(raw.get("lastVerifiedExecution")),
+        "testLatencyMs": latency
+        if isinstance(latency, int) and not isinstance(latency, bool) and 0 <= latency < 1 << 40
+        else None,
+        "approvedAt": _time(raw.get("approvedAt")),
+        "renewedAt": _time(raw.get("renewedAt")),
+        "expiresAt": _time(raw.get("expiresAt")),
+    }
 
 
 # -- the admin routes ------------------------------------------------------------

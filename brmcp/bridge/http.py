@@ -22,6 +22,8 @@ Every request passes the gate in this order:
 6. pre-flight: the bot link and its tool snapshot, else 503 ``bot
    unavailable``;
 7. the SDK's streamable-HTTP session manager of that bot's proxy server;
+   ``/mcp/discover`` (the bridge's own endpoint, :mod:`.agentdiscovery`)
+   takes steps 1 to 3 and 5, then its own SDK server;
    after a DELETE it accepted (the agent ended its session) the bot link
    forgets that session's resource subscriptions.
 
@@ -105,6 +107,23 @@ class _Endpoint:
 
 #: Serves one authorized ``/admin/…`` request; the last argument is the path.
 AdminHandler = PathHandler
+
+#: The bridge's own MCP endpoint for agents (:mod:`.agentdiscovery`).
+DISCOVER_PATH = "/mcp/discover"
+
+
+class DiscoverEndpoint(Protocol):
+    """The ``/mcp/discover`` endpoint (:class:`~.agentdiscovery.AgentDiscovery`)."""
+
+    async def handle(
+        self, scope: Scope, receive: Receive, send: Send, message: dict[str, Any] | None
+    ) -> None:
+        """Serve one request that passed the gate (``message``: the checked POST body)."""
+        ...
+
+    def drop(self) -> None:
+        """End every agent session of the endpoint."""
+        ...
 
 
 class EndpointHost(Protocol):
@@ -284,10 +303,12 @@ class BridgeApp:
         *,
         ui: PathHandler | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        discover: DiscoverEndpoint | None = None,
     ) -> None:
         self._bridge = bridge
         self._admin = admin
         self._ui = ui
+        self._discover = discover
         self._max_body = max_body_bytes
         self._endpoints: dict[str, _Endpoint] = {}
         self._lock = anyio.Lock()
@@ -345,6 +366,8 @@ class BridgeApp:
         """End every HTTP session (token rotated, bridge disabled or closing)."""
         for uid in list(self._endpoints):
             self.drop(uid)
+        if self._discover is not None:
+            self._discover.drop()
 
     @property
     def calls_in_flight(self) -> int:
@@ -417,6 +440,9 @@ class BridgeApp:
             hint = unauthorized_hint(bridge.cli_command)
             await send_unauthorized(send, hint, credentials_sent=bool(auth))
             return
+        if path == DISCOVER_PATH and self._discover is not None:
+            await self._serve_discover(self._discover, scope, receive, send)
+            return
         uid = path[len("/mcp/") :].lower() if path.startswith("/mcp/") else ""
         if len(uid) != 64 or not set(uid) <= _HEX:
             await send_text(send, 404, malformed_uid_text(path))
@@ -472,6 +498,23 @@ class BridgeApp:
             if endpoint.proxy.link.relay.abandon(session_id):
                 log.info("agent session ended with calls in flight: they count as gone")
             endpoint.proxy.link.forget_agent(session_id)
+
+    async def _serve_discover(
+        self, discover: DiscoverEndpoint, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """The bridge's own endpoint (after the token check): the same method
+        and body checks as a bot's endpoint (step 5), then its SDK server."""
+        method = scope.get("method", "")
+        if method not in _MCP_METHODS:
+            await send_text(send, 405, "method not allowed", [(b"allow", b"GET, POST, DELETE")])
+            return
+        message: dict[str, Any] | None = None
+        if method == "POST":
+            checked = await self._check_post(scope, receive, send)
+            if checked is None:
+                return
+            receive, message = checked
+        await discover.handle(scope, receive, send, message)
 
     async def _serve_call(
         self, endpoint: _Endpoint, scope: Scope, receive: Receive, send: Send, message: dict[str, Any]

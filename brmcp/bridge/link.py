@@ -251,6 +251,12 @@ class BotLink:
         return self._toolsnap.marks_refusals
 
     @property
+    def receipt_key(self) -> str | None:
+        """The receipt key (64 hex) the bot announced in the tool list in
+        force (``brmcp/receiptKey``, WIRE.md §Signed receipts), or None."""
+        return getattr(self._toolsnap.tools, "receipt_key", None)
+
+    @property
     def tools_bytes(self) -> int:
         """UTF-8 bytes of the JSON of the snapshot's tools (0 before the
         first; see :attr:`.ToolSnapshot.tools_bytes`)."""

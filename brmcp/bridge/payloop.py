@@ -199,6 +199,10 @@ class PaymentLoop:
         #: The bridge is stopping (:meth:`stop`); the scopes of the calls running.
         self._stopping = False
         self._calls: set[anyio.CancelScope] = set()
+        #: Told ``(tool, arguments, callKey, result _meta)`` of each result
+        #: handed to the agent (the bridge's receipt book); must not block
+        #: nor raise.
+        self.on_result: Callable[[str, dict[str, Any] | None, str, Any], None] | None = None
 
     async def _send(
         self,
@@ -486,6 +490,9 @@ class PaymentLoop:
                     # Wait briefly so the note says what was paid.
                     with anyio.move_on_after(max(0.0, min(CONFIRM_WAIT, deadline - anyio.current_time()))):
                         await ahead.settled.wait()
+                if self.on_result is not None:
+                    # The receipt book records on the side (BRIDGE.md §Signed receipts).
+                    self.on_result(tool, arguments, key, result.meta)
                 return with_money(self._name, result, budget, ahead, receipt, refunded)
             if ahead is not None:
                 # Refused although a payment is on its way (a bot that does

@@ -156,6 +156,11 @@ class BotProxy:
         self.mirror.register(self.server)
 
     @property
+    def payments(self) -> PaymentLoop:
+        """The payment loop every logical call of this bot runs in."""
+        return self._payments
+
+    @property
     def epoch(self) -> str:
         """This bridge process's caller epoch (16 hex characters)."""
         return self._payments.epoch

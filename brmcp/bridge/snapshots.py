@@ -76,13 +76,19 @@ class ListedTools(list[Tool]):
     """A bot's tools (a list of :class:`~mcp.types.Tool`) with what its
     list said about itself: ``marks_refusals``, true when the list's
     ``_meta`` carried ``"brmcp/marksRefusals": true``
-    (:data:`brmcp.protocol.payment.MARKS_REFUSALS_KEY`)."""
+    (:data:`brmcp.protocol.payment.MARKS_REFUSALS_KEY`), and ``receipt_key``,
+    the receipt key it announced (``brmcp/receiptKey``, 64 hex; WIRE.md
+    §Signed receipts), None when none (nor in a snapshot file: the
+    receipt book pins it, :mod:`.receipts`)."""
 
-    __slots__ = ("marks_refusals",)
+    __slots__ = ("marks_refusals", "receipt_key")
 
-    def __init__(self, tools: Iterable[Tool] = (), *, marks_refusals: bool = False) -> None:
+    def __init__(
+        self, tools: Iterable[Tool] = (), *, marks_refusals: bool = False, receipt_key: str | None = None
+    ) -> None:
         super().__init__(tools)
         self.marks_refusals = marks_refusals
+        self.receipt_key = receipt_key
 
 
 @dataclass(slots=True)

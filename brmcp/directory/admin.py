@@ -154,6 +154,7 @@ def register_admin_tools(harness: Harness, directory: Directory) -> None:
     async def reject(ctx: CallContext, args: dict[str, Any]) -> Any:
         got = _fields(args, "RejectIn", "uid", "reason")
         await store.reject(got["uid"], got["reason"])
+        pipeline.changed(got["uid"])
         logged: dict[str, Any] = {"uid": got["uid"]}
         if got["reason"]:
             logged["reason"] = got["reason"]
@@ -208,12 +209,14 @@ def register_admin_tools(harness: Harness, directory: Directory) -> None:
     async def unlist(ctx: CallContext, args: dict[str, Any]) -> Any:
         uid = uid_of(args)
         await store.unlist(uid)
+        pipeline.changed(uid)
         await alog.append(ctx.peer, "unlist", {"uid": uid})
         return {"unlisted": True}
 
     async def flag(ctx: CallContext, args: dict[str, Any]) -> Any:
         got = _fields(args, "FlagIn", "uid", "note")
         await store.set_flag(got["uid"], got["note"])
+        pipeline.changed(got["uid"])
         await alog.append(ctx.peer, "flag", got)
         return {"flagged": True}
 

@@ -223,10 +223,14 @@ class ProviderClient:
             self._open.discard(conn)
             conn.close()
 
-    async def crawl(self, uid: str, session: ClientSession | None = None) -> list[dict[str, Any]]:
+    async def crawl(
+        self, uid: str, session: ClientSession | None = None, *, meta: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
         """``uid``'s tools as listed (every page, at most
         :data:`MAX_CATALOG_PAGES`), each tool as its JSON object with the
-        ``_meta`` prices, over ``session`` or a new one. Raises :class:`CallError`."""
+        ``_meta`` prices, over ``session`` or a new one. ``meta``, when
+        given, receives the first page's result ``_meta`` (where a bot
+        announces its receipt key). Raises :class:`CallError`."""
         tools: list[dict[str, Any]] = []
         async with contextlib.AsyncExitStack() as stack:
             if session is None:
@@ -237,6 +241,8 @@ class ProviderClient:
                     for _ in range(MAX_CATALOG_PAGES):
                         params = PaginatedRequestParams(cursor=cursor) if cursor else None
                         page = await session.list_tools(params=params)
+                        if meta is not None and cursor is None and isinstance(page.meta, dict):
+                            meta.update(page.meta)
                         tools.extend(
                             t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in page.tools
                         )

@@ -36,7 +36,8 @@ import anyio.abc
 from mcp import ClientSession
 
 from .._ops.clock import Clock
-from .client import CallError, ProviderClient, catalog_json, listing_in, result_text
+from ..protocol.receipts import ReceiptError, receipt_key_from_meta, signed_receipt_from_meta, verify_receipt
+from .client import CallError, CallOutcome, ProviderClient, catalog_json, listing_in, result_text
 from .policy import Policy
 from .store import DirectoryStore, Listing, Registration
 from .types import (
@@ -70,7 +71,9 @@ def new_call_key() -> str:
 class Pipeline:
     """One directory's registrations. ``self_uid()`` is the directory's own
     uid once known (it cannot list itself). Runs are started as tasks of
-    the task group given to :meth:`bind` (the directory's), one per uid."""
+    the task group given to :meth:`bind` (the directory's), one per uid.
+    ``on_change(uid)`` is called after every committed change of a uid's
+    registration or listing (:meth:`changed`); it must not block."""
 
     def __init__(
         self,
@@ -80,8 +83,10 @@ class Pipeline:
         policy: Policy,
         clock: Clock,
         self_uid: Callable[[], str | None],
+        on_change: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
+        self._on_change = on_change
         self._client = client
         self._policy = policy
         self._clock = clock
@@ -101,6 +106,12 @@ class Pipeline:
     def bind(self, tg: anyio.abc.TaskGroup | None) -> None:
         """Start runs in ``tg`` from now on (None: stop starting them)."""
         self._tg = tg
+
+    def changed(self, uid: str) -> None:
+        """``uid``'s registration or listing changed (called after the
+        commit): the ``on_change`` hook (push status, statuspush.py)."""
+        if self._on_change is not None:
+            self._on_change(uid)
 
     @property
     def inflight(self) -> frozenset[str]:
@@ -156,6 +167,7 @@ class Pipeline:
         )
         stored = await self._store.register(reg)
         if stored:
+            self.changed(peer)
             await self.poke_funding(peer)
         status = await self.status(peer)
         if not stored:
@@ -194,6 +206,7 @@ class Pipeline:
     async def poke_funding(self, uid: str) -> None:
         """Start ``uid``'s run when its balance now covers fee plus budget."""
         if await self._store.start_if_funded(uid, self._now()):
+            self.changed(uid)
             log.info("registration of %s funded; verification starts", uid[:8])
             self.spawn(uid)
 
@@ -209,11 +222,13 @@ class Pipeline:
     async def approve(self, uid: str) -> None:
         """Publish a parked registration whose test passed (ValueError otherwise)."""
         await self._store.approve(uid, self._now(), self.expiry_seconds)
+        self.changed(uid)
 
     async def spot_check(self, uid: str) -> None:
         """``run_verification``: a fresh paid test of a live listing, funded
         by the provider's residual balance (ValueError when it cannot run)."""
         await self._store.spot_check(uid, secrets.token_hex(8), new_call_key(), self._now())
+        self.changed(uid)
         self.spawn(uid)
 
     # -- a run ------------------------------------------------------------------------
@@ -233,16 +248,24 @@ class Pipeline:
                 await self._park(reg, f"{'crawl' if reg.state == STATE_CRAWLING else 'test'}: {exc}")
                 return
             if reg.state == STATE_CRAWLING:
+                meta: dict[str, Any] = {}
                 try:
-                    tools = await self._client.crawl(uid, session)
+                    tools = await self._client.crawl(uid, session, meta=meta)
                 except CallError as exc:
                     await self._park(reg, f"crawl: {exc}")
                     return
-                moved = await self._store.to_testing(uid, reg.reg_id, catalog_json(tools), new_call_key())
+                moved = await self._store.to_testing(
+                    uid,
+                    reg.reg_id,
+                    catalog_json(tools),
+                    new_call_key(),
+                    receipt_key=receipt_key_from_meta(meta) or "",
+                )
                 if moved is None:
                     return
+                self.changed(uid)
                 reg = moved
-            error, latency = await self._test(reg, session)
+            error, latency, verified = await self._test(reg, session)
         outcome = await self._store.finish_test(
             uid,
             reg.reg_id,
@@ -250,7 +273,9 @@ class Pipeline:
             latency_ms=latency,
             now=self._now(),
             expiry_seconds=self.expiry_seconds,
+            receipt_verified=verified,
         )
+        self.changed(uid)
         if outcome == STATE_LISTED:
             log.info("renewed %s", uid[:8])
         elif outcome:
@@ -260,10 +285,12 @@ class Pipeline:
 
     async def _park(self, reg: Registration, error: str) -> None:
         await self._store.park(reg.uid, reg.reg_id, error)
+        self.changed(reg.uid)
         log.info("%s parked for review: %s", reg.uid[:8], error)
 
-    async def _test(self, reg: Registration, session: ClientSession) -> tuple[str, int]:
-        """The paid test: ``("", latency_ms)`` when it passed, else the error."""
+    async def _test(self, reg: Registration, session: ClientSession) -> tuple[str, int, bool]:
+        """The paid test: ``("", latency_ms, receipt_verified)`` when it
+        passed, else the error first (see :meth:`_receipt_verified`)."""
         cap = min(reg.test.max_atoms, reg.remaining_atoms)
         try:
             outcome = await self._client.paid_call(
@@ -277,10 +304,34 @@ class Pipeline:
                 session=session,
             )
         except CallError as exc:
-            return str(exc), 0
+            return str(exc), 0, False
+        verified = await self._receipt_verified(reg, outcome)
         if outcome.result.is_error:
-            return result_text(outcome.result) or "the test call returned a tool error", outcome.latency_ms
-        return "", outcome.latency_ms
+            error = result_text(outcome.result) or "the test call returned a tool error"
+            return error, outcome.latency_ms, verified
+        return "", outcome.latency_ms, verified
+
+    async def _receipt_verified(self, reg: Registration, outcome: CallOutcome) -> bool:
+        """Whether the test result's signed receipt (``brmcp/signedReceipt``)
+        verifies against the key the run's crawl read (a run that did not
+        crawl: the listing's), names the directory as its caller (when its
+        uid is known), no other bot, and the tested tool. False without a
+        receipt or a key."""
+        signed = signed_receipt_from_meta(outcome.result.meta)
+        if signed is None:
+            return False
+        key = await self._store.judging_key(reg.uid, reg.reg_id)
+        if not key:
+            return False
+        try:
+            claims = verify_receipt(signed, key)
+        except ReceiptError as exc:
+            log.info("test receipt of %s refused: %s", reg.uid[:8], exc)
+            return False
+        me = self._self_uid()
+        return (
+            (not me or claims.caller == me) and claims.bot in ("", reg.uid) and claims.tool == reg.test.tool
+        )
 
     # -- maintenance ----------------------------------------------------------------------
 
@@ -292,6 +343,7 @@ class Pipeline:
         for live in await self._store.listings():
             if live.expires_at <= now:
                 if await self._store.expire(live.uid, now):
+                    self.changed(live.uid)
                     log.info("listing %s expired", live.uid[:8])
             elif now - live.catalog_checked_at >= stale:
                 await self.recrawl(live.uid)
@@ -301,10 +353,15 @@ class Pipeline:
 
     async def recrawl(self, uid: str) -> Listing | None:
         """Re-read a live listing's catalog for free; the listing after it
-        (unchanged when the crawl failed), or None when not listed."""
+        (unchanged when the crawl failed), or None when not listed. Every
+        attempt's outcome joins the provider's history, and a successful
+        crawl's receipt key (or its absence) replaces the listing's."""
+        meta: dict[str, Any] = {}
         try:
-            tools = await self._client.crawl(uid)
+            tools = await self._client.crawl(uid, meta=meta)
         except CallError as exc:
             log.info("recrawl %s: %s", uid[:8], exc)
-            return await self._store.listing(uid)
-        return await self._store.recrawled(uid, catalog_json(tools), self._now())
+            return await self._store.recrawl_failed(uid, self._now())
+        return await self._store.recrawled(
+            uid, catalog_json(tools), self._now(), receipt_key=receipt_key_from_meta(meta) or ""
+        )

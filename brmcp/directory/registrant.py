@@ -13,6 +13,15 @@ The payments are recorded in ``<data_dir>/regfund.json`` (a JSON array of
 reference's file) before the money moves, so a crash between the record
 and the payment can only over-count against the monthly cap.
 
+After registering, :meth:`Registrant.follow` watches the registration
+until it settles (listed, rejected, gone, or parked with a failure): at a
+directory that announces the push-status resource (docs/directory.md §Push
+status: the ``resources.subscribe`` capability and the resource listed, or the
+``brmcp/statusResource`` hint) it subscribes to it and reads it on each
+update, with a safety read every :data:`SAFETY_POLL_SECS`; at any other (the
+Go reference) it polls ``my_status``, every :data:`POLL_INTERVAL_SECS` at
+first, doubling up to :data:`SAFETY_POLL_SECS`.
+
 Amounts are atoms (int); times are unix seconds on the injected clock.
 """
 
@@ -32,6 +41,7 @@ import anyio
 import anyio.abc
 import mcp.types as types
 from mcp import ClientSession
+from mcp.client.session import IncomingMessage, MessageHandlerFnT
 
 from .._ops.clock import Clock, SystemClock
 from ..bridge.tipmatcher import TipMatcher
@@ -41,6 +51,7 @@ from ..server import CallContext, Harness
 from ..transport.router import Router
 from .fundhistory import FUND_FILE, FundEntry, FundHistory
 from .regconfig import AutoFund, RegistrantConfig, RegistrantError, RegistrationError
+from .statuspush import STATUS_URI, announced, settled, status_from_read
 from .types import (
     STATE_AWAITING_FUNDING,
     STATE_CRAWLING,
@@ -57,9 +68,12 @@ __all__ = [
     "CALL_TIMEOUT_SECS",
     "FUND_FILE",
     "FUND_WINDOW_SECS",
+    "MAX_FOLLOW_FAILURES",
     "MAX_REGISTRATIONS_IN_FLIGHT",
     "PAY_TIMEOUT_SECS",
+    "POLL_INTERVAL_SECS",
     "RENEW_AHEAD_SECS",
+    "SAFETY_POLL_SECS",
     "AutoFund",
     "ClientTipPayer",
     "FundEntry",
@@ -89,6 +103,16 @@ PAY_TIMEOUT_SECS = 180.0
 MAX_REGISTRATIONS_IN_FLIGHT = 8
 #: Longest tool result text read from a directory, in characters.
 MAX_RESULT_CHARS = 64 * 1024
+#: Seconds between safety reads of a subscribed status resource (an update
+#: lost on the way is noticed this late); also the longest ``my_status`` poll
+#: interval, and the wait before a failed follow session is opened again.
+SAFETY_POLL_SECS = 300.0
+#: The first ``my_status`` poll interval at a directory without push status;
+#: each poll doubles it up to :data:`SAFETY_POLL_SECS`.
+POLL_INTERVAL_SECS = 30.0
+#: Follow sessions failing in a row (none reading a status) before
+#: :meth:`Registrant.follow` gives up.
+MAX_FOLLOW_FAILURES = 12
 
 _UID = re.compile(r"[0-9a-f]{64}")
 _INT64_MAX = (1 << 63) - 1
@@ -136,12 +160,15 @@ class Registrant:
     (:data:`CALL_TIMEOUT_SECS`, :data:`PAY_TIMEOUT_SECS`, overridable by
     ``call_timeout`` and ``pay_timeout``); ``notify``: gets every outcome
     (default: one log line); ``name``: the MCP client name shown to
-    directories.
+    directories; ``poll_interval`` and ``safety_poll``: the follow's
+    intervals in seconds (:data:`POLL_INTERVAL_SECS`,
+    :data:`SAFETY_POLL_SECS`).
 
     Use: :meth:`register_tools` on the host's harness (``listing_invite``),
     then ``await tg.start(registrant.run)`` once the router exists: it
     registers at every ``register_at_uids`` directory and runs the
-    registrations accepted invites start, each a task of its own group.
+    registrations accepted invites start, each a task of its own group;
+    each registration is followed (:meth:`follow`) until it settles.
     """
 
     def __init__(
@@ -156,7 +183,11 @@ class Registrant:
         name: str = "registrant",
         call_timeout: float = CALL_TIMEOUT_SECS,
         pay_timeout: float = PAY_TIMEOUT_SECS,
+        poll_interval: float = POLL_INTERVAL_SECS,
+        safety_poll: float = SAFETY_POLL_SECS,
     ) -> None:
+        if not poll_interval > 0 or not safety_poll > 0:
+            raise ValueError("poll_interval and safety_poll must be > 0 seconds")
         self.config = config
         self.history = FundHistory(Path(data_dir) / FUND_FILE)
         self._payer = payer
@@ -169,6 +200,10 @@ class Registrant:
         self._fund_lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
         self._in_flight: set[str] = set()
+        self._poll_interval = poll_interval
+        self._safety_poll = safety_poll
+        #: Directories whose last answer carried the push-status hint.
+        self._announced: set[str] = set()
         #: Atoms handed to the payer so far (its calls returned or not).
         self.paid_atoms = 0
 
@@ -277,11 +312,14 @@ class Registrant:
 
     async def _background(self, directory_uid: str) -> None:
         try:
-            await self.register(directory_uid)
+            status = await self.register(directory_uid)
+            if not settled(status):
+                await self.follow(directory_uid, status)
         except RegistrationError:
             pass  # reported through notify
         finally:
             self._in_flight.discard(directory_uid)
+            self._announced.discard(directory_uid)
 
     async def register(self, directory_uid: str) -> StatusOut:
         """Register at ``directory_uid`` and return its status afterwards.
@@ -322,7 +360,7 @@ class Registrant:
 
     async def _steps(self, session: ClientSession, *, uid: str) -> StatusOut:
         try:
-            current: StatusOut | None = await self._call(session, "my_status", {})
+            current: StatusOut | None = await self._call(session, "my_status", {}, directory=uid)
         except RegistrationError:
             current = None  # not known there yet, or an old directory: register anyway
         if (
@@ -338,7 +376,7 @@ class Registrant:
             # An application under way, or verified and awaiting review: a
             # Go directory would replace it and invoice the fee again.
             return current
-        status = await self._call(session, "register", self.config.registration().to_json())
+        status = await self._call(session, "register", self.config.registration().to_json(), directory=uid)
         if status.shortfall_atoms <= 0:
             return status
         atoms = self._invoice(status)
@@ -391,21 +429,141 @@ class Registrant:
             f"funding declined: the directory's invoice is inconsistent: {problem}", status
         )
 
+    # -- following a registration ----------------------------------------------------
+
+    async def follow(self, directory_uid: str, status: StatusOut | None = None) -> StatusOut:
+        """Watch the registration at ``directory_uid`` until it settles
+        (:func:`~.statuspush.settled`) and return that status; ``status``
+        is the last one already reported. Every status that differs from
+        the last reported goes to ``notify``.
+
+        Push when the directory announces it (module docstring): subscribe
+        to ``brmcpdir://registration``, read it now, on every
+        ``notifications/resources/updated`` for it and every
+        :data:`SAFETY_POLL_SECS`; otherwise poll ``my_status``. A session
+        that fails is opened again after :data:`SAFETY_POLL_SECS`; after
+        :data:`MAX_FOLLOW_FAILURES` failures in a row it raises
+        :class:`RegistrationError` (also reported). Raises ValueError for a
+        uid that is not 64 hex, RuntimeError without a router."""
+        uid = directory_uid.lower()
+        if _UID.fullmatch(uid) is None:
+            raise ValueError(f"directory uid {directory_uid[:80]!r} is not 64 hex characters")
+        if self._router is None:
+            raise RuntimeError("Registrant.follow needs the host's router (run the registrant first)")
+        watch = _Watch(status)
+        failures = 0
+        try:
+            while True:
+                reads = watch.reads
+                try:
+                    return await self._with_session(
+                        self._router, uid, partial(self._watch, uid=uid, watch=watch), on_message=watch.heard
+                    )
+                except RegistrationError as exc:
+                    failures = 1 if watch.reads > reads else failures + 1
+                    if failures >= MAX_FOLLOW_FAILURES:
+                        error = RegistrationError(f"stopped following the registration: {exc}", watch.last)
+                        await self._notify(uid, watch.last, error)
+                        raise error from None
+                    log.info(
+                        "directory %s: following the registration: %s; again in %g s",
+                        uid,
+                        exc,
+                        self._safety_poll,
+                    )
+                await self._clock.sleep(self._safety_poll)
+        finally:
+            self._announced.discard(uid)
+
+    async def _watch(self, session: ClientSession, *, uid: str, watch: _Watch) -> StatusOut:
+        push = await self._subscribe(session, uid)
+        interval = self._safety_poll if push else self._poll_interval
+        # Subscribed: read at once (a change before the subscription is not
+        # missed). Polling: the status just reported is a first poll.
+        delay = 0.0 if push or watch.last is None else interval
+        while True:
+            if delay > 0:
+                try:
+                    await self._within(delay, watch.wake.wait())
+                except TimeoutError:
+                    pass
+                if not push:
+                    interval = min(interval * 2, self._safety_poll)
+            watch.wake = anyio.Event()  # before the read: an update during it is not lost
+            if push:
+                status = await self._read_status(session)
+            else:
+                status = await self._call(session, "my_status", {})
+            watch.reads += 1
+            if status != watch.last:
+                watch.last = status
+                await self._notify(uid, status, None)
+            if settled(status):
+                return status
+            delay = interval
+
+    async def _subscribe(self, session: ClientSession, uid: str) -> bool:
+        """Subscribe to the status resource when the directory announces it
+        (the ``resources.subscribe`` capability, and the hint or the resource
+        listed); whether it did. A directory that refuses is polled."""
+        init = session.initialize_result
+        resources = init.capabilities.resources if init is not None else None
+        if resources is None or not resources.subscribe:
+            return False
+        try:
+            if uid not in self._announced:
+                listed = await self._within(self._call_timeout, session.list_resources())
+                if not any(str(item.uri) == STATUS_URI for item in listed.resources):
+                    return False
+            request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=STATUS_URI))
+            await self._within(self._call_timeout, session.send_request(request, types.EmptyResult))
+        except TimeoutError:
+            raise RegistrationError(
+                f"resources/subscribe: the directory did not answer within {self._call_timeout:g} s"
+            ) from None
+        except Exception as exc:
+            log.info("directory %s: no push status (%s); polling my_status", uid, _brief(exc))
+            return False
+        return True
+
+    async def _read_status(self, session: ClientSession) -> StatusOut:
+        try:
+            result = await self._within(self._call_timeout, session.read_resource(STATUS_URI))
+        except TimeoutError:
+            raise RegistrationError(
+                f"{STATUS_URI}: the directory did not answer within {self._call_timeout:g} s"
+            ) from None
+        except Exception as exc:
+            raise RegistrationError(f"{STATUS_URI}: {_brief(exc)}") from None
+        try:
+            return status_from_read(result)
+        except ValueError as exc:
+            raise RegistrationError(f"{STATUS_URI}: {_brief(exc)}") from None
+
     # -- talking to a directory ------------------------------------------------------
 
     async def _with_session(
-        self, router: Router, uid: str, work: Callable[[ClientSession], Awaitable[StatusOut]]
+        self,
+        router: Router,
+        uid: str,
+        work: Callable[[ClientSession], Awaitable[StatusOut]],
+        *,
+        on_message: MessageHandlerFnT | None = None,
     ) -> StatusOut:
-        """Open an initialized session to ``uid`` and run ``work`` in it.
-        Every failure, the SDK's included, becomes :class:`RegistrationError`
-        (raised after the session closed, so never inside an exception group)."""
+        """Open an initialized session to ``uid`` and run ``work`` in it
+        (``on_message`` gets what the directory sends unasked, its
+        notifications). Every failure, the SDK's included, becomes
+        :class:`RegistrationError` (raised after the session closed, so
+        never inside an exception group)."""
         try:
             conn = router.dial(uid)
         except RuntimeError as exc:
             raise RegistrationError(f"cannot dial the directory: {exc}") from None
         outcome: StatusOut | RegistrationError | None = None
         try:
-            async with ClientSession(conn.read_stream, conn.write_stream, client_info=self._client_info) as s:
+            async with ClientSession(
+                conn.read_stream, conn.write_stream, client_info=self._client_info, message_handler=on_message
+            ) as s:
                 try:
                     await self._within(self._call_timeout, s.initialize())
                 except TimeoutError:
@@ -430,7 +588,11 @@ class Registrant:
             raise outcome
         return outcome
 
-    async def _call(self, session: ClientSession, tool: str, args: dict[str, Any]) -> StatusOut:
+    async def _call(
+        self, session: ClientSession, tool: str, args: dict[str, Any], *, directory: str | None = None
+    ) -> StatusOut:
+        """Call ``tool`` and decode its status; when ``directory`` is given,
+        remember whether the answer carried the push-status hint."""
         try:
             result = await self._within(self._call_timeout, session.call_tool(tool, args))
         except TimeoutError:
@@ -442,6 +604,11 @@ class Registrant:
         text = _result_text(result)
         if result.is_error:
             raise RegistrationError(f"{tool}: {_printable(text, 512)}")
+        if directory is not None:
+            if announced(result):
+                self._announced.add(directory)
+            else:
+                self._announced.discard(directory)
         try:
             value = json.loads(text) if text else result.structured_content
             return StatusOut.from_json(value)
@@ -486,6 +653,24 @@ class Registrant:
                 await value
         except Exception:
             log.exception("directory %s: the notify callback failed", uid)
+
+
+class _Watch:
+    """One follow's state: the last status reported, the reads made, and
+    the event an update notification of the status resource sets."""
+
+    __slots__ = ("last", "reads", "wake")
+
+    def __init__(self, last: StatusOut | None) -> None:
+        self.last = last
+        self.reads = 0
+        self.wake = anyio.Event()
+
+    async def heard(self, message: IncomingMessage) -> None:
+        """The session's ``message_handler``: wakes the follow on an update
+        of the status resource, ignores everything else."""
+        if isinstance(message, types.ResourceUpdatedNotification) and message.params.uri == STATUS_URI:
+            self.wake.set()
 
 
 def _log_outcome(uid: str, status: StatusOut | None, error: Exception | None) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..server import store as ledger
+from . import reputation
 from . import search as search_index
 from .types import TestSpec
 
@@ -414,7 +415,9 @@ def debit(conn: sqlite3.Connection, uid: str, atoms: int, *, ts: int, kind: str,
 
 def promote(conn: sqlite3.Connection, reg: Registration, now: int, expiry_seconds: int) -> None:
     """Publish ``reg`` as the live listing (a renewal keeps its approval
-    date and is stamped ``renewed_at``), drop the run and the flag."""
+    date and is stamped ``renewed_at``), drop the run and the flag; the
+    run's crawled receipt key becomes the listing's
+    (:func:`brmcp.directory.reputation.adopt_run_key`)."""
     current = get_listing(conn, reg.uid)
     put_listing(
         conn,
@@ -432,6 +435,7 @@ def promote(conn: sqlite3.Connection, reg: Registration, now: int, expiry_second
             expires_at=now + expiry_seconds,
         ),
     )
+    reputation.adopt_run_key(conn, reg.uid, reg.reg_id)
     conn.execute("DELETE FROM dir_registrations WHERE uid = ?", (reg.uid,))
     set_flag(conn, reg.uid, "")
 

@@ -529,7 +529,8 @@ def search(conn: sqlite3.Connection, request: SearchRequest, now: int) -> Search
     as a substring of a tool's name or description, hits by provider uid
     then catalog position. ``"relevance"`` splits the query on whitespace
     into terms, requires each term as a substring of the tool's name,
-    title, description or the listing's tags, and orders by bm25 (name
+    title, description or the listing's tags (a NUL, in the query or the
+    text, reads as U+FDD0, a noncharacter), and orders by bm25 (name
     weighs most), ties by provider uid, tool name, catalog position; terms
     under three characters filter but do not rank. Pages are keyset
     pages: a cursor is the last hit's sort key, so a tie never repeats or

@@ -10,9 +10,10 @@ Use::
         # feed every received tip to await directory.credit_tip(uid, matoms, seq)
 
 The directory owns one task group: the pipeline runs, the invites after a
-key exchange and the maintenance sweep (every ``sweep_interval`` seconds
-on the config's clock). Leaving the ``async with`` cancels them; a run cut
-off this way keeps its stored state and continues at the next start.
+key exchange, the push-status notifications (statuspush.py) and the
+maintenance sweep (every ``sweep_interval`` seconds on the config's clock).
+Leaving the ``async with`` cancels them; a run cut off this way keeps its
+stored state and continues at the next start.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .federation import Federation, Introducer, Suggester
 from .pipeline import Pipeline
 from .policy import Policy
 from .snapshot import SNAPSHOT_KEY_FILENAME, Signer
+from .statuspush import StatusPush
 from .store import DirectoryStore
 from .tools import register_public_tools
 
@@ -126,6 +128,7 @@ class Directory:
             )
         )
         self.store = DirectoryStore(self.harness)
+        self.status_push = StatusPush(self.harness, lambda uid: self.pipeline.status(uid))
         self.client = ProviderClient(
             lambda: self.harness.router,
             name=self.policy.name,
@@ -140,6 +143,7 @@ class Directory:
             policy=self.policy,
             clock=config.clock,
             self_uid=self.self_uid,
+            on_change=self.status_push.changed,
         )
         self.federation = Federation(
             store=self.store,
@@ -153,6 +157,7 @@ class Directory:
         self.chat_help = ChatHelp()
         register_public_tools(self.harness, self)
         register_admin_tools(self.harness, self)
+        self.status_push.install()
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -196,6 +201,7 @@ class Directory:
         # without a word to the peers, then the tasks are cancelled.
         self.pipeline.bind(None)
         self.federation.bind(None)
+        self.status_push.bind(None)
         self.client.close_all()
         tg.cancel_scope.cancel()
 
@@ -241,6 +247,7 @@ class Directory:
             try:
                 self.pipeline.bind(tg)
                 self.federation.bind(tg)
+                self.status_push.bind(tg)
                 await self.pipeline.resume()
                 if self.config.sweep_interval > 0:
                     tg.start_soon(self._sweeper, name="brmcpdir-sweep")
@@ -302,6 +309,7 @@ class Directory:
         that do not fit 64 bits (nothing recorded)."""
         atoms = await self.harness.credit_tip(from_uid, amount_matoms, sequence_id)
         if atoms > 0:
+            self.pipeline.changed(from_uid)
             await self.pipeline.poke_funding(from_uid)
         return atoms
 
@@ -310,6 +318,7 @@ class Directory:
         ``on_tip_received``): re-check its funding. Before :meth:`attached`
         runs this does nothing; the start re-checks every registration."""
         if self._tg is not None:
+            self.pipeline.changed(uid)
             await self.pipeline.poke_funding(uid)
 
     def notify_kx(self, uid: str) -> None:

@@ -37,7 +37,7 @@ import anyio
 
 from ..server import Harness
 from ..server import store as ledger
-from . import pagetools
+from . import pagetools, ratings, reputation
 from . import search as search_index
 from .rows import (
     KIND_FEE,
@@ -128,6 +128,13 @@ class DirectoryStore:
             result = await self._harness.transact(op)
         return result
 
+    async def run(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``op`` as one transaction of the harness, off the event loop
+        and shielded from cancellation (for the ops of
+        :mod:`brmcp.directory.ratings` and :mod:`brmcp.directory.reputation`);
+        what ``op`` raises rolls it back and is raised."""
+        return await self._run(op)
+
     async def open(self) -> None:
         """Create the tables when missing and the search index when missing
         or out of step (:func:`brmcp.directory.search.ensure_index`). Raises
@@ -138,6 +145,8 @@ class DirectoryStore:
                 if statement.strip():
                     conn.execute(statement)
             pagetools.open_tables(conn, self._now())
+            reputation.open_tables(conn)
+            ratings.open_tables(conn)
             search_index.ensure_index(conn, lambda: all_listings(conn))
 
         await self._run(create)
@@ -222,10 +231,14 @@ class DirectoryStore:
 
         return await self._run(op)
 
-    async def to_testing(self, uid: str, reg_id: str, catalog: str, call_key: str) -> Registration | None:
+    async def to_testing(
+        self, uid: str, reg_id: str, catalog: str, call_key: str, *, receipt_key: str | None = None
+    ) -> Registration | None:
         """Store the crawled catalog and the test's callKey and move to
         ``testing`` (the key is stored before any payment); None when the
-        run was replaced or is not crawling."""
+        run was replaced or is not crawling. ``receipt_key`` (``""``: the
+        crawl announced none) is recorded for the run
+        (:func:`brmcp.directory.reputation.set_run_key`)."""
 
         def op(conn: sqlite3.Connection) -> Registration | None:
             reg = get_registration(conn, uid)
@@ -233,6 +246,8 @@ class DirectoryStore:
                 return None
             reg = replace(reg, catalog=catalog, call_key=reg.call_key or call_key, state=STATE_TESTING)
             put_registration(conn, reg)
+            if receipt_key is not None:
+                reputation.set_run_key(conn, uid, reg_id, receipt_key)
             return reg
 
         return await self._run(op)
@@ -250,16 +265,30 @@ class DirectoryStore:
         await self._run(op)
 
     async def finish_test(
-        self, uid: str, reg_id: str, *, error: str, latency_ms: int, now: int, expiry_seconds: int
+        self,
+        uid: str,
+        reg_id: str,
+        *,
+        error: str,
+        latency_ms: int,
+        now: int,
+        expiry_seconds: int,
+        receipt_verified: bool = False,
     ) -> str:
         """Record a judged test (``error`` empty: it passed). A passed
         renewal is promoted at once (``"listed"``); anything else parks in
-        ``pending_review`` (returned). ``""`` when the run was replaced."""
+        ``pending_review`` (returned). ``""`` when the run was replaced.
+        The test's outcome, the atoms the run paid and ``receipt_verified``
+        join the provider's history in the same transaction
+        (:func:`brmcp.directory.reputation.record_test`)."""
 
         def op(conn: sqlite3.Connection) -> str:
             reg = get_registration(conn, uid)
             if reg is None or reg.reg_id != reg_id:
                 return ""
+            reputation.record_test(
+                conn, uid, at=now, ok=not error, atoms=reg.paid_atoms, receipt_verified=receipt_verified
+            )
             reg = replace(
                 reg, test_outcome="failed" if error else "ok", test_err=error, test_latency_ms=latency_ms
             )
@@ -353,9 +382,14 @@ class DirectoryStore:
 
         return await self._run(op)
 
-    async def recrawled(self, uid: str, catalog: str, now: int) -> Listing | None:
+    async def recrawled(
+        self, uid: str, catalog: str, now: int, *, receipt_key: str | None = None
+    ) -> Listing | None:
         """Replace a live catalog after a free crawl; moves
-        ``catalog_checked_at`` only. None when no longer listed."""
+        ``catalog_checked_at`` only. None when no longer listed. The
+        re-crawl is recorded as a success in the provider's history, and
+        ``receipt_key`` (``""``: the crawl announced none) as the listing's
+        key, in the same transaction."""
 
         def op(conn: sqlite3.Connection) -> Listing | None:
             live = get_listing(conn, uid)
@@ -363,9 +397,29 @@ class DirectoryStore:
                 return None
             live = replace(live, catalog=catalog, catalog_checked_at=now)
             put_listing(conn, live)
+            reputation.record_recrawl(conn, uid, at=now, ok=True)
+            if receipt_key is not None:
+                reputation.set_listed_key(conn, uid, receipt_key)
             return live
 
         return await self._run(op)
+
+    async def recrawl_failed(self, uid: str, now: int) -> Listing | None:
+        """Record a failed re-crawl of a live listing in its history; the
+        listing (unchanged), or None when no longer listed."""
+
+        def op(conn: sqlite3.Connection) -> Listing | None:
+            live = get_listing(conn, uid)
+            if live is not None:
+                reputation.record_recrawl(conn, uid, at=now, ok=False)
+            return live
+
+        return await self._run(op)
+
+    async def judging_key(self, uid: str, reg_id: str) -> str:
+        """The receipt key a test of ``reg_id`` is checked against
+        (:func:`brmcp.directory.reputation.judging_key`)."""
+        return await self._run(lambda c: reputation.judging_key(c, uid, reg_id))
 
     async def unlist(self, uid: str) -> None:
         """Take a listing down; the entry goes entirely when nothing else

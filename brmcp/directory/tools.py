@@ -20,9 +20,16 @@ tool                price                     answer
 ``export_registry`` free                      ``{servers, metadata}`` (registry.py)
 =================== ========================= =====================================
 
+``register`` and ``my_status`` answers carry ``_meta["brmcp/statusResource"]``
+naming the push-status resource (statuspush.py).
+
 The index in pages (pagetools.py): ``get_snapshot_manifest`` (priced
 ``snapshot_price_atoms``), then ``get_snapshot_page`` and
 ``get_snapshot_changes`` (free to the manifest's buyer).
+
+Ratings backed by signed receipts (ratings.py): ``rate`` and ``ratings``
+(free); ``get_provider`` and ``search`` hits carry the provider's
+``reputation`` (reputation.py) and ``get_provider`` its ``receiptKey``.
 """
 
 from __future__ import annotations
@@ -33,10 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol.payment import PRICE_ATOMS_KEY, PRICING_DYNAMIC, PRICING_KEY
 from ..server import CallContext, Harness
+from . import reputation
 from .pagetools import PAGE_TOOLS, register_pages_tools
+from .ratings import RATING_TOOLS, register_rating_tools
 from .registry import register_export_tool
 from .search import EXTENSION_PROPERTIES, SearchIndex, SearchRequest
 from .snapshot import SnapshotListing
+from .statuspush import STATUS_HINT
 from .store import Listing
 from .types import (
     MAX_SEARCH_HITS,
@@ -61,6 +71,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EMPTY_SCHEMA",
+    "EXTENSION_KEYS",
     "EXTENSION_TOOLS",
     "INTRODUCE_NOTE",
     "PUBLIC_TOOLS",
@@ -124,10 +135,16 @@ PUBLIC_TOOLS = (
     "get_snapshot",
     "export_registry",
     *PAGE_TOOLS,
+    *RATING_TOOLS,
 )
 
 #: Public tools the Go reference's directory does not have.
-EXTENSION_TOOLS = ("export_registry", *PAGE_TOOLS)
+EXTENSION_TOOLS = ("export_registry", *PAGE_TOOLS, *RATING_TOOLS)
+
+#: Answer keys the Go reference's directory does not write (docs/directory.md
+#: §Reputation): ``get_provider``'s ``receiptKey`` and ``reputation``, a
+#: search hit's ``reputation``. Go clients ignore them.
+EXTENSION_KEYS = ("receiptKey", "reputation")
 
 #: ``introduce``'s note when the suggestion was sent.
 INTRODUCE_NOTE = "accept the KX suggestion in your client to complete the exchange"
@@ -264,14 +281,27 @@ def register_public_tools(harness: Harness, directory: Directory) -> None:
 
     async def search(ctx: CallContext, args: dict[str, Any]) -> Any:
         request = _decode(SearchRequest.from_json, args)
-        return (await index.search(request, int(directory.clock.now()))).to_json()
+        out = (await index.search(request, int(directory.clock.now()))).to_json()
+        uids = [hit["providerUid"] for hit in out["hits"]]
+        if uids:
+            summaries = await store.run(lambda conn: reputation.compact(conn, uids))
+            for hit in out["hits"]:
+                hit["reputation"] = summaries[hit["providerUid"]]
+        return out
 
     async def get_provider(ctx: CallContext, args: dict[str, Any]) -> Any:
         wanted = _decode(ProviderIn.from_json, args)
         listing = await store.listing(wanted.uid)
         if listing is None:
             raise ValueError("no listing for that uid")
-        return provider_out(listing).to_json()
+        out = provider_out(listing).to_json()
+        key, summary = await store.run(
+            lambda conn: (reputation.listed_key(conn, wanted.uid), reputation.summary(conn, wanted.uid))
+        )
+        if key:
+            out["receiptKey"] = key
+        out["reputation"] = summary
+        return out
 
     async def introduce(ctx: CallContext, args: dict[str, Any]) -> Any:
         wanted = _decode(IntroduceIn.from_json, args)
@@ -371,5 +401,8 @@ def register_public_tools(harness: Harness, directory: Directory) -> None:
     ]
     for name, description, handler, schema, price in tools:
         harness.add_tool(name, handler, description=description, input_schema=schema, price_atoms=price)
+    for name in ("register", "my_status"):
+        harness.set_result_meta(name, STATUS_HINT)
     register_export_tool(harness, directory)
     register_pages_tools(harness, directory, snapshot_listing)
+    register_rating_tools(harness, directory)

@@ -275,6 +275,10 @@ def verify_receipt(signed: Any, expected_pub: str | None = None) -> ReceiptClaim
         payload = base64.b64decode(payload_b64, validate=True)
     except (binascii.Error, ValueError):
         raise ReceiptError("receipt payload malformed: not base64") from None
+    if len(payload) > MAX_RECEIPT_PAYLOAD:
+        raise ReceiptError(
+            f"receipt payload malformed: expected base64 of at most {MAX_RECEIPT_PAYLOAD} bytes"
+        )
     try:
         Ed25519PublicKey.from_public_bytes(bytes.fromhex(pub_hex)).verify(sig, payload)
     except InvalidSignature:

@@ -39,7 +39,8 @@ from ..gateway import (
     load_upstream_block,
 )
 from ..metrics import MetricsEndpoint, ServeMetrics
-from ..server import Harness, HarnessConfig, lock_brclient, run_bot
+from ..protocol.receipts import RECEIPT_KEY_FILENAME, ReceiptError, ReceiptSigner
+from ..server import Harness, HarnessConfig, HarnessError, lock_brclient, run_bot
 from ..server.chathelp import DEFAULT_TEXT, ChatHelp, render
 from ..transport.router import Router
 from .config import (
@@ -77,7 +78,8 @@ class ServeApp:
     picks fortunes. Construction opens the database and reads the
     certificates; it raises :class:`~brmcp.clientrpc.ClientrpcConfigError`
     (bad URL or certificate paths, naming the file) or
-    :class:`~brmcp.server.HarnessError` (unusable database).
+    :class:`~brmcp.server.HarnessError` (unusable database, or a
+    ``receiptkey.json`` that cannot be read or created, naming the file).
 
     A plain-chat PM (not a brmcp envelope) gets one reply per sender per
     hour saying how to reach the bot from an agent, unless ``chat_help`` in
@@ -119,14 +121,22 @@ class ServeApp:
         self.client = Client.from_config(bot_config, **dict(client_options or {}))
         #: The directories of the ``directory`` block, admitted as callers (read at start).
         self.directory_uids = config.directory_uids
+        try:
+            #: Signs receipts (WIRE.md §Signed receipts); its key is ``receiptkey.json``.
+            self.receipt_signer = ReceiptSigner.load_or_create(self.datadir / RECEIPT_KEY_FILENAME)
+        except ReceiptError as exc:
+            raise HarnessError(str(exc)) from None
         self.harness = Harness(
             HarnessConfig(
                 data_dir=self.datadir,
+                store=config.store,
                 allowed_peers=self._admitted(config),
                 calls_per_minute=config.rate,
                 name=GATEWAY_NAME if upstream is not None else IMPLEMENTATION_NAME,
                 version=IMPLEMENTATION_VERSION,
                 tools_list_changed=upstream is not None,
+                receipt_signer=self.receipt_signer,
+                receipts=config.receipts,
             )
         )
         #: The gateway selling an existing MCP server (``--upstream``), else None.
@@ -260,6 +270,7 @@ class ServeApp:
             log.info("reloaded %s", self.datadir / PRICES_FILE)
         self.harness.set_allowed_peers(self._admitted(config))
         self.harness.set_calls_per_minute(config.rate)
+        self.harness.config.receipts = config.receipts
         self.config = config
         log.info(
             "reloaded %s: %d allowed caller(s), %d calls per minute",
@@ -377,6 +388,8 @@ class ServeApp:
         except (ClientrpcError, TimeoutError) as exc:
             log.warning("connected to brclient at %s, but its identity is unknown: %s", self.client.url, exc)
             return
+        # Receipts name the bot from now on (WIRE.md §Signed receipts).
+        self.receipt_signer.bot = self.identity.uid
         log.info(
             "serving as %s (uid %s) through brclient at %s",
             self.identity.nick,

@@ -18,6 +18,18 @@ docs/interop.md §What is verified).
   default) the built-in text on how to reach the bot from an agent,
   ``false`` or ``""`` nothing, a string your own text (``{bot_uid}``,
   ``{bot_nick}`` and ``{sender_uid}`` are filled in).
+* ``receipts`` (optional, brmcp's own): which calls get a signed receipt
+  (WIRE.md §Signed receipts), signed with the key in ``receiptkey.json``
+  in the data directory (created at the first start): ``"paid"`` (the
+  default) every charged call that succeeded, ``"all"`` free calls too,
+  ``"off"`` none (the key is then not announced either).
+* ``store`` (optional, brmcp's own): where the harness keeps its book
+  (balances, paid-call journal, tips; :mod:`brmcp.server.store.url`):
+  ``"sqlite:"`` (the default, ``brmcp.sqlite3`` in the data directory) or a
+  PostgreSQL URL ``"postgresql://user@host/dbname"`` (``postgres://``
+  also; ``?host=/socket/dir`` for a Unix socket; needs
+  ``pip install "brmcp[postgres]"``). A password in it never appears in a
+  log line or an error.
 * ``upstream``: brmcp/gateway's (:func:`brmcp.gateway.load_upstream_block`).
 * ``directory`` (optional, the Go reference's keys): list this bot in
   brmcp directories (:class:`brmcp.directory.registrant.RegistrantConfig`;
@@ -56,12 +68,14 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..clientrpc import BotConfig, write_bot_config
 from ..directory.registrant import RegistrantConfig, RegistrantError
+from ..server.config import RECEIPT_MODES, ReceiptMode
+from ..server.store.url import DEFAULT_STORE, parse_store_url
 
 __all__ = [
     "BOT_CONFIG_NAME",
@@ -93,7 +107,7 @@ TEMPLATE = '{\n  "allowed_uids": [],\n  "calls_per_minute": 30\n}'
 _UID = re.compile(r"[0-9a-fA-F]{64}")
 _INT64_MAX = (1 << 63) - 1
 #: The keys this loader reads (``upstream``: brmcp/gateway's).
-_KEYS = ("allowed_uids", "calls_per_minute", "chat_help", "directory", "upstream")
+_KEYS = ("allowed_uids", "calls_per_minute", "chat_help", "directory", "receipts", "store", "upstream")
 
 
 class ServeConfigError(ValueError):
@@ -106,13 +120,18 @@ class ServeConfig:
     """The content of ``brmcp.json``: ``allowed_uids`` (lowercase 64-hex
     uids, in file order, without duplicates), ``calls_per_minute`` (0 means
     the default of 30) and ``chat_help`` (True: the built-in plain-chat
-    reply, False: none, a string: that text) and ``directory`` (the
-    ``directory`` block, or None)."""
+    reply, False: none, a string: that text), ``directory`` (the
+    ``directory`` block, or None) and ``receipts`` (which calls get a
+    signed receipt: ``"paid"``, ``"all"`` or ``"off"``)."""
 
     allowed_uids: tuple[str, ...] = ()
     calls_per_minute: int = DEFAULT_CALLS_PER_MINUTE
     chat_help: bool | str = True
     directory: RegistrantConfig | None = None
+    receipts: ReceiptMode = "paid"
+    #: The ``store`` URL (``"sqlite:"`` or a PostgreSQL URL; not in ``repr``:
+    #: it may carry a password).
+    store: str = field(default=DEFAULT_STORE, repr=False)
 
     @property
     def directory_uids(self) -> tuple[str, ...]:
@@ -136,6 +155,10 @@ class ServeConfig:
             data["chat_help"] = self.chat_help
         if self.directory is not None:
             data["directory"] = self.directory.to_json()
+        if self.receipts != "paid":
+            data["receipts"] = self.receipts
+        if self.store != DEFAULT_STORE:
+            data["store"] = self.store
         return json.dumps(data, indent=2)
 
     @classmethod
@@ -147,7 +170,10 @@ class ServeConfig:
         strings, a ``calls_per_minute`` that is not an integer in
         0..2**63-1, a ``chat_help`` that is not true, false or a string, or
         an invalid ``directory`` block (naming the key inside it:
-        :meth:`RegistrantConfig.from_json`). Logs a WARNING per unknown key
+        :meth:`RegistrantConfig.from_json`), or a ``receipts`` other than
+        ``"paid"``, ``"all"`` or ``"off"``, or a ``store`` that is not a store
+        URL (:func:`~brmcp.server.store.url.parse_store_url`; the password
+        redacted). Logs a WARNING per unknown key
         (with the closest known key) and an INFO line for an empty
         ``directory`` block."""
         try:
@@ -180,9 +206,43 @@ class ServeConfig:
                 "plain chat), false (no reply) or a string (your own reply text)"
             )
         directory = _parse_directory(data.get("directory"), source)
+        receipts = _parse_receipts(data.get("receipts"), source)
+        store = _parse_store(data.get("store"), source)
         for key in unknown:
             log.warning("%s", _unknown_key_warning(source, key, _KEYS))
-        return cls(allowed_uids=uids, calls_per_minute=rate, chat_help=chat_help, directory=directory)
+        return cls(
+            allowed_uids=uids,
+            calls_per_minute=rate,
+            chat_help=chat_help,
+            directory=directory,
+            receipts=receipts,
+            store=store,
+        )
+
+
+def _parse_store(value: Any, source: str) -> str:
+    """The ``store`` URL: ``"sqlite:"`` when absent or null, else a value
+    :func:`~brmcp.server.store.url.parse_store_url` accepts (its error,
+    password redacted, names the allowed forms)."""
+    if value is None:
+        return DEFAULT_STORE
+    try:
+        parse_store_url(value)
+    except ValueError as exc:
+        raise ServeConfigError(f"{source}: store: {exc}") from None
+    return str(value).strip()
+
+
+def _parse_receipts(value: Any, source: str) -> ReceiptMode:
+    """The ``receipts`` mode: ``"paid"`` when absent or null, else one of
+    :data:`~brmcp.server.config.RECEIPT_MODES` exactly."""
+    if value is None:
+        return "paid"
+    for mode in RECEIPT_MODES:
+        if value == mode:
+            return mode
+    allowed = ", ".join(json.dumps(mode) for mode in RECEIPT_MODES)
+    raise ServeConfigError(f"{source}: receipts: {_shown(value)} is not allowed: use one of {allowed}")
 
 
 def _parse_directory(value: Any, source: str) -> RegistrantConfig | None:

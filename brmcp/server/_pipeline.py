@@ -32,6 +32,7 @@ from mcp.types import CallToolResult, JSONRPCResponse
 
 from .. import wire
 from ..protocol.payment import BALANCE_ATOMS_KEY, HELD_KEY, REFUNDED_ATOMS_KEY, Receipt
+from ..protocol.receipts import SIGNED_RECEIPT_KEY, args_sha256
 
 if TYPE_CHECKING:
     from ..metrics import ServeMetrics
@@ -141,7 +142,9 @@ class CallPipeline:
         (:meth:`observe_epoch`). A charged result carries the receipt ``_meta`` keys
         ``brmcp/chargedAtoms`` and ``brmcp/balanceAtoms`` (WIRE.md §Receipts);
         a refunded failure ``brmcp/refundedAtoms`` and ``brmcp/balanceAtoms``.
-        A refusal of the harness's own carries ``brmcp/refusal``."""
+        A refusal of the harness's own carries ``brmcp/refusal``. With a
+        receipt signer, a successful call the ``receipts`` mode covers also
+        carries ``brmcp/signedReceipt`` (WIRE.md §Signed receipts)."""
         self.observe_epoch(peer, epoch)
         claim: Claim | None = None
         if call_key is not None:
@@ -226,13 +229,22 @@ class CallPipeline:
                 result = tool_error(problem)
             elif result.is_error:
                 failed = True
-            elif receipt is not None:
-                result = _with_receipt(result, receipt, held=held)
+            else:
+                if receipt is not None:
+                    result = _with_receipt(result, receipt, held=held)
+                # Signed before the result is serialized and journaled, so
+                # a duplicate callKey replays this very receipt.
+                signed = self._signed_receipt(call_id, peer, spec.name, arguments, call_key, charged)
+                if signed is not None:
+                    meta = dict(result.meta or {})
+                    meta[SIGNED_RECEIPT_KEY] = signed
+                    result = result.model_copy(update={"meta": meta})
             # Serialized here, inside the failure handling: a result that
             # cannot be written must become a refunded failure, not an error
             # escaping after the charge (the key would be released with the
             # debit still open).
-            text = _result_json(result) if charged > 0 or claim is not None else None
+            signs = result.meta is not None and SIGNED_RECEIPT_KEY in result.meta
+            text = _result_json(result) if charged > 0 or claim is not None or signs else None
             if text is not None:
                 self._check_deliverable(text, getattr(request, "request_id", None))
         except Exception as exc:
@@ -252,6 +264,40 @@ class CallPipeline:
         with anyio.CancelScope(shield=True):
             result = await self._settle(call_id, peer, claim, charged, result, failed, text, tool=spec.name)
         return result
+
+    def _signed_receipt(
+        self,
+        call_id: str,
+        peer: str,
+        tool: str,
+        arguments: dict[str, Any],
+        call_key: str | None,
+        charged: int,
+    ) -> dict[str, str] | None:
+        """The signed receipt (WIRE.md §Signed receipts) of a successful call
+        charged ``charged`` atoms, or None when the config's
+        ``receipt_signer`` is unset or its ``receipts`` mode does not cover
+        the call (``"paid"``: charged calls only; ``"all"``: every call;
+        ``"off"``: none). ``time`` is the harness clock's unix seconds. A
+        receipt that cannot be made (arguments JSON cannot write) is logged
+        and left out: the call and its charge stand as they are."""
+        signer = self.config.receipt_signer
+        mode = self.config.receipts
+        if signer is None or mode == "off" or (mode == "paid" and charged <= 0):
+            return None
+        try:
+            return signer.sign(
+                call_id=call_id,
+                caller=peer,
+                tool=tool,
+                args_digest=args_sha256(arguments),
+                call_key=call_key,
+                atoms=charged,
+                time=int(self._clock()),
+            )
+        except (TypeError, ValueError) as exc:
+            log.warning("no signed receipt for call %s of %s: %s", call_id, tool, exc)
+            return None
 
     async def _charge_once(
         self, call_id: str, peer: str, call_key: str | None, tool: str, price: int, quiet: bool = False

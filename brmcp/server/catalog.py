@@ -113,12 +113,14 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 class SessionState:
     """Per-connection state (the SDK lifespan context): the session to
-    notify and the URIs it subscribed to."""
+    notify, the caller's BR uid (``peer``, None until a request told it)
+    and the URIs it subscribed to."""
 
-    __slots__ = ("session", "uris")
+    __slots__ = ("peer", "session", "uris")
 
     def __init__(self) -> None:
         self.session: ServerSession | None = None
+        self.peer: str | None = None
         self.uris: set[str] = set()
 
 
@@ -333,11 +335,19 @@ class Catalog:
 
     # -- notifications -------------------------------------------------------------------
 
-    async def notify_resource_updated(self, uri: str) -> int:
+    async def notify_resource_updated(self, uri: str, *, peer: str | None = None) -> int:
         """Send ``notifications/resources/updated`` for ``uri`` to every open
-        session subscribed to exactly that URI; returns how many were sent."""
+        session subscribed to exactly that URI (only ``peer``'s sessions
+        when given: a per-caller resource); returns how many were sent."""
         notification = ResourceUpdatedNotification(params=ResourceUpdatedNotificationParams(uri=uri))
-        return await self._send([s for s in self._sessions if uri in s.uris], notification)
+        return await self._send(self._subscribed(uri, peer), notification)
+
+    def subscribers(self, uri: str, *, peer: str | None = None) -> int:
+        """How many open sessions (of ``peer`` when given) subscribed to ``uri``."""
+        return len(self._subscribed(uri, peer))
+
+    def _subscribed(self, uri: str, peer: str | None) -> list[SessionState]:
+        return [s for s in self._sessions if uri in s.uris and (peer is None or s.peer == peer)]
 
     async def notify_list_changed(self, kind: Literal["resources", "prompts", "tools"]) -> int:
         """Send ``notifications/<kind>/list_changed`` to every open session
@@ -383,6 +393,8 @@ class Catalog:
         if not isinstance(state, SessionState):
             return None
         state.session = ctx.session
+        if isinstance(ctx.request, str):
+            state.peer = ctx.request
         self._sessions.add(state)
         return state
 

@@ -7,12 +7,28 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .._ops.clock import Clock
+from ..protocol.receipts import ReceiptSigner
 from ..transport.router import RouterOptions
 from .billing import Billing
 
-__all__ = ["HOLD_SECONDS", "MAX_HELD_CALLS", "HarnessConfig", "HarnessError"]
+__all__ = [
+    "HOLD_SECONDS",
+    "MAX_HELD_CALLS",
+    "RECEIPT_MODES",
+    "HarnessConfig",
+    "HarnessError",
+    "ReceiptMode",
+]
+
+#: When a harness with a receipt signer signs a call
+#: (WIRE.md §Signed receipts): ``"paid"`` every charged, successful, non-refunded call;
+#: ``"all"`` free successful calls too (``atoms`` 0); ``"off"`` none.
+ReceiptMode = Literal["paid", "all", "off"]
+#: The values :data:`ReceiptMode` allows, in the order errors name them.
+RECEIPT_MODES: tuple[ReceiptMode, ...] = ("paid", "all", "off")
 
 #: Default bound on how long a call marked ``brmcp/payAlongside`` is held
 #: waiting for its tip's credit (seconds; WIRE.md §Pay alongside).
@@ -32,7 +48,14 @@ class HarnessConfig:
     ``server/harness.go``).
 
     * ``data_dir``: holds the SQLite database (balances, paid-call journal,
-      processed tips, audit rows). Required unless ``billing`` is set.
+      processed tips, audit rows). Required unless ``billing`` is set or
+      ``store`` names a PostgreSQL database.
+    * ``store``: where that book is kept (brmcp/server/store/url.py):
+      ``"sqlite:"`` (the default, ``<data_dir>/brmcp.sqlite3``) or a
+      PostgreSQL URL ``postgresql://user@host/dbname`` (``postgres://``
+      also; ``?host=/socket/dir`` for a Unix socket; needs
+      ``pip install "brmcp[postgres]"``), which several harness processes
+      may share as one book. A bad value is a :class:`HarnessError`.
     * ``allowed_peers``: default-deny allowlist of caller uids (exact
       strings; use lowercase hex). ``allow`` replaces it entirely when set.
     * ``calls_per_minute``: token bucket per caller (capacity = burst),
@@ -56,9 +79,17 @@ class HarnessConfig:
       waits at most ``hold_seconds`` for a credit, with at most
       ``max_held_calls`` such calls per caller (more are refused at once);
       ``hold_seconds <= 0`` or ``max_held_calls <= 0`` turns holding off.
+    * ``receipt_signer`` / ``receipts``: signed receipts
+      (WIRE.md §Signed receipts). With a :class:`~brmcp.protocol.receipts.ReceiptSigner` the
+      harness announces its key under ``brmcp/receiptKey`` in every
+      ``tools/list`` answer and marked ``initialize``, and signs the calls
+      ``receipts`` selects (:data:`ReceiptMode`, default ``"paid"``); None
+      (the default) signs nothing and announces nothing. Both are read
+      live, so they may be set after construction.
     """
 
     data_dir: str | os.PathLike[str] | None = None
+    store: str = "sqlite:"
     allowed_peers: Iterable[str] = ()
     allow: Callable[[str], bool] | None = None
     calls_per_minute: int = 30
@@ -75,3 +106,5 @@ class HarnessConfig:
     hold_seconds: float = HOLD_SECONDS
     max_held_calls: int = MAX_HELD_CALLS
     timer: Clock | None = None
+    receipt_signer: ReceiptSigner | None = None
+    receipts: ReceiptMode = "paid"

@@ -10,7 +10,10 @@ opens with a handshake-era ``initialize`` whose ``params._meta`` carries
   (a JSON array of strings, e.g. ``["2026-07-28"]``);
 * ``brmcp/tools``: what a handshake-era ``tools/list`` would answer this
   caller now (a JSON object ``{"tools": [...]}``; a brmcp harness's also
-  says ``"_meta": {"brmcp/marksRefusals": true}``, WIRE.md §Payments).
+  says ``"_meta": {"brmcp/marksRefusals": true}``, WIRE.md §Payments);
+* ``brmcp/receiptKey``: a harness that signs receipts also names its
+  receipt key (64 hex), here and in ``brmcp/tools``'s ``_meta``, as its
+  ``tools/list`` answers do (WIRE.md §Signed receipts).
 
 The client then knows the era, the capabilities and the tools after one
 round trip (2 PMs). A server that does not understand the mark (the Go

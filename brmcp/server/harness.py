@@ -42,6 +42,7 @@ from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 from .. import wire
 from ..protocol.eras import CAPABILITIES_META_KEY
 from ..protocol.payment import MARKS_REFUSALS_KEY, caller_epoch, pay_alongside_atoms
+from ..protocol.receipts import RECEIPT_KEY_META
 from ..transport.conn import Conn
 from ..transport.router import Router
 
@@ -116,7 +117,7 @@ class Harness:
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config
         try:
-            self._accounts = Accounts(config.data_dir, config.billing, config.clock)
+            self._accounts = Accounts(config.data_dir, config.billing, config.clock, config.store)
         except (ValueError, StoreError) as exc:
             raise HarnessError(str(exc)) from None
         try:
@@ -130,6 +131,7 @@ class Harness:
         self._tools = Toolset(config)
         self._calls = CallKeyRegistry(window=REPLAY_WINDOW, clock=config.clock)
         self._catalog = Catalog(self._limiter)
+        self._result_meta: dict[str, dict[str, Any]] = {}
         self._server: Server[Any] = Server(
             config.name,
             version=config.version,
@@ -276,6 +278,17 @@ class Harness:
         without ``replace``."""
         self._tools.add_spec(spec, replace=replace)
 
+    def set_result_meta(self, tool: str, meta: dict[str, Any]) -> None:
+        """Operator-declared ``_meta`` entries added to every successful
+        ``tools/call`` result of ``tool`` (empty: none). They come from the
+        operator, never from the tool's output (which the pipeline cleans of
+        ``brmcp/`` keys), so they may use that namespace; the harness's own
+        keys (receipts) win over them."""
+        if meta:
+            self._result_meta[tool] = dict(meta)
+        else:
+            self._result_meta.pop(tool, None)
+
     def remove_tool(self, name: str) -> bool:
         """Unregister ``name`` (absent from the next tools/list, unknown to
         the next tools/call; running calls finish). Returns whether it existed."""
@@ -373,11 +386,16 @@ class Harness:
         """The registered prompts, in registration order."""
         return self._catalog.prompts()
 
-    async def notify_resource_updated(self, uri: str) -> int:
-        """Tell every open session subscribed to ``uri`` (exact match) that
-        it changed (``notifications/resources/updated``, one PM each).
-        Returns the number of sessions notified; failures are logged."""
-        return await self._catalog.notify_resource_updated(uri)
+    async def notify_resource_updated(self, uri: str, *, peer: str | None = None) -> int:
+        """Tell every open session subscribed to ``uri`` (exact match; only
+        ``peer``'s sessions when given) that it changed
+        (``notifications/resources/updated``, one PM each). Returns the
+        number of sessions notified; failures are logged."""
+        return await self._catalog.notify_resource_updated(uri, peer=peer)
+
+    def resource_subscribers(self, uri: str, *, peer: str | None = None) -> int:
+        """How many open sessions (of ``peer`` when given) subscribed to ``uri``."""
+        return self._catalog.subscribers(uri, peer=peer)
 
     async def notify_resource_list_changed(self) -> int:
         """Send ``notifications/resources/list_changed`` to every open
@@ -487,10 +505,21 @@ class Harness:
         its ``brmcp/tools`` says ``brmcp/marksRefusals`` as ``tools/list``
         does (WIRE.md §Payments, "Genuine refusals")."""
         tools = self._tools.listed(peer)
-        listed = ListToolsResult(tools=tools, _meta={MARKS_REFUSALS_KEY: True}).model_dump(
+        listed = ListToolsResult(tools=tools, _meta=self._list_meta()).model_dump(
             by_alias=True, mode="json", exclude_none=True
         )
-        return {MODERN_VERSIONS_KEY: list(MODERN_PROTOCOL_VERSIONS), TOOLS_KEY: listed}
+        return {MODERN_VERSIONS_KEY: list(MODERN_PROTOCOL_VERSIONS), TOOLS_KEY: listed} | self._key_meta()
+
+    def _key_meta(self) -> dict[str, Any]:
+        """``{"brmcp/receiptKey": hex}`` with a receipt signer, else ``{}``
+        (WIRE.md §Signed receipts)."""
+        signer = self.config.receipt_signer
+        return {} if signer is None else {RECEIPT_KEY_META: signer.public_hex}
+
+    def _list_meta(self) -> dict[str, Any]:
+        """The ``_meta`` of every ``tools/list`` answer: the refusal mark
+        (WIRE.md §Payments, "Genuine refusals") and the receipt key."""
+        return {MARKS_REFUSALS_KEY: True} | self._key_meta()
 
     # -- money ---------------------------------------------------------------------------
 
@@ -571,7 +600,8 @@ class Harness:
         serialised with the harness's own money movements). ``op`` may move
         balances with :func:`store.add_balance` and must audit every
         movement with :func:`store.record_movement` under a unique ref (a
-        ref applied twice raises ``sqlite3.IntegrityError``, rolling back
+        ref applied twice raises ``sqlite3.IntegrityError``, or
+        ``psycopg.IntegrityError`` on a PostgreSQL store, rolling back
         all of ``op``), so a movement and the state change it pays for
         commit together or not at all; it may keep its own tables in the
         same file (the directory does: docs/directory.md §Files). Raises
@@ -600,7 +630,7 @@ class Harness:
         # Every answer says that this harness marks its genuine refusals
         # (WIRE.md §Payments, "Genuine refusals").
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            return ListToolsResult(tools=tools, _meta={MARKS_REFUSALS_KEY: True})
+            return ListToolsResult(tools=tools, _meta=self._list_meta())
         # A modern caller skipped server/discover: state the capabilities
         # here so it needs no second round trip (WIRE.md §Eras). What
         # initialize would declare: the modern era's own flags drop subscribe
@@ -609,7 +639,7 @@ class Harness:
             self._notifications(), protocol_version=LATEST_HANDSHAKE_VERSION
         )
         stated = declared.model_dump(by_alias=True, mode="json", exclude_none=True)
-        return ListToolsResult(tools=tools, _meta={CAPABILITIES_META_KEY: stated, MARKS_REFUSALS_KEY: True})
+        return ListToolsResult(tools=tools, _meta={CAPABILITIES_META_KEY: stated} | self._list_meta())
 
     async def _on_call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
@@ -630,9 +660,13 @@ class Harness:
         await self._tips.release_before_call(peer)
         key = call_key_from_meta(params.meta)
         alongside = pay_alongside_atoms(params.meta)
-        return await self.call(
+        result = await self.call(
             peer, spec, arguments, prepared, key, request=ctx, alongside=alongside, epoch=epoch
         )
+        extra = self._result_meta.get(spec.name)
+        if extra and not result.is_error:
+            result = result.model_copy(update={"meta": extra | (result.meta or {})})
+        return result
 
     async def call(
         self,

@@ -31,6 +31,7 @@ from brmcp.bridge.errors import SettingsError
 from brmcp.bridge.runtime import remove_runtime, write_runtime
 from brmcp.directory import Directory, DirectoryConfig
 from brmcp.directory.types import STATE_PENDING_REVIEW
+from brmcp.protocol.receipts import ReceiptSigner
 from brmcp.server import Harness
 from brmcp.testing import Fabric
 from brmcp.testing.fakebr import FakeBRClient, FakeRelay
@@ -86,6 +87,7 @@ class BridgePayer:
 
     directories: dict[str, Directory] = field(default_factory=dict)
     hostile: dict[str, HostileBot] = field(default_factory=dict)
+    providers: dict[str, Harness] = field(default_factory=dict)
     calls: list[tuple[str, int]] = field(default_factory=list)
     seq: int = 0
 
@@ -94,6 +96,8 @@ class BridgePayer:
         self.seq += 1
         if payee_uid in self.directories:
             await self.directories[payee_uid].credit_tip(CLIENT, atoms * 1000, self.seq)
+        elif payee_uid in self.providers:
+            await self.providers[payee_uid].credit_tip(CLIENT, atoms * 1000, self.seq)
         else:
             self.hostile[payee_uid].ledger.credit(CLIENT, atoms)
 
@@ -225,11 +229,13 @@ async def world(
     contacts: set[str] | None = None,
     hostile: HostileBot | None = None,
     clock: ManualClock | None = None,
+    signers: dict[str, ReceiptSigner] | None = None,
 ) -> AsyncIterator[World]:
     """Directories at DIR_A (lists P1) and DIR_B (lists P1 and P2), their
     providers, and a bridge at CLIENT whose brclient knows the directories
     (``contacts``: who it knows instead); ``hostile`` is put on the fabric too;
-    ``clock``: the bridge's (default: auto, at :data:`BRIDGE_NOW`)."""
+    ``clock``: the bridge's (default: auto, at :data:`BRIDGE_NOW`);
+    ``signers``: receipt keys of providers that sign receipts."""
     known = FakeContacts(contacts if contacts is not None else {DIR_A, DIR_B, HOSTILE})
     suggester = Suggester(known)
     payer = BridgePayer()
@@ -257,10 +263,13 @@ async def world(
             directories[at] = directory
         admin = await stack.enter_async_context(fabric.router(ADMIN))
         for provider, where in ((P1, (DIR_A, DIR_B)), (P2, (DIR_B,))):
-            harness, _runs = provider_harness(tmp_path / provider[:6])
+            harness, _runs = provider_harness(
+                tmp_path / provider[:6], receipt_signer=(signers or {}).get(provider)
+            )
             await stack.enter_async_context(harness)
             router = await harness.start(fabric.sender(provider))
             fabric.attach(provider, router.handle_pm)
+            payer.providers[provider] = harness
             for at in where:
                 dir_payers[at].harnesses[provider] = harness
                 await _list(directories[at], at, provider, router, admin)

@@ -5,12 +5,16 @@ daemon's approval notification command; what a pending payment shows (its
 call's bounded arguments, the time left on the bridge clock, the bot's nick
 from brclient next to its uid), the confirmation of a decision and the
 refusal of one that comes too late, fakebr's ``ChatService.UserNick``, and
-how the page says each setting is changed."""
+how the page says each setting is changed; the "Find tools" view's calls
+(``/ui/api/…``: CSRF header, only the discovery routes and the add-bot
+settings change, no token) and the agents' add-bot requests shown and
+decided on the page."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import html
 import json
 import re
 import sys
@@ -21,6 +25,9 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from brmcp.bridge.approvals import MAX_ARGUMENT_CHARS, PendingPayment, describe_arguments
 from brmcp.bridge.cli import main as bridge_main
@@ -738,3 +745,228 @@ async def test_every_setting_says_how_to_change_it_with_a_command_that_works(tmp
     assert f"<code>{env.data_dir / 'mcpclient.json'}</code>" in page
     assert "SIGHUP" in page
     assert "settings set mode=approval" in page  # the fixture is in autopay
+
+
+# -- the "Find tools" view's calls and the agents' add-bot requests -----------------------------
+
+
+def _allowed(env: Env) -> tuple[str, ...]:
+    return env.bridge.settings.allowed_bots or ()
+
+
+async def test_the_find_views_calls_need_the_csrf_header_and_reach_only_their_routes(tmp_path: Path) -> None:
+    from brmcp.bridge.settings import load_settings
+
+    newcomer = uid(9)
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path) as env, env.http() as http:
+            csrf = await _login(env, http)
+            api = {"X-CSRF-Token": csrf, "Accept": "application/json"}
+            body = {"uid": newcomer}
+            # The CSRF token must come as the header: a form field or nothing is refused.
+            assert (await http.post("/ui/api/add-bot", json=body)).status_code == 403
+            assert (await http.post("/ui/api/add-bot", data={"csrf": csrf})).status_code == 403
+            wrong = {"X-CSRF-Token": "x" * len(csrf)}
+            assert (await http.post("/ui/api/add-bot", json=body, headers=wrong)).status_code == 403
+            # Only the find view's routes are reachable: never the token-bearing ones.
+            for method, path in (
+                ("GET", "/ui/api/settings"),
+                ("POST", "/ui/api/settings"),
+                ("GET", f"/ui/api/config-snippet/{BOT}"),
+                ("POST", "/ui/api/ui-login"),
+                ("GET", "/ui/api/find"),
+                ("POST", f"/ui/api/contact/{BOT}"),
+                ("POST", "/ui/api/approvals/abc/approve"),
+            ):
+                answer = await http.request(method, path, headers=api)
+                assert answer.status_code == 404, (method, path)
+                assert TOKEN not in answer.text
+            # The discovery routes answer as they do on the admin surface.
+            none = await http.post("/ui/api/find", json={"query": "x"}, headers=api)
+            assert none.status_code == 409
+            assert "directories" in none.json()["error"]
+            bad = await http.post("/ui/api/find", json={"query": "x", "maxPriceAtoms": -1}, headers=api)
+            assert bad.status_code == 400
+            assert "maxPriceAtoms" in bad.json()["error"]
+            contact = await http.get(f"/ui/api/contact/{newcomer}", headers=api)
+            assert contact.json() == {"uid": newcomer, "contact": None}
+            assert (await http.get("/ui/api/contact/nope", headers=api)).status_code == 400
+            # Bad input is refused naming the field; nothing changed.
+            for wrong_body, field in (
+                ({"uid": "1a2b"}, "uid"),
+                ({"uid": newcomer, "perCallCapAtoms": -5}, "perCallCapAtoms"),
+                ({"uid": newcomer, "perDayCapAtoms": "9"}, "perDayCapAtoms"),
+                ({"uid": newcomer, "perCallCapAtoms": True}, "perCallCapAtoms"),
+                ({"uid": newcomer, "mode": "autopay"}, "unknown key 'mode'"),
+                ({"uid": newcomer, "allowed_bots": [newcomer]}, "unknown key 'allowed_bots'"),
+            ):
+                refused = await http.post("/ui/api/add-bot", json=wrong_body, headers=api)
+                assert refused.status_code == 400, wrong_body
+                assert field in refused.json()["error"]
+            not_json = await http.post("/ui/api/add-bot", content=b"[1]", headers=api)
+            assert not_json.status_code == 400
+            assert _allowed(env) == (BOT,)
+            assert env.bridge.settings.per_call_cap_atoms == 10_000
+            # A good add: exactly that uid appended, the caps given set, no token in the answer.
+            added = await http.post(
+                "/ui/api/add-bot", json={"uid": newcomer.upper(), "perDayCapAtoms": 5_000}, headers=api
+            )
+            assert added.status_code == 200, added.text
+            answer = added.json()
+            assert answer["uid"] == newcomer
+            assert answer["added"] is True
+            assert (answer["perCallCapAtoms"], answer["perDayCapAtoms"]) == (10_000, 5_000)
+            assert answer["message"].startswith(f"Added bot {newcomer} to allowed_bots; caps for every bot")
+            assert TOKEN not in added.text
+            assert added.headers["x-frame-options"] == "DENY"
+            assert _allowed(env) == (BOT, newcomer)
+            assert env.bridge.settings.per_day_cap_atoms == 5_000
+            assert load_settings(env.data_dir / "mcpclient.json").allowed_bots == (BOT, newcomer)
+            again = (await http.post("/ui/api/add-bot", json={"uid": newcomer}, headers=api)).json()
+            assert again["added"] is False
+            assert _allowed(env) == (BOT, newcomer)
+            # The caps the confirmation shows follow the settings in the live state.
+            assert (await http.get("/ui/state")).json()["caps"] == {
+                "perCallCapAtoms": 10_000,
+                "perDayCapAtoms": 5_000,
+                "mode": "autopay",
+            }
+
+
+async def test_an_agents_add_bot_request_is_shown_and_decided_on_the_page(tmp_path: Path) -> None:
+    hostile = '<script>window.x=1</script><img src=x onerror="alert(1)">'
+    wanted, unwanted = uid(10), uid(11)
+    settings = fixture_settings(mode="approval")
+    with anyio.fail_after(60):
+        async with bridge_env(tmp_path, settings=settings, auto_clock=False) as env, env.http() as http:
+            csrf = await _login(env, http)
+            page = (await http.get("/ui/")).text
+            assert '<section id="bot-requests"><h2>Add-bot requests from agents</h2>' in page
+            assert "No agent asks to add a bot." in page
+            answers: dict[str, Any] = {}
+            queue = env.bridge.bot_requests
+            async with anyio.create_task_group() as tg:
+
+                async def ask(who: str) -> None:
+                    answers[who] = await queue.request(who, reason=hostile, agent="claude-code 2.1")
+
+                version = (await http.get("/ui/state")).json()["version"]
+                tg.start_soon(ask, wanted)
+                tg.start_soon(ask, unwanted)
+                await until(lambda: len(queue.pending()) == 2)
+                # The long-poll wakes for the new requests.
+                state = (await http.get(f"/ui/state?after={version}")).json()
+                assert state["version"] != version
+                section = state["bot-requests"]
+                assert f"An agent asks to add bot {wanted}: " in section
+                assert f"An agent asks to add bot {unwanted}: " in section
+                assert "<script>" not in section
+                assert "<img" not in section
+                assert "&lt;script&gt;" in section
+                assert "from agent claude-code 2.1" in section
+                by_uid = {r.uid: r.id for r in queue.pending()}
+                assert f'action="/ui/bot-requests/{by_uid[wanted]}/approve"' in section
+                # A decision needs the CSRF token.
+                forged = await http.post(f"/ui/bot-requests/{by_uid[wanted]}/approve")
+                assert forged.status_code == 403
+                assert len(queue.pending()) == 2
+                json_headers = {"X-CSRF-Token": csrf, "Accept": "application/json"}
+                approved = await http.post(f"/ui/bot-requests/{by_uid[wanted]}/approve", headers=json_headers)
+                assert approved.status_code == 200, approved.text
+                assert approved.json() == {
+                    "id": by_uid[wanted],
+                    "outcome": "approved",
+                    "message": f"Approved: the agent's request to add bot {wanted}; outcome: approved",
+                }
+                # Without the script: the form posts and lands back on the page.
+                denied = await http.post(f"/ui/bot-requests/{by_uid[unwanted]}/deny", data={"csrf": csrf})
+                assert denied.status_code == 303
+            assert answers[wanted].outcome == "approved"
+            assert answers[unwanted].outcome == "denied"
+            assert _allowed(env) == (BOT, wanted)
+            # Deciding again is refused with the admin route's reason; an unknown id is a 404.
+            late = await http.post(f"/ui/bot-requests/{by_uid[unwanted]}/approve", headers=json_headers)
+            assert late.status_code == 409
+            assert "already ended (denied)" in late.json()["error"]
+            page_late = await http.post(f"/ui/bot-requests/{by_uid[unwanted]}/approve", data={"csrf": csrf})
+            assert page_late.status_code == 409
+            assert "already ended (denied)" in page_late.text
+            unknown = await http.post("/ui/bot-requests/0123456789abcdef/deny", headers=json_headers)
+            assert unknown.status_code == 404
+            assert _allowed(env) == (BOT, wanted)
+            section = (await http.get("/ui/state")).json()["bot-requests"]
+            assert "No agent asks to add a bot." in section
+            assert f"Bot <code>{wanted}</code>: approved" in section
+            assert f"Bot <code>{unwanted}</code>: denied" in section
+
+
+async def test_a_bridge_without_add_bot_requests_shows_no_such_section(tmp_path: Path) -> None:
+    from brmcp.bridge._asgi import send_json
+    from brmcp.bridge.ui import ui_handler
+
+    async def no_requests(scope: Any, receive: Any, send: Any, path: str) -> None:
+        await send_json(send, 404, {"error": "not found"})
+
+    with anyio.fail_after(30):
+        async with bridge_env(tmp_path) as env, env.http() as http:
+            env.bridge._app._ui = ui_handler(env.bridge, admin=no_requests)
+            await _login(env, http)
+            page = await http.get("/ui/")
+            assert page.status_code == 200
+            assert '<section id="bot-requests"></section>' in page.text
+            assert "Add-bot requests" not in page.text
+            state = await http.get("/ui/state")
+            assert state.status_code == 200
+            assert state.json()["bot-requests"] == ""
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
+    max_leaves=30,
+)
+_ROW_KEYS = (
+    "id",
+    "uid",
+    "reason",
+    "via",
+    "agent",
+    "requestedAt",
+    "expiresAt",
+    "contact",
+    "outcome",
+    "endedAt",
+)
+_MARKUP = st.sampled_from(
+    ['<img src=x onerror="alert(1)">', "</li><script>x()</script>", "\u202e\x1b[2J", "a&b"]
+)
+_ROW = st.fixed_dictionaries({}, optional=dict.fromkeys(_ROW_KEYS, _JSON | _MARKUP))
+
+
+@given(
+    answer=_JSON
+    | st.fixed_dictionaries({"pending": st.lists(_ROW, max_size=30), "recent": st.lists(_ROW, max_size=30)})
+)
+@hypothesis_settings(max_examples=200, deadline=None)
+def test_any_bot_requests_answer_renders_bounded_and_escaped(answer: Any) -> None:
+    from brmcp.bridge.ui.pages import (
+        BOT_REQUEST_ROWS,
+        MAX_REQUEST_TEXT,
+        bot_requests_from_json,
+        render_bot_requests,
+    )
+
+    requests = bot_requests_from_json(answer)
+    html_text = render_bot_requests(requests, "csrf", START, {})
+    if requests is None:
+        assert html_text == ""
+        return
+    assert len(requests.pending) <= BOT_REQUEST_ROWS
+    assert len(requests.recent) <= BOT_REQUEST_ROWS
+    for r in requests.pending:
+        assert len(r.reason) <= MAX_REQUEST_TEXT
+        assert r.reason.isprintable()
+        assert f"/ui/bot-requests/{html.escape(r.id)}/approve" in html_text
+    assert "<script" not in html_text
+    assert "<img" not in html_text
+    assert html_text.count("<form") == 2 * len(requests.pending)

@@ -25,6 +25,7 @@ from mcp import ClientSession
 
 from brmcp import ManualClock, Router
 from brmcp.directory import Directory, DirectoryConfig, Policy, Timeouts
+from brmcp.protocol.receipts import ReceiptSigner
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric, uid
 
@@ -90,10 +91,17 @@ class TipPayer:
         return sum(atoms for _, atoms in self.sent)
 
 
-def provider_harness(data_dir: Path, *, price: int = PRICE) -> tuple[Harness, list[str]]:
+def provider_harness(
+    data_dir: Path, *, price: int = PRICE, receipt_signer: ReceiptSigner | None = None
+) -> tuple[Harness, list[str]]:
     """A provider: ``fortune`` (``price`` atoms) logs each run in the
-    returned list; ``echo`` is free."""
-    harness = Harness(HarnessConfig(data_dir=data_dir, allow=lambda _peer: True, name="provider"))
+    returned list; ``echo`` is free. With ``receipt_signer`` its paid
+    results carry signed receipts (WIRE.md §Signed receipts)."""
+    harness = Harness(
+        HarnessConfig(
+            data_dir=data_dir, allow=lambda _peer: True, name="provider", receipt_signer=receipt_signer
+        )
+    )
     runs: list[str] = []
 
     @harness.tool(price_atoms=price, description="A fortune cookie")

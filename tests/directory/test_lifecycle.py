@@ -115,6 +115,7 @@ async def test_full_lifecycle(tmp_path: Path) -> None:
             "tags": ["fun", "fortune"],
             "catalogCheckedAt": int(START),
             "lastVerifiedExecution": int(START),
+            "reputation": {"ratings": 0, "paidTests": 1, "paidTestsOk": 1},
         }
         assert (await st.ok(CALLER, "search", {"maxPriceAtoms": PRICE - 1}))["total"] == 1  # echo, free
         assert (await st.ok(CALLER, "search", {"tags": ["nope"]}))["total"] == 0

@@ -42,7 +42,7 @@ import anyio
 import pytest
 
 from brmcp import ManualClock
-from brmcp.directory.tools import EXTENSION_TOOLS
+from brmcp.directory.tools import EXTENSION_KEYS, EXTENSION_TOOLS
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric, uid
 from brmcp.transport import Router
@@ -717,7 +717,9 @@ async def answers(kind: str, tmp_path: Path, binary: Path) -> dict[str, Any]:
     ``structuredContent`` (its text is checked to be the same JSON), a tool
     error ``{"error": text}``; the policy's ``name`` and ``pubKey`` and
     the snapshot's signature are left out (they differ by construction),
-    the snapshot's payload is decoded."""
+    the snapshot's payload is decoded; our extension keys
+    (``EXTENSION_KEYS``, docs/directory.md §Reputation) are dropped from
+    ``get_provider`` and search hits, as a Go client ignores them."""
     got: dict[str, Any] = {}
 
     def record(step: str, result: Any) -> None:
@@ -727,7 +729,11 @@ async def answers(kind: str, tmp_path: Path, binary: Path) -> dict[str, Any]:
             got[step] = {"error": text}
         else:
             assert json.loads(text) == result.structured_content
-            got[step] = result.structured_content
+            answer = result.structured_content
+            for item in [answer, *answer.get("hits", [])] if isinstance(answer, dict) else []:
+                for key in EXTENSION_KEYS:
+                    item.pop(key, None)
+            got[step] = answer
 
     runs: list[dict[str, Any]] = []
     harness = Harness(

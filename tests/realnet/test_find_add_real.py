@@ -19,7 +19,11 @@ with both, prov and cons have not.
    ``/mi``: ``ChatService.MediateKX``); ``add`` sees the exchange, allows
    prov and prints the agent configuration;
 4. an official SDK agent on the printed URL and header calls ``fortune``
-   (paid), and the books of all three agree to the atom."""
+   (paid), and the books of all three agree to the atom;
+5. ``brmcp-bridge receipts`` shows the fortune's signed receipt, checked;
+   ``brmcp-bridge rate`` turns it into a rating at dir, once: the same
+   receipt again is refused, and dir's ``get_provider`` shows the rating
+   next to its paid-test history."""
 
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ import pytest
 from anyio.abc import ByteReceiveStream
 
 from brmcp.bridge import ADMIN_TOKEN_FILE
+from brmcp.bridge.receipts import RECEIPTS_FILE, ReceiptBook
 from brmcp.testing.brnet import BrNet, mediated_kx
 
 from .dirstack import (
@@ -236,6 +241,50 @@ async def test_find_add_and_a_paid_call_on_a_real_relay(
                 )
 
             await report.step("4 agent: paid fortune call", paid_call)
+
+            async def rated() -> None:
+                def kept() -> bool:
+                    book = ReceiptBook(bridge_data / RECEIPTS_FILE)
+                    try:
+                        return bool(book.list(prov.uid, 1))
+                    finally:
+                        book.close()
+
+                await poll(kept, "the bridge to keep the fortune's signed receipt", 30, daemons)
+                done = await run_bridge(transcript, bridge_data, "receipts")
+                assert done.rc == 0, done
+                (line,) = done.stdout.splitlines()
+                assert f"  {prov.uid[:8]}  fortune  {FORTUNE_ATOMS:,} atoms  " in line, line
+                assert line.endswith("  ok"), line
+                receipt_id = line.split()[-2]
+                done = await run_bridge(
+                    transcript,
+                    bridge_data,
+                    "rate",
+                    receipt_id,
+                    "--stars",
+                    "5",
+                    "--comment",
+                    "quick and right",
+                )
+                assert done.rc == 0, done
+                assert f"directory {d.uid}: rated" in done.stdout, done.stdout
+                again = await run_bridge(transcript, bridge_data, "rate", receipt_id, "--stars", "1")
+                assert again.rc == 1, again
+                assert "already used" in again.stderr, again.stderr
+                with anyio.fail_after(120):
+                    async with agent(dir_url) as s:
+                        listing = payload(await s.call_tool("get_provider", {"uid": prov.uid}))
+                reputation = listing["reputation"]
+                assert reputation["ratings"] == 1, reputation
+                assert reputation["ratedAtoms"] == FORTUNE_ATOMS, reputation
+                assert reputation["paidTestsOk"] >= 1, reputation
+                assert reputation["lastTests"][0]["ok"] is True, reputation
+                transcript.note(
+                    f"agent on dir: get_provider {prov.uid[:8]} -> reputation {json.dumps(reputation)}"
+                )
+
+            await report.step("5 receipts, rate the provider at dir", rated)
 
             books = await _check_books(net, dir_data, prov_data, bridge_data, d.uid, prov.uid, cons.uid)
             transcript.note(books)

@@ -5,7 +5,9 @@ behind the admin token: ``brmcp-bridge ui`` asks the running daemon for a
 one-time login link; opening it sets a session cookie for this browser.
 Server-rendered HTML; a small script (``/ui/app.js``) updates the page
 without reloads and decides approvals in one click. Without the script the
-same forms work as plain HTML posts.
+same forms work as plain HTML posts. The page also shows agents' add-bot
+requests (approve or deny) and a "Find tools" search of the configured
+directories whose Add acts only on the user's confirmation.
 
 * :class:`UISessions`: one-time login tickets and browser sessions;
 * :func:`ui_handler`: the ASGI handler for ``/ui/…``;

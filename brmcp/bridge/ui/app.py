@@ -17,8 +17,28 @@
   way; 404 for an unknown id. Else 303 to the page, which lists the
   decision under "Recent decisions" (a 409 page with the same text when
   too late);
+* ``POST /ui/bot-requests/<id>/approve`` or ``…/deny``: decide an agent's
+  request to add a bot (``POST /admin/bot-requests/<id>`` ``{"approve"}``);
+  CSRF as above; JSON ``{"id", "outcome", "message"}`` when asked, the
+  admin route's 404/409 ``{"error"}`` passed on; else 303 to the page;
+* ``/ui/api/…`` (JSON in and out, the CSRF token in ``X-CSRF-Token``
+  only): the "Find tools" view's calls, answered by the admin surface's own
+  routes: ``POST /ui/api/find`` (``/admin/find``), ``GET
+  /ui/api/contact/<uid>`` (``/admin/contact/<uid>``), ``POST
+  /ui/api/introduce`` (``/admin/introduce``), ``POST /ui/api/wait-kx``
+  (``/admin/wait-kx``), and ``POST /ui/api/add-bot`` ``{"uid",
+  "perCallCapAtoms"?, "perDayCapAtoms"?}``: puts the uid on
+  ``allowed_bots`` and sets the caps given, through ``PUT /admin/settings``
+  (the path ``brmcp-bridge add`` takes); answers ``{"uid", "added",
+  "perCallCapAtoms", "perDayCapAtoms", "mode", "message"}`` (never the
+  token), 400 naming the field to fix;
 * ``POST /ui/logout``: end the session;
 * ``GET /ui/app.js``: the page's script.
+
+The pending add-bot requests (``GET /admin/bot-requests``) are part of the
+live state; a bridge without that route shows no such section. Nothing a
+directory answers is acted on: an add is a request the user's click on the
+confirmation makes.
 
 Bots are shown with the nick brclient has for them when the host's PM
 sender can ask (:class:`~.nicks.NickSource`, e.g. the daemon's), next to
@@ -35,25 +55,28 @@ from __future__ import annotations
 import functools
 import hmac
 import importlib.resources
+import json
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from http.cookies import CookieError, SimpleCookie
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import parse_qs
 
 import anyio
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from .._asgi import header_values, read_body, send_json
+from .._asgi import PathHandler, header_values, read_body, send_json
 from ..approvals import PendingPayment
-from ..settings import SETTINGS_FILE, Settings
+from ..settings import SETTINGS_FILE, Settings, is_uid
 from ..spend import BotBalance, SpendSummary
 from .nicks import NickBook, NickSource
 from .pages import (
     RECENT_ROWS,
     RECENT_SECS,
     SPEND_ROWS,
+    BotRequests,
     PageState,
+    bot_requests_from_json,
     decision_text,
     render_fragments,
     render_login_needed,
@@ -63,6 +86,7 @@ from .pages import (
 from .sessions import SESSION_TTL, UISession, UISessions
 
 if TYPE_CHECKING:
+    from ..admin import AdminHost
     from ..settle import Settler
 
 __all__ = [
@@ -84,6 +108,10 @@ COOKIE = "brmcp_ui"
 LONG_POLL_SECS = 20.0
 #: Largest form body accepted (bytes).
 MAX_FORM_BYTES = 4096
+#: Largest ``/ui/api/…`` request body accepted (bytes).
+MAX_API_BYTES = 4096
+#: The ``/ui/api/…`` calls answered by the admin route of the same name: (method, route).
+_FORWARDED = {("POST", "find"), ("GET", "contact"), ("POST", "introduce"), ("POST", "wait-kx")}
 
 _CSP = (
     "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; "
@@ -96,6 +124,8 @@ _SECURITY_HEADERS = (
     (b"referrer-policy", b"no-referrer"),
     (b"content-security-policy", _CSP.encode()),
 )
+#: What JSON answers add to :func:`~.._asgi.send_json`'s own headers.
+_API_HEADERS = _SECURITY_HEADERS[2:]
 
 #: Serves one ``/ui/…`` request; the last argument is the path.
 UIHandler = Callable[[Scope, Receive, Send, str], Awaitable[None]]
@@ -228,11 +258,60 @@ def _bots_shown(host: UIHost, now: float) -> list[str]:
     return bots
 
 
-async def _state(host: UIHost, nicks: NickBook) -> PageState:
+async def _forward(admin: PathHandler, method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
+    """Ask the admin surface's route ``path`` in-process (the page's session
+    and CSRF token were checked instead of the admin token); returns its
+    status and JSON answer (``{"error": text}`` when it answered no JSON)."""
+    scope: Scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+    }
+    delivered = False
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if delivered:
+            return {"type": "http.disconnect"}
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    status = 500
+    chunks: list[bytes] = []
+
+    async def send(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = int(message["status"])
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await admin(scope, receive, send, path)
+    raw = b"".join(chunks)
+    try:
+        value = json.loads(raw) if raw else {}
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        value = {"error": raw.decode("utf-8", "replace")[:300]}
+    return status, value
+
+
+async def _bot_requests(admin: PathHandler) -> BotRequests | None:
+    """The agents' add-bot requests, or None when the bridge serves none
+    (the admin route answers anything but 200 with their shape)."""
+    status, value = await _forward(admin, "GET", "/admin/bot-requests")
+    return bot_requests_from_json(value) if status == 200 else None
+
+
+async def _state(host: UIHost, nicks: NickBook, admin: PathHandler) -> PageState:
     """A snapshot of what the page shows, with the nicks of its bots (looked
     up first, within the book's time budget). The version is read before
     the parts, so a change made meanwhile is not missed by the long-poll."""
     await nicks.refresh(_bots_shown(host, host.clock_now()))
+    requests = await _bot_requests(admin)
     version = host.change_version
     now = host.clock_now()
     bots = _bots_shown(host, now)
@@ -247,6 +326,7 @@ async def _state(host: UIHost, nicks: NickBook) -> PageState:
         nicks=nicks.known(bots),
         recent=tuple(host._settler.approvals.recent(now - RECENT_SECS, RECENT_ROWS)),
         settings_file=os.path.join(host.config.data_dir, SETTINGS_FILE),
+        bot_requests=requests,
     )
 
 
@@ -256,10 +336,22 @@ def nick_source_of(host: UIHost) -> NickSource | None:
     return sender if isinstance(sender, NickSource) else None
 
 
-def ui_handler(host: UIHost, *, nicks: NickBook | None = None) -> UIHandler:
+def _admin_of(host: UIHost) -> PathHandler:
+    """The admin surface's handler over ``host``, which is then also an
+    :class:`~brmcp.bridge.admin.AdminHost` (the :class:`~brmcp.bridge.Bridge` is)."""
+    from ..admin import admin_handler  # the admin module imports this package
+
+    return admin_handler(cast("AdminHost", host))
+
+
+def ui_handler(host: UIHost, *, nicks: NickBook | None = None, admin: PathHandler | None = None) -> UIHandler:
     """The handler for ``/ui/…`` bound to ``host``; ``nicks`` defaults to a
-    book over :func:`nick_source_of` ``host``."""
+    book over :func:`nick_source_of` ``host``; ``admin`` (the admin
+    surface's handler, whose discovery, settings and add-bot request routes
+    the page uses) defaults to one over ``host``."""
     book = nicks if nicks is not None else NickBook(nick_source_of(host))
+    admin_routes = admin if admin is not None else _admin_of(host)
+    add_lock = anyio.Lock()
 
     async def handle(scope: Scope, receive: Receive, send: Send, path: str) -> None:
         method = scope.get("method", "")
@@ -289,12 +381,24 @@ def ui_handler(host: UIHost, *, nicks: NickBook | None = None) -> UIHandler:
                 await _html(send, 401, render_login_needed(reason, host.cli_command))
             return
         if route == "/" and method == "GET":
-            await _html(send, 200, render_page(await _state(host, book), session.csrf))
+            await _html(send, 200, render_page(await _state(host, book, admin_routes), session.csrf))
             return
         if route == "/state" and method == "GET":
-            await _state_answer(host, book, scope, send, session)
+            await _state_answer(host, book, admin_routes, scope, send, session)
             return
         parts = [p for p in route.split("/") if p]
+        if parts[:1] == ["api"]:
+            await _api(host, admin_routes, add_lock, scope, receive, send, session, parts[1:])
+            return
+        if method == "POST" and len(parts) == 3 and parts[0] == "bot-requests":
+            if not await _csrf_ok(scope, receive, session):
+                await send_json(send, 403, {"error": "missing or wrong CSRF token; reload the page"})
+                return
+            if parts[2] not in ("approve", "deny"):
+                await send_json(send, 404, {"error": "not found"})
+                return
+            await _decide_bot_request(admin_routes, scope, send, parts[1], parts[2] == "approve")
+            return
         if method == "POST" and (parts == ["logout"] or (len(parts) == 3 and parts[0] == "approvals")):
             if not await _csrf_ok(scope, receive, session):
                 await send_json(send, 403, {"error": "missing or wrong CSRF token; reload the page"})
@@ -342,7 +446,9 @@ async def _decide(
     await _redirect(send, UI_PREFIX + "/")
 
 
-async def _state_answer(host: UIHost, nicks: NickBook, scope: Scope, send: Send, session: UISession) -> None:
+async def _state_answer(
+    host: UIHost, nicks: NickBook, admin: PathHandler, scope: Scope, send: Send, session: UISession
+) -> None:
     after = (_query(scope).get("after") or [""])[0]
     if after == str(host.change_version):
         changed = anyio.Event()
@@ -352,7 +458,7 @@ async def _state_answer(host: UIHost, nicks: NickBook, scope: Scope, send: Send,
                 await changed.wait()
         finally:
             unsubscribe()
-    await send_json(send, 200, render_fragments(await _state(host, nicks), session.csrf))
+    await send_json(send, 200, render_fragments(await _state(host, nicks, admin), session.csrf))
 
 
 async def _csrf_ok(scope: Scope, receive: Receive, session: UISession) -> bool:
@@ -362,3 +468,144 @@ async def _csrf_ok(scope: Scope, receive: Receive, session: UISession) -> bool:
         if body:
             given = parse_qs(body.decode("utf-8", "replace")).get("csrf", [])
     return len(given) == 1 and hmac.compare_digest(given[0].encode(), session.csrf.encode())
+
+
+async def _api(
+    host: UIHost,
+    admin: PathHandler,
+    add_lock: anyio.Lock,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    session: UISession,
+    parts: list[str],
+) -> None:
+    """Serve ``/ui/api/…`` (the module docstring)."""
+    method = scope.get("method", "")
+    given = [v.decode("latin-1") for v in header_values(scope, b"x-csrf-token")]
+    if len(given) != 1 or not hmac.compare_digest(given[0].encode(), session.csrf.encode()):
+        await send_json(send, 403, {"error": "missing or wrong CSRF token; reload the page"})
+        return
+    route = parts[0] if parts else ""
+    if parts == ["add-bot"] and method == "POST":
+        body = await _api_body(receive, send)
+        if body is not None:
+            async with add_lock:
+                await _add_bot(host, admin, send, body)
+        return
+    if (method, route) not in _FORWARDED or len(parts) != (2 if route == "contact" else 1):
+        await send_json(send, 404, {"error": "not found"})
+        return
+    raw = b""
+    if method == "POST":
+        read, extra = await read_body(receive, MAX_API_BYTES)
+        if read is None:
+            if not extra:
+                await send_json(send, 413, {"error": f"request body over {MAX_API_BYTES} bytes"})
+            return
+        raw = read
+    status, value = await _forward(admin, method, "/admin/" + "/".join(parts), raw)
+    await send_json(send, status, value, _API_HEADERS)
+
+
+async def _api_body(receive: Receive, send: Send) -> dict[str, Any] | None:
+    """The request's JSON object, or None after answering 400 or 413 (or
+    when the client went away)."""
+    raw, extra = await read_body(receive, MAX_API_BYTES)
+    if raw is None:
+        if not extra:
+            await send_json(send, 413, {"error": f"request body over {MAX_API_BYTES} bytes"})
+        return None
+    try:
+        value = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        await send_json(send, 400, {"error": "the body must be a JSON object"})
+        return None
+    return value
+
+
+#: The caps ``/ui/api/add-bot`` may set: its key → the setting.
+_ADD_CAPS = {"perCallCapAtoms": "per_call_cap_atoms", "perDayCapAtoms": "per_day_cap_atoms"}
+
+
+async def _add_bot(host: UIHost, admin: PathHandler, send: Send, body: dict[str, Any]) -> None:
+    """Put ``body["uid"]`` on ``allowed_bots`` and set the caps given, through
+    ``PUT /admin/settings`` (as ``brmcp-bridge add`` does); the answer names
+    the caps in force and never carries the token."""
+    unknown = sorted(set(body) - {"uid", *_ADD_CAPS})
+    if unknown:
+        error = f"add-bot: unknown key {unknown[0]!r}; keys: uid, perCallCapAtoms, perDayCapAtoms"
+        await send_json(send, 400, {"error": error})
+        return
+    given = body.get("uid")
+    if not isinstance(given, str) or not is_uid(given.strip()):
+        await send_json(
+            send, 400, {"error": f"uid: {json.dumps(given)[:80]} is not a 64-hex Bison Relay uid"}
+        )
+        return
+    uid = given.strip().lower()
+    changes: dict[str, Any] = {}
+    for key, setting in _ADD_CAPS.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+            error = f"{key}: {json.dumps(value)[:40]} must be a whole number of atoms, 0 (never pay) or more"
+            await send_json(send, 400, {"error": error})
+            return
+        changes[setting] = value
+    allowed = list(host.settings.allowed_bots or ())
+    added = uid not in {b.lower() for b in allowed}
+    if added:
+        changes["allowed_bots"] = [*allowed, uid]
+    if changes:
+        status, value = await _forward(admin, "PUT", "/admin/settings", json.dumps(changes).encode())
+        if status != 200 or not isinstance(value, dict):
+            refusal = value.get("error") if isinstance(value, dict) else None
+            await send_json(send, status if status != 200 else 500, {"error": str(refusal or "not applied")})
+            return
+    settings = host.settings
+    what = f"Added bot {uid} to allowed_bots" if added else f"Bot {uid} was already allowed"
+    message = (
+        f"{what}; caps for every bot: {settings.per_call_cap_atoms:,} atoms per call, "
+        f"{settings.per_day_cap_atoms:,} atoms per day (mode {settings.mode}). Agents reach it at "
+        f"/mcp/{uid} with the bridge's token ({host.cli_command} config-snippet {uid})."
+    )
+    answer = {
+        "uid": uid,
+        "added": added,
+        "perCallCapAtoms": settings.per_call_cap_atoms,
+        "perDayCapAtoms": settings.per_day_cap_atoms,
+        "mode": settings.mode,
+        "message": message,
+    }
+    await send_json(send, 200, answer, _API_HEADERS)
+
+
+async def _decide_bot_request(
+    admin: PathHandler, scope: Scope, send: Send, request_id: str, approve: bool
+) -> None:
+    """Deliver the user's decision on an agent's add-bot request to
+    ``POST /admin/bot-requests/<id>`` and answer it (the module docstring)."""
+    before = await _bot_requests(admin)
+    uid = next((r.uid for r in (before.pending if before else ()) if r.id == request_id), None)
+    body = json.dumps({"approve": approve}).encode()
+    status, value = await _forward(admin, "POST", f"/admin/bot-requests/{request_id}", body)
+    answer = value if isinstance(value, dict) else {}
+    if status == 200:
+        outcome = str(answer.get("outcome") or ("approved" if approve else "denied"))
+        verb = "Approved" if approve else "Denied"
+        message = f"{verb}: the agent's request to add bot {uid or request_id}; outcome: {outcome}"
+        result: dict[str, Any] = {"id": request_id, "outcome": outcome, "message": message}
+    else:
+        error = str(answer.get("error") or f"HTTP {status}")
+        result = {"error": error}
+    if _wants_json(scope):
+        await send_json(send, status, result, _API_HEADERS)
+        return
+    if status != 200:
+        await _html(send, status, render_notice(result["error"], UI_PREFIX + "/"))
+        return
+    await _redirect(send, UI_PREFIX + "/")

@@ -24,13 +24,23 @@ from ..settings import (
 from ..spend import DAY_SECONDS, STATUS_FAILED, STATUS_PAID, BotBalance, SpendEntry, SpendSummary
 
 __all__ = [
+    "BOT_REQUEST_ROWS",
+    "MAX_REQUEST_TEXT",
     "RECENT_ROWS",
     "RECENT_SECS",
     "SPEND_ROWS",
+    "BotRequest",
+    "BotRequests",
+    "EndedBotRequest",
     "PageState",
     "approved_outcome",
     "bot_label",
+    "bot_request_text",
+    "bot_requests_from_json",
+    "caps_of",
     "decision_text",
+    "render_bot_requests",
+    "render_find",
     "render_fragments",
     "render_login_needed",
     "render_notice",
@@ -53,7 +63,8 @@ class PageState:
     bridge clock (unix seconds); ``nicks``: brclient's nicks by lowercase
     uid (bots without one are shown by uid only); ``recent``: payments
     that ended lately, newest first; ``settings_file``: the path of
-    ``mcpclient.json`` (None: not known)."""
+    ``mcpclient.json`` (None: not known); ``bot_requests``: the agents'
+    add-bot requests (None: ``/admin/bot-requests`` is not served)."""
 
     settings: Settings
     pending: tuple[PendingPayment, ...]
@@ -66,6 +77,8 @@ class PageState:
     nicks: Mapping[str, str] = field(default_factory=dict)
     recent: tuple[EndedPayment, ...] = ()
     settings_file: str | None = None
+    #: The agents' add-bot requests (None: the bridge serves none).
+    bot_requests: BotRequests | None = None
 
 
 def _e(value: object) -> str:
@@ -418,9 +431,246 @@ def render_settings(
     )
 
 
+# -- add-bot requests from agents and the "Find tools" view ---------------------------------------
+
+#: Characters of an agent's reason (and of other request texts) shown at most.
+MAX_REQUEST_TEXT = 300
+#: Add-bot requests shown at most, pending and recent each.
+BOT_REQUEST_ROWS = 20
+
+
+def _cut(value: object, limit: int = MAX_REQUEST_TEXT) -> str:
+    """``value`` as printable text of at most ``limit`` characters (``…`` marks a cut)."""
+    text = "".join(ch for ch in str(value) if ch.isprintable())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _text_of(value: object) -> str | None:
+    return None if value is None else _cut(value)
+
+
+def _time_of(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class BotRequest:
+    """One agent's request to add a bot, parked for the user (an entry of
+    ``pending`` in ``GET /admin/bot-requests``): ``uid`` the bot, ``reason``
+    the agent's words (untrusted text), ``via`` the directory named (or
+    None), ``agent`` who asked, ``requested_at``/``expires_at`` unix
+    seconds (None: not given), ``contact`` whether the bot is a contact of
+    brclient (None: not known)."""
+
+    id: str
+    uid: str
+    reason: str
+    via: str | None
+    agent: str | None
+    requested_at: float | None
+    expires_at: float | None
+    contact: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class EndedBotRequest:
+    """An add-bot request that ended (``recent`` in ``GET /admin/bot-requests``)."""
+
+    id: str
+    uid: str
+    outcome: str
+    ended_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class BotRequests:
+    """What ``GET /admin/bot-requests`` answered, bounded to
+    :data:`BOT_REQUEST_ROWS` rows each and with every text cut to
+    :data:`MAX_REQUEST_TEXT` printable characters."""
+
+    pending: tuple[BotRequest, ...] = ()
+    recent: tuple[EndedBotRequest, ...] = ()
+
+
+def bot_requests_from_json(value: object) -> BotRequests | None:
+    """The add-bot requests of a ``GET /admin/bot-requests`` answer
+    (``{"pending": [{"id", "uid", "reason", "via", "agent", "requestedAt",
+    "expiresAt", "contact"}…], "recent": [{"id", "uid", "outcome",
+    "endedAt"}…]}``); None when it is not such an object. Rows without a
+    string ``id`` and ``uid`` are left out; every other field is optional."""
+    if not isinstance(value, dict):
+        return None
+    pending_raw, recent_raw = value.get("pending"), value.get("recent", [])
+    if not isinstance(pending_raw, list) or not isinstance(recent_raw, list):
+        return None
+    pending: list[BotRequest] = []
+    for row in pending_raw[:BOT_REQUEST_ROWS]:
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("id"), str)
+            or not isinstance(row.get("uid"), str)
+        ):
+            continue
+        contact = row.get("contact")
+        pending.append(
+            BotRequest(
+                id=_cut(row["id"], 80),
+                uid=_cut(row["uid"], 80),
+                reason=_cut(row.get("reason") or ""),
+                via=_text_of(row.get("via")),
+                agent=_text_of(row.get("agent")),
+                requested_at=_time_of(row.get("requestedAt")),
+                expires_at=_time_of(row.get("expiresAt")),
+                contact=contact if isinstance(contact, bool) else None,
+            )
+        )
+    recent: list[EndedBotRequest] = []
+    for row in recent_raw[:BOT_REQUEST_ROWS]:
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("id"), str)
+            or not isinstance(row.get("uid"), str)
+        ):
+            continue
+        recent.append(
+            EndedBotRequest(
+                id=_cut(row["id"], 80),
+                uid=_cut(row["uid"], 80),
+                outcome=_cut(row.get("outcome") or "ended", 80),
+                ended_at=_time_of(row.get("endedAt")),
+            )
+        )
+    return BotRequests(tuple(pending), tuple(recent))
+
+
+def bot_request_text(request: BotRequest) -> str:
+    """The line a pending request is shown with, as plain text (not
+    escaped): ``An agent asks to add bot <full uid>: <reason>``."""
+    return f"An agent asks to add bot {request.uid}: {request.reason or '(no reason given)'}"
+
+
+def render_bot_requests(
+    requests: BotRequests | None, csrf: str, now: float = 0.0, nicks: Mapping[str, str] | None = None
+) -> str:
+    """The agents' add-bot requests: each pending one as ``An agent asks to
+    add bot <uid>: <reason>`` with who asked, through which directory,
+    whether the bot is a contact, when it expires, and Approve / Deny
+    forms (``POST /ui/bot-requests/<id>/approve`` or ``…/deny``); then the
+    ones that ended lately. Empty (nothing shown) when the bridge has no
+    such requests (``requests`` None: ``/admin/bot-requests`` is not
+    served)."""
+    if requests is None:
+        return ""
+    names = nicks or {}
+    rows = []
+    for r in requests.pending:
+        forms = "".join(
+            f'<form class="decide" method="post" action="/ui/bot-requests/{_e(r.id)}/{verb}">'
+            f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
+            f'<button type="submit" class="{verb}" data-request="{_e(r.id)}">{label}</button></form>'
+            for verb, label in (("approve", "Approve"), ("deny", "Deny"))
+        )
+        nick = names.get(r.uid.lower())
+        details = [f"request <code>{_e(r.id)}</code>"]
+        if r.agent:
+            details.append(f"from agent {_e(r.agent)}")
+        if r.via:
+            details.append(f"via directory <code>{_e(r.via)}</code>")
+        if nick is not None:
+            details.append(f'brclient nick <span class="nick">{_e(nick)}</span> (a label, not an identity)')
+        if r.contact is None:
+            details.append("contact not known")
+        else:
+            details.append(
+                "a contact of your brclient"
+                if r.contact
+                else "not a contact yet (a key exchange comes first)"
+            )
+        if r.requested_at is not None:
+            details.append(f"asked at {_when(r.requested_at)} UTC")
+        if r.expires_at is not None:
+            details.append(f"expires at {_when(r.expires_at)} UTC ({_e(time_left(r.expires_at - now))})")
+        rows.append(
+            f'<li class="bot-request" data-request="{_e(r.id)}">'
+            f'<span class="ask">{_e(bot_request_text(r))}</span>'
+            f'<br><small>{"; ".join(details)}</small><div class="actions">{forms}</div></li>'
+        )
+    out = "<h2>Add-bot requests from agents</h2>"
+    if rows:
+        out += (
+            "<p>Approving puts the bot on allowed_bots under your caps; an agent can only ask.</p>"
+            f'<ul class="bot-requests">{"".join(rows)}</ul>'
+        )
+    else:
+        out += '<p class="empty">No agent asks to add a bot.</p>'
+    ended = "".join(
+        f'<li class="{_e(e.outcome)}">Bot <code>{_e(e.uid)}</code>: {_e(e.outcome)}'
+        + (f" <small>({_when(e.ended_at)} UTC)</small>" if e.ended_at is not None else "")
+        + "</li>"
+        for e in requests.recent
+    )
+    if ended:
+        out += f'<ul class="bot-requests-recent">{ended}</ul>'
+    return out
+
+
+def caps_of(settings: Settings) -> dict[str, object]:
+    """The caps an added bot gets (the bridge's, for every bot), as the
+    page's script reads them: ``{"perCallCapAtoms", "perDayCapAtoms",
+    "mode"}`` (atoms; 0 or less means never pay)."""
+    return {
+        "perCallCapAtoms": settings.per_call_cap_atoms,
+        "perDayCapAtoms": settings.per_day_cap_atoms,
+        "mode": settings.mode,
+    }
+
+
+def render_find(settings: Settings, command: str = "brmcp-bridge") -> str:
+    """The "Find tools" view: a search form (query, optional tag, optional
+    highest price in atoms), the element the script fills with the hits
+    (as text only), and the confirmation an Add opens. Searching changes
+    nothing; an Add happens only when the user confirms it."""
+    directories = len(settings.directories or ())
+    if not directories:
+        hint = (
+            "No directories are configured; add one with "
+            f"{_set(command, 'directories=<directory uid>')} (its operator gives you its uid)."
+        )
+    else:
+        hint = (
+            f"Asks the {directories} configured directory(ies). A priced search is a paid call under "
+            "your caps (in approval mode it waits above for your decision)."
+        )
+    return (
+        f'<p class="find-hint">{hint}</p>'
+        '<form id="find-form" class="find" method="get" action="/ui/">'
+        '<label>Query <input type="search" id="find-query" name="query" maxlength="256" required></label> '
+        '<label>Tag <input type="text" id="find-tag" name="tag" maxlength="64"></label> '
+        '<label>Max price (atoms) <input type="number" id="find-max-price" name="maxPriceAtoms" min="0" '
+        'step="1"></label> <button type="submit" id="find-go">Search</button></form>'
+        f'<p class="noscript-note">Searching here needs the page\'s script; or run '
+        f"<code>{_e(command)} find QUERY</code>.</p>"
+        '<div id="find-results" aria-live="polite"></div>'
+        f'<span id="find-caps" hidden data-per-call="{settings.per_call_cap_atoms}" '
+        f'data-per-day="{settings.per_day_cap_atoms}" data-mode="{_e(settings.mode)}"></span>'
+        '<div id="add-confirm" class="confirm" hidden>'
+        '<p><strong>Add bot</strong> <code id="add-uid"></code>?</p>'
+        '<p id="add-caps"></p>'
+        '<p class="small">The caps are the bridge\'s, for every bot. Leave a field empty to keep it.</p>'
+        '<label>Per-call cap (atoms) <input type="number" id="add-per-call" min="0" step="1"></label> '
+        '<label>Per-day cap (atoms) <input type="number" id="add-per-day" min="0" step="1"></label>'
+        '<p><button type="button" id="add-yes" class="approve">Confirm: add this bot</button> '
+        '<button type="button" id="add-cancel">Cancel</button></p>'
+        '<p id="add-progress" role="status"></p></div>'
+    )
+
+
 def render_fragments(state: PageState, csrf: str) -> dict[str, object]:
     """The page's live parts: HTML by element id (``approvals``,
-    ``decisions``, ``spend``, ``balances``, ``settings``), ``pending_count``,
+    ``bot-requests``, ``decisions``, ``spend``, ``balances``, ``settings``),
+    ``caps`` (:func:`caps_of`), ``pending_count``,
     ``version``, ``now`` (the bridge clock) and ``pending``: one object per
     parked payment, ``{"id", "arguments", "remaining"}``, where
     ``arguments`` is the call's argument text (or null) for the script to
@@ -432,6 +682,8 @@ def render_fragments(state: PageState, csrf: str) -> dict[str, object]:
         "approvals": render_approvals(
             state.pending, csrf, state.settings, state.now, state.nicks, inline_args=False
         ),
+        "bot-requests": render_bot_requests(state.bot_requests, csrf, state.now, state.nicks),
+        "caps": caps_of(state.settings),
         "pending_count": len(state.pending),
         "pending": [
             {
@@ -466,6 +718,11 @@ margin:.3rem 0 0;white-space:pre-wrap;word-break:break-all;font-size:.8rem}
 ul.decisions li.denied,ul.decisions li.timeout,ul.decisions li.withdrawn,ul.decisions li.failed,
 ul.decisions li.not-paid{color:#8c1d18}
 td.how{font-size:.85rem;color:#444}
+ul.bot-requests li{margin:.4rem 0}.bot-request .ask{font-weight:600}.bot-request .actions{margin-top:.2rem}
+form.find label,div.confirm label{margin-right:.6rem}div.confirm{border:2px solid #1b7f3b;padding:.5rem .8rem;
+margin:.5rem 0;border-radius:4px;background:#f4fbf6}.hit{border-bottom:1px solid #eee;padding:.4rem 0}
+.hit .uid{font-family:monospace;word-break:break-all}.hit .claim,.find-failed li{font-size:.85rem;color:#444}
+.find-failed{color:#8c1d18}.small{font-size:.85rem;color:#444}
 """
 
 
@@ -484,9 +741,11 @@ def render_page(state: PageState, csrf: str) -> str:
         f'<h2>Waiting for approval (<span id="pending-count">{len(state.pending)}</span>)</h2>'
         f'<section id="approvals">'
         f"{render_approvals(state.pending, csrf, state.settings, state.now, state.nicks)}</section>"
+        f'<section id="bot-requests">{parts["bot-requests"]}</section>'
         f'<h2>Recent decisions</h2><section id="decisions">{parts["decisions"]}</section>'
         f'<h2>Spending</h2><section id="spend">{parts["spend"]}</section>'
         f'<h2>Balances at bots</h2><section id="balances">{parts["balances"]}</section>'
+        f'<h2>Find tools</h2><section id="find">{render_find(state.settings, state.command)}</section>'
         f'<h2>Settings</h2><section id="settings">{parts["settings"]}</section>'
         '<form method="post" action="/ui/logout"><input type="hidden" name="csrf" '
         f'value="{_e(csrf)}"><button type="submit">Log out</button></form>'
