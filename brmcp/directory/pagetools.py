@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from ._sql import adapt
 from .pages import PAGE_MAX_BYTES, Generation, build_changes_payload, build_generation
 from .rows import LISTING_COLUMNS, Listing, all_listings, listing_of
 from .snapshot import Signer, SnapshotListing
@@ -249,7 +250,7 @@ def register_pages_tools(
             return int(clock()), [to_listing(item) for item in all_listings(conn)]
 
         with anyio.CancelScope(shield=True):
-            result = await harness.transact(op)
+            result = await harness.transact(adapt(op))
         return result
 
     pages = SnapshotPages(directory.signer, read, clock)
@@ -269,7 +270,7 @@ def register_pages_tools(
             return (int(clock()), *changes_since(conn, since))
 
         with anyio.CancelScope(shield=True):
-            now, horizon, upserts, removals = await harness.transact(op)
+            now, horizon, upserts, removals = await harness.transact(adapt(op))
         if since < horizon:
             raise ValueError(
                 f"{TOO_OLD}: since {since} is before the oldest removal kept ({horizon}); "

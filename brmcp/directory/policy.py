@@ -9,6 +9,11 @@ negative or absent selects the default, as Go's ``withDefaults`` does.
 Unlike Go, an ``admin_uids`` entry that is not a uid (64 lowercase hex
 digits, the form brclient shows) is refused: Go would start with an admin
 who can never match a caller.
+
+One key is brmcp's own: ``store``, where the harness keeps its book and the
+directory's tables (brmcp/server/store/url.py: ``"sqlite:"``, the default,
+or a ``postgresql://`` URL). Go ignores it; a value that is not a store URL
+is refused, the password redacted in the message.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .._ops import gojson
+from ..server.store.url import DEFAULT_STORE, parse_store_url
 
 __all__ = [
     "DEFAULT_CALLS_PER_MINUTE",
@@ -56,6 +62,7 @@ _FIELDS: dict[str, gojson.Kind] = {
     "test_budget_max_atoms": "int64",
     "recrawl_hours": "int64",
     "name": "string",
+    "store": "string",
 }
 
 
@@ -79,7 +86,10 @@ class Policy:
     * ``calls_per_minute``: the harness's per-caller rate limit;
     * ``test_budget_max_atoms``: the largest ``test.maxAtoms`` accepted;
     * ``recrawl_hours``: the age of a listing's catalog that triggers a free re-crawl;
-    * ``name``: the MCP server name and the name sent with invites.
+    * ``name``: the MCP server name and the name sent with invites;
+    * ``store``: the harness's ``store`` URL (``"sqlite:"``: the data
+      directory's ``brmcp.sqlite3``; ``postgresql://...``: a PostgreSQL
+      database); never shown by ``repr`` (it may hold a password).
     """
 
     admin_uids: tuple[str, ...] = ()
@@ -91,6 +101,7 @@ class Policy:
     test_budget_max_atoms: int = DEFAULT_TEST_BUDGET_MAX_ATOMS
     recrawl_hours: int = DEFAULT_RECRAWL_HOURS
     name: str = DEFAULT_NAME
+    store: str = field(default=DEFAULT_STORE, repr=False)
     _admins: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -116,6 +127,7 @@ class Policy:
             test_budget_max_atoms=positive("test_budget_max_atoms", DEFAULT_TEST_BUDGET_MAX_ATOMS),
             recrawl_hours=positive("recrawl_hours", DEFAULT_RECRAWL_HOURS),
             name=values.get("name") or DEFAULT_NAME,
+            store=values.get("store") or DEFAULT_STORE,
         )
 
     def is_admin(self, uid: str) -> bool:
@@ -143,8 +155,10 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
     """Read the policy file at ``path``. Raises :class:`PolicyError` (one
     line naming the file, the key, the value and the allowed values) for
     unreadable or invalid JSON, a top level that is not an object, a
-    value of the wrong type, or an ``admin_uids`` entry that is not 64
-    lowercase hex digits; FileNotFoundError when the file is missing
+    value of the wrong type, an ``admin_uids`` entry that is not 64
+    lowercase hex digits, or a ``store`` that is not a store URL (the
+    password redacted; :data:`~brmcp.server.store.url.STORE_FORMS`
+    allowed); FileNotFoundError when the file is missing
     (the daemon then writes :func:`policy_template`)."""
     where = Path(path)
     try:
@@ -183,6 +197,12 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
                 f'{where}: key "admin_uids": value {_show(admin)} is not allowed; '
                 "allowed: Bison Relay uids, 64 lowercase hex digits each"
             )
+    store = values.get("store")
+    if store:
+        try:
+            parse_store_url(store)
+        except ValueError as exc:
+            raise PolicyError(f'{where}: key "store": {exc}') from None
     return Policy.from_values(values)
 
 

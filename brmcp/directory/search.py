@@ -32,6 +32,19 @@ Safety. User text never reaches the FTS5 query parser as syntax: every term
 is wrapped in double quotes with inner quotes doubled, which makes ``NEAR``,
 ``*``, ``-``, ``^``, ``:``, column filters and unbalanced quotes plain
 characters to find.
+
+PostgreSQL (the harness's ``store`` a ``postgresql://`` URL; the SQL
+rewritten by :mod:`brmcp.directory._sql`) has no FTS5: the same tables are
+kept without ``dir_search_fts``, and every term is matched by the
+``instr`` path SQLite takes for short terms (``strpos`` there) over the same
+lowercased text, so hits, totals, orders and cursors are the same. Only
+``relevance``'s score differs: with no bm25, a hit scores minus the sum,
+over its terms of three characters or more, of the bm25 column weights
+(name 8, title 4, description 1, tags 2) of every field holding the term;
+ties break as on SQLite. PostgreSQL text cannot hold a NUL, so a tool's
+name and description are stored there with an escape (U+FDD1 U+FDD3 for a
+NUL, U+FDD1 U+FDD2 for a U+FDD1; both noncharacters) and read back as
+they came.
 """
 
 from __future__ import annotations
@@ -48,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 
 from ..protocol.payment import PRICING_DYNAMIC
+from ._sql import adapt, is_postgres
 from .types import (
     MAX_SEARCH_HITS,
     SearchHit,
@@ -228,14 +242,35 @@ def _text(tool: Mapping[str, Any], key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+#: PostgreSQL's escape in a raw name or description (its text holds no NUL):
+#: U+FDD1 (a noncharacter) followed by U+FDD2 is a U+FDD1, by U+FDD3 a NUL.
+_PG_ESCAPE = "\ufdd1"
+
+
+def _stored(conn: sqlite3.Connection, text: str) -> str:
+    """``text`` as a raw name or description column holds it: as is on
+    SQLite; with :data:`_PG_ESCAPE` escapes on PostgreSQL."""
+    if not is_postgres(conn) or ("\x00" not in text and _PG_ESCAPE not in text):
+        return text
+    return text.replace(_PG_ESCAPE, _PG_ESCAPE + "\ufdd2").replace("\x00", _PG_ESCAPE + "\ufdd3")
+
+
+def _shown(conn: sqlite3.Connection, text: str) -> str:
+    """A raw column read back: the inverse of :func:`_stored`."""
+    if not is_postgres(conn) or _PG_ESCAPE not in text:
+        return text
+    return text.replace(_PG_ESCAPE + "\ufdd3", "\x00").replace(_PG_ESCAPE + "\ufdd2", _PG_ESCAPE)
+
+
 def unindex_listing(conn: sqlite3.Connection, uid: str) -> None:
     """Remove ``uid``'s rows from the index (nothing when absent); run it in
     the transaction that deletes the listing."""
-    conn.execute(
-        "INSERT INTO dir_search_fts (dir_search_fts, rowid, fname, ftitle, fdesc, ftags) "
-        "SELECT 'delete', id, fname, ftitle, fdesc, ftags FROM dir_search_tools WHERE uid = ?",
-        (uid,),
-    )
+    if not is_postgres(conn):
+        conn.execute(
+            "INSERT INTO dir_search_fts (dir_search_fts, rowid, fname, ftitle, fdesc, ftags) "
+            "SELECT 'delete', id, fname, ftitle, fdesc, ftags FROM dir_search_tools WHERE uid = ?",
+            (uid,),
+        )
     conn.execute("DELETE FROM dir_search_tools WHERE uid = ?", (uid,))
     conn.execute("DELETE FROM dir_search_tags WHERE uid = ?", (uid,))
     conn.execute("DELETE FROM dir_search_listings WHERE uid = ?", (uid,))
@@ -265,8 +300,8 @@ def _write_listing(conn: sqlite3.Connection, listing: IndexedListing, next_id: i
                 next_id + len(rows),
                 uid,
                 pos,
-                _clean(name),
-                _clean(description),
+                _stored(conn, _clean(name)),
+                _stored(conn, _clean(description)),
                 price,
                 int(dynamic),
                 listing.last_verified_execution,
@@ -287,6 +322,8 @@ def index_listing(conn: sqlite3.Connection, listing: IndexedListing) -> None:
     next_id = int(conn.execute("SELECT coalesce(max(id), 0) + 1 FROM dir_search_tools").fetchone()[0])
     rows = _write_listing(conn, listing, next_id)
     conn.executemany(_INSERT_TOOL, rows)
+    if is_postgres(conn):
+        return
     conn.executemany(
         "INSERT INTO dir_search_fts (rowid, fname, ftitle, fdesc, ftags) VALUES (?, ?, ?, ?, ?)",
         [(row[0], *row[8:]) for row in rows],
@@ -297,7 +334,9 @@ def rebuild_index(conn: sqlite3.Connection, listings: Iterable[IndexedListing]) 
     """Empty the index and index every listing of ``listings`` (tool rows in
     bulk, then one FTS5 ``rebuild``); returns how many. Records
     :data:`INDEX_VERSION`."""
-    conn.execute("INSERT INTO dir_search_fts (dir_search_fts) VALUES ('delete-all')")
+    fts = not is_postgres(conn)
+    if fts:
+        conn.execute("INSERT INTO dir_search_fts (dir_search_fts) VALUES ('delete-all')")
     for table in ("dir_search_tools", "dir_search_tags", "dir_search_listings"):
         conn.execute(f"DELETE FROM {table}")
     count = 0
@@ -308,7 +347,8 @@ def rebuild_index(conn: sqlite3.Connection, listings: Iterable[IndexedListing]) 
         conn.executemany(_INSERT_TOOL, rows)
         next_id += len(rows)
         count += 1
-    conn.execute("INSERT INTO dir_search_fts (dir_search_fts) VALUES ('rebuild')")
+    if fts:
+        conn.execute("INSERT INTO dir_search_fts (dir_search_fts) VALUES ('rebuild')")
     conn.execute(
         "INSERT OR REPLACE INTO dir_search_meta (key, value) VALUES ('version', ?)", (INDEX_VERSION,)
     )
@@ -316,8 +356,13 @@ def rebuild_index(conn: sqlite3.Connection, listings: Iterable[IndexedListing]) 
 
 
 def create_index(conn: sqlite3.Connection) -> None:
-    """Create the index's tables when missing. Raises
-    :class:`Fts5Unavailable`."""
+    """Create the index's tables when missing (on PostgreSQL, all but the
+    FTS5 table). Raises :class:`Fts5Unavailable` on a SQLite without FTS5."""
+    if is_postgres(conn):
+        for statement in _SCHEMA:
+            if "VIRTUAL TABLE" not in statement:
+                conn.execute(statement)
+        return
     require_fts5(conn)
     for statement in _SCHEMA:
         conn.execute(statement)
@@ -493,25 +538,26 @@ def _indexed(term: str) -> bool:
     return len(term) >= 3 and _NUL_MARK not in term
 
 
-def _match(request: SearchRequest) -> tuple[str, list[str], list[Any]]:
-    """The FROM clause, WHERE terms and their parameters for the text."""
+def _match(request: SearchRequest, fts: bool = True) -> tuple[str, list[str], list[Any]]:
+    """The FROM clause, WHERE terms and their parameters for the text;
+    without ``fts`` (PostgreSQL) every term is an ``instr`` test."""
     text = _fold(go_trim_space(request.base.query))
     if request.rank == RANK_CATALOG:
         if not text:
             return "dir_search_tools t", [], []
-        if _indexed(text):
+        if fts and _indexed(text):
             source = "dir_search_fts f JOIN dir_search_tools t ON t.id = f.rowid"
             return source, ["dir_search_fts MATCH ?"], [fts_query([text], ("fname", "fdesc"))]
         return "dir_search_tools t", ["(instr(t.fname, ?) > 0 OR instr(t.fdesc, ?) > 0)"], [text, text]
     terms = list(dict.fromkeys(text.split()))  # a repeated term adds nothing
-    long_terms = [term for term in terms if _indexed(term)]
+    long_terms = [term for term in terms if fts and _indexed(term)]
     where: list[str] = []
     params: list[Any] = []
     if long_terms:
         where.append("dir_search_fts MATCH ?")
         params.append(fts_query(long_terms))
     for term in terms:
-        if not _indexed(term):
+        if not (fts and _indexed(term)):
             where.append(
                 "(instr(t.fname, ?) > 0 OR instr(t.ftitle, ?) > 0 "
                 "OR instr(t.fdesc, ?) > 0 OR instr(t.ftags, ?) > 0)"
@@ -540,7 +586,8 @@ def search(conn: sqlite3.Connection, request: SearchRequest, now: int) -> Search
     text = _clean(go_lower(go_trim_space(request.base.query)))
     if not relevance and ("\x00" in text or _NUL_MARK in text):
         return _scan(conn, request, now, text, after)
-    source, where, params = _match(request)
+    fts = not is_postgres(conn)
+    source, where, params = _match(request, fts)
     filters, filter_params = _filters(request, now)
     where += filters
     params += filter_params
@@ -556,7 +603,14 @@ def search(conn: sqlite3.Connection, request: SearchRequest, now: int) -> Search
         return _page(conn, request, _in_order(conn, where, params, after, request.limit), total)
     score = "0.0"
     order = "uid, pos"
-    if relevance and "dir_search_fts MATCH ?" in where:
+    score_params: list[Any] = []
+    ranked = [
+        term for term in dict.fromkeys(_fold(go_trim_space(request.base.query)).split()) if _indexed(term)
+    ]
+    if relevance and not fts and ranked:
+        score, score_params = _field_score(ranked)
+        order = "score, uid, name, pos"
+    elif relevance and "dir_search_fts MATCH ?" in where:
         score = f"bm25(dir_search_fts, {', '.join(str(w) for w in _WEIGHTS)})"
         order = "score, uid, name, pos"
     elif relevance:
@@ -568,17 +622,31 @@ def search(conn: sqlite3.Connection, request: SearchRequest, now: int) -> Search
         f"SELECT t.uid AS uid, t.pos AS pos, t.name AS name, t.description AS description, "
         f"t.price AS price, t.dynamic AS dynamic, {score} AS score FROM {source}{clause}"
     )
-    page_params = list(params)
+    page_params = [*score_params, *params]
     outer = ""
     if after is not None:
         outer = f" WHERE ({order}) > ({', '.join('?' * len(after))})"
         page_params += after
     rows = conn.execute(
-        f"SELECT uid, pos, name, description, price, dynamic, score FROM ({inner}){outer} "
+        f"SELECT uid, pos, name, description, price, dynamic, score FROM ({inner}) AS page{outer} "
         f"ORDER BY {order} LIMIT ?",
         [*page_params, request.limit + 1],
     ).fetchall()
     return _page(conn, request, rows, total)
+
+
+def _field_score(terms: list[str]) -> tuple[str, list[Any]]:
+    """PostgreSQL's relevance score (no bm25): minus the sum, over
+    ``terms``, of the bm25 weight of each field holding the term; with its
+    parameters (four per term)."""
+    columns = ("t.fname", "t.ftitle", "t.fdesc", "t.ftags")
+    parts = [
+        f"CASE WHEN instr({column}, ?) > 0 THEN {weight} ELSE 0 END"
+        for _ in terms
+        for column, weight in zip(columns, _WEIGHTS, strict=True)
+    ]
+    params = [term for term in terms for _ in columns]
+    return f"CAST(-({' + '.join(parts)}) AS DOUBLE PRECISION)", params
 
 
 def _broad(conn: sqlite3.Connection, total: int, limit: int) -> bool:
@@ -622,7 +690,7 @@ def _scan(
             f"FROM dir_search_tools t{clause} ORDER BY t.uid, t.pos",
             params,
         )
-        if text in go_lower(row[2]) or text in go_lower(row[3])
+        if text in go_lower(_shown(conn, row[2])) or text in go_lower(_shown(conn, row[3]))
     ]
     start = 0 if after is None else sum(1 for row in rows if (row[0], row[1]) <= (after[0], after[1]))
     return _page(conn, request, rows[start : start + request.limit + 1], len(rows))
@@ -641,8 +709,8 @@ def _page(conn: sqlite3.Connection, request: SearchRequest, rows: list[Any], tot
         hits.append(
             SearchHit(
                 provider_uid=uid,
-                tool=name,
-                description=description,
+                tool=_shown(conn, name),
+                description=_shown(conn, description),
                 price_atoms=price,
                 pricing=PRICING_DYNAMIC if dynamic else "",
                 tags=tags,
@@ -685,12 +753,12 @@ class SearchIndex:
     async def search(self, request: SearchRequest, now: int) -> SearchPage:
         """:func:`search` at unix time ``now``. Raises :class:`ShapeError`
         for a foreign cursor, else what sqlite3 raises."""
-        return await self._harness.transact(lambda conn: search(conn, request, now))
+        return await self._harness.transact(adapt(lambda conn: search(conn, request, now)))
 
     async def rebuild(self, listings: Iterable[IndexedListing]) -> int:
         """:func:`rebuild_index` in one transaction; returns how many
         listings it indexed."""
         items = list(listings)
         with anyio.CancelScope(shield=True):
-            count = await self._harness.transact(lambda conn: rebuild_index(conn, items))
+            count = await self._harness.transact(adapt(lambda conn: rebuild_index(conn, items)))
         return count

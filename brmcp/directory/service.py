@@ -58,7 +58,8 @@ class DirectoryConfig:
     """What a directory needs (Go's ``directory.Config``).
 
     * ``data_dir``: the harness's database (balances, calls, tips and the
-      directory's tables), ``snapshotkey.json`` and ``adminlog.json``;
+      directory's tables, unless the policy's ``store`` names a PostgreSQL
+      database), ``snapshotkey.json`` and ``adminlog.json``;
     * ``policy``: the terms (:class:`~.policy.Policy`);
     * ``payer``: settles the directory's outbound payments (tests,
       snapshot purchases);
@@ -119,6 +120,7 @@ class Directory:
         self.harness = Harness(
             HarnessConfig(
                 data_dir=data,
+                store=self.policy.store,
                 allow=lambda _peer: True,
                 calls_per_minute=self.policy.calls_per_minute,
                 tool_visible=self._tool_visible,

@@ -1,8 +1,10 @@
 """The directory's durable state (docs/directory.md §Files, §Money).
 
-The tables live in the harness's own SQLite database (``brmcp.sqlite3`` in
-the data directory), next to the ledger that holds every provider's
-balance, and every state change runs as one transaction of the harness
+The tables live in the harness's own database (``brmcp.sqlite3`` in the
+data directory, or the PostgreSQL database its ``store`` names: the SQL
+is SQLite's, rewritten for PostgreSQL by :mod:`brmcp.directory._sql`),
+next to the ledger that holds every provider's balance, and every state
+change runs as one transaction of the harness
 (:meth:`brmcp.server.Harness.transact`): the listing fee's debit and the
 move to ``crawling`` commit together, as do a test payment's escrow debit,
 its spend-journal row and the registration's ``paid_atoms``. A SIGKILL at
@@ -39,6 +41,7 @@ from ..server import Harness
 from ..server import store as ledger
 from . import pagetools, ratings, reputation
 from . import search as search_index
+from ._sql import adapt, is_postgres
 from .rows import (
     KIND_FEE,
     KIND_REFUND,
@@ -125,7 +128,7 @@ class DirectoryStore:
 
     async def _run(self, op: Callable[[sqlite3.Connection], T]) -> T:
         with anyio.CancelScope(shield=True):
-            result = await self._harness.transact(op)
+            result = await self._harness.transact(adapt(op))
         return result
 
     async def run(self, op: Callable[[sqlite3.Connection], T]) -> T:
@@ -458,13 +461,17 @@ class DirectoryStore:
                 if not _debit(conn, uid, atoms, ts=ts, kind=KIND_TEST, ref=ref):
                     return None
                 put_registration(conn, replace(reg, paid_atoms=reg.paid_atoms + atoms))
-            cur = conn.execute(
+            insert = (
                 "INSERT INTO dir_spend (ts, uid, tool, atoms, ref, call_key, escrow, state) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, 'launched')",
-                (ts, uid, tool, atoms, ref, call_key, int(escrow_reg is not None)),
+                "VALUES (?, ?, ?, ?, ?, ?, ?, 'launched')"
             )
+            values = (ts, uid, tool, atoms, ref, call_key, int(escrow_reg is not None))
+            if is_postgres(conn):
+                spend_id = int(conn.execute(insert + " RETURNING id", values).fetchone()[0])
+            else:
+                spend_id = int(conn.execute(insert, values).lastrowid or 0)
             return SpendEntry(
-                int(cur.lastrowid or 0),
+                spend_id,
                 ts,
                 uid,
                 tool,

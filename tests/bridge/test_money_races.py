@@ -167,6 +167,21 @@ def test_cli_tables_neutralise_control_characters(
         "/admin/approvals": {
             "pending": [{"id": "00" * 8, "bot": BOT, "tool": hostile, "atoms": 9_000, "created": 1}]
         },
+        "/admin/bot-requests": {
+            "pending": [
+                {
+                    "id": "11" * 8,
+                    "uid": BOT,
+                    "reason": hostile,
+                    "via": None,
+                    "agent": hostile,
+                    "requestedAt": 1,
+                    "expiresAt": 2,
+                    "contact": True,
+                }
+            ],
+            "recent": [],
+        },
         "/admin/spend": {
             "entries": [
                 {
