@@ -137,6 +137,7 @@ class ServeApp:
                 tools_list_changed=upstream is not None,
                 receipt_signer=self.receipt_signer,
                 receipts=config.receipts,
+                pool=config.pool,
             )
         )
         #: The gateway selling an existing MCP server (``--upstream``), else None.
@@ -388,6 +389,12 @@ class ServeApp:
         except (ClientrpcError, TimeoutError) as exc:
             log.warning("connected to brclient at %s, but its identity is unknown: %s", self.client.url, exc)
             return
+        pool = self.config.pool
+        if pool is not None:
+            try:
+                pool.check_member(self.identity.uid)
+            except ValueError as exc:  # the harness then announces no pool
+                log.error("brmcp-serve: %s", exc)
         # Receipts name the bot from now on (WIRE.md §Signed receipts).
         self.receipt_signer.bot = self.identity.uid
         log.info(

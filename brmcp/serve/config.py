@@ -30,6 +30,11 @@ docs/interop.md §What is verified).
   also; ``?host=/socket/dir`` for a Unix socket; needs
   ``pip install "brmcp[postgres]"``). A password in it never appears in a
   log line or an error.
+* ``pool`` (optional, brmcp's own): this bot is one member of a bot pool
+  (WIRE.md §Pools; :func:`brmcp.server.pool.parse_pool`):
+  ``{"id": "<name>", "members": ["<uid>", ...]}`` with 2..16 64-hex uids,
+  this bot's own among them; needs a PostgreSQL ``store`` shared by every
+  member and the same ``receiptkey.json`` copied to each.
 * ``upstream``: brmcp/gateway's (:func:`brmcp.gateway.load_upstream_block`).
 * ``directory`` (optional, the Go reference's keys): list this bot in
   brmcp directories (:class:`brmcp.directory.registrant.RegistrantConfig`;
@@ -75,6 +80,7 @@ from typing import Any
 from ..clientrpc import BotConfig, write_bot_config
 from ..directory.registrant import RegistrantConfig, RegistrantError
 from ..server.config import RECEIPT_MODES, ReceiptMode
+from ..server.pool import PoolConfig, parse_pool
 from ..server.store.url import DEFAULT_STORE, parse_store_url
 
 __all__ = [
@@ -107,7 +113,16 @@ TEMPLATE = '{\n  "allowed_uids": [],\n  "calls_per_minute": 30\n}'
 _UID = re.compile(r"[0-9a-fA-F]{64}")
 _INT64_MAX = (1 << 63) - 1
 #: The keys this loader reads (``upstream``: brmcp/gateway's).
-_KEYS = ("allowed_uids", "calls_per_minute", "chat_help", "directory", "receipts", "store", "upstream")
+_KEYS = (
+    "allowed_uids",
+    "calls_per_minute",
+    "chat_help",
+    "directory",
+    "pool",
+    "receipts",
+    "store",
+    "upstream",
+)
 
 
 class ServeConfigError(ValueError):
@@ -132,6 +147,8 @@ class ServeConfig:
     #: The ``store`` URL (``"sqlite:"`` or a PostgreSQL URL; not in ``repr``:
     #: it may carry a password).
     store: str = field(default=DEFAULT_STORE, repr=False)
+    #: The ``pool`` block (WIRE.md §Pools), or None.
+    pool: PoolConfig | None = None
 
     @property
     def directory_uids(self) -> tuple[str, ...]:
@@ -159,6 +176,8 @@ class ServeConfig:
             data["receipts"] = self.receipts
         if self.store != DEFAULT_STORE:
             data["store"] = self.store
+        if self.pool is not None:
+            data["pool"] = self.pool.to_json()
         return json.dumps(data, indent=2)
 
     @classmethod
@@ -208,6 +227,14 @@ class ServeConfig:
         directory = _parse_directory(data.get("directory"), source)
         receipts = _parse_receipts(data.get("receipts"), source)
         store = _parse_store(data.get("store"), source)
+        try:
+            pool = parse_pool(data.get("pool"))
+        except ValueError as exc:
+            raise ServeConfigError(f"{source}: pool: {exc}") from None
+        if pool is not None and parse_store_url(store).kind != "postgresql":
+            raise ServeConfigError(
+                f"{source}: pool: the members share one book: set store to the PostgreSQL URL of it"
+            )
         for key in unknown:
             log.warning("%s", _unknown_key_warning(source, key, _KEYS))
         return cls(
@@ -217,6 +244,7 @@ class ServeConfig:
             directory=directory,
             receipts=receipts,
             store=store,
+            pool=pool,
         )
 
 

@@ -2,7 +2,17 @@
 (one transaction per movement plus its journal row, in SQLite or, with a
 ``postgresql://`` store URL, PostgreSQL: :mod:`.store.url`) or an external
 :class:`~.billing.Billing` store (journal in the store, balances elsewhere,
-exactly-once through movement refs)."""
+exactly-once through movement refs).
+
+On PostgreSQL the book may be shared by several harness processes (a bot
+pool, WIRE.md §Pools). Each :class:`Accounts` then has an owner id (random
+per process start) and a lease it beats (:meth:`Accounts.heartbeat`, every
+:data:`~.store.journal.HEARTBEAT_INTERVAL` seconds, run by the harness);
+every call it charges records that owner, recovery refunds only the calls
+of dead owners (:func:`.store.journal.dead_owners`), and the (peer,
+callKey) claim is decided in the charging transaction: a key another
+process holds raises :class:`~.callkeys.KeyClaimedElsewhere` with nothing
+charged. On SQLite (one process) none of this applies."""
 
 from __future__ import annotations
 
@@ -10,6 +20,7 @@ import functools
 import json
 import logging
 import os
+import secrets
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable
@@ -20,8 +31,11 @@ from ..protocol.units import atoms_from_milliatoms
 from . import store
 from ._executor import BatchExecutor, GroupCommitExecutor
 from .billing import Billing, InsufficientBalance
+from .callkeys import KeyClaimedElsewhere
 from .store import HeldTip, JournalEntry, StatementEntry
+from .store import journal as calls_journal
 from .store._conn import Connection
+from .store.journal import KeyHolder
 from .store.postgres.driver import is_driver_error
 from .store.url import DEFAULT_STORE, StoreURL, parse_store_url
 
@@ -65,10 +79,22 @@ class Accounts:
         #: Without a journal: tips held for senders not allowed, (seq, peer, matoms) -> atoms.
         self._held_memory: OrderedDict[tuple[int, str, int], int] = OrderedDict()
         self._next_gc = 0.0
+        #: True on a book other processes may share (PostgreSQL).
+        self.shared = url.kind == "postgresql"
+        #: This process's lease owner id on a shared book (random per start), else None.
+        self.owner: str | None = secrets.token_hex(16) if self.shared else None
+        self._host = _host_identity() if self.shared else None
         if url.kind == "postgresql":
             from .store.postgres import PostgresExecutor
 
             self._db = PostgresExecutor(url)
+            # The lease exists before this process charges anything, so a
+            # sibling starting now never takes its calls for a dead owner's.
+            try:
+                self._db.run_now(self._beat_op)
+            except BaseException:
+                self._db.close()
+                raise
         elif data_dir is not None:
             conn = store.open_database(data_dir)
             self.path = Path(data_dir).expanduser() / store.DB_FILENAME
@@ -83,8 +109,92 @@ class Accounts:
         return self._db
 
     def close(self) -> None:
+        """Close the store; on a shared book first drop this process's
+        lease (its calls are settled by now; any left in flight are then
+        recovered by the next start at once, as on SQLite)."""
         if self._db is not None:
+            owner, self.owner = self.owner, None
+            if owner is not None:
+                try:
+                    self._db.run_now(lambda c: calls_journal.drop_lease(c, owner))
+                except Exception as exc:  # the lease then expires on its own
+                    log.warning("lease of this process not dropped at exit: %s", exc)
             self._db.close()
+
+    # -- a shared book: the lease -------------------------------------------------------
+
+    def _beat_op(self, conn: Connection) -> None:
+        assert self.owner is not None
+        calls_journal.beat(conn, owner=self.owner, host=self._host, pid=os.getpid())
+
+    def _dead_interrupted(
+        self, conn: Connection
+    ) -> list[tuple[str, str, str | None, str, int, str, tuple[str, float | None] | None]]:
+        """The interrupted calls recovery may settle now: on SQLite every one
+        (lease None), on a shared book those of dead owners, each with
+        ``(owner, beat seen)`` for :func:`store.recover_call` to check again.
+        A call of a process without leases (owner NULL) is a dead owner's."""
+        if not self.shared:
+            return [(*row, None) for row in store.interrupted(conn)]
+        rows = calls_journal.interrupted_owned(conn)
+        owners = {row[6] for row in rows if row[6] != self.owner}
+        dead = calls_journal.dead_owners(
+            owners, calls_journal.leases(conn), host=self._host, alive=_pid_alive
+        )
+        return [
+            (*row[:6], None if row[6] is None else (row[6], dead[row[6]])) for row in rows if row[6] in dead
+        ]
+
+    async def heartbeat(self, replay_window: float, outcome_json: Callable[[str], str]) -> int:
+        """One beat of this process's lease on a shared book, then the
+        recovery of interrupted calls of siblings found dead meanwhile
+        (built-in ledger; an external Billing store's are settled at the
+        next start). Returns how many calls were refunded; 0 and nothing
+        done on SQLite. A store error propagates (the harness logs it and
+        beats again)."""
+        db = self._db
+        if db is None or not self.shared:
+            return 0
+        await db.run(self._beat_op)
+        if not self.local:
+            return 0
+        pending = await db.run(self._dead_interrupted)
+        if not pending:
+            return 0
+        now = self._clock()
+        recover = _recovery(now, now + replay_window, outcome_json(INTERRUPTED_TEXT), local=True)
+        for call_id, peer, call_key, _tool, atoms, _state, lease in pending:
+            await db.run(
+                functools.partial(
+                    recover,
+                    call_id=call_id,
+                    peer=peer,
+                    call_key=call_key,
+                    atoms=atoms,
+                    charged=True,
+                    lease=lease,
+                )
+            )
+            log.warning("refunded %s atoms to %s for a call of a pool member that died", f"{atoms:,}", peer)
+        await self._forget_dead_leases(pending)
+        return len(pending)
+
+    async def _forget_dead_leases(
+        self, pending: list[tuple[str, str, str | None, str, int, str, tuple[str, float | None] | None]]
+    ) -> None:
+        db = self._db
+        assert db is not None
+        for owner, seen in {lease for *_, lease in pending if lease is not None and lease[1] is not None}:
+            await db.run(functools.partial(calls_journal.drop_lease, owner=owner, seen=seen))
+
+    async def key_holder(self, peer: str, call_key: str) -> KeyHolder | None:
+        """The shared row holding ``(peer, call_key)`` now (None: free);
+        what a duplicate polls while its original runs elsewhere."""
+        assert self._db is not None
+        now = self._clock()
+        return await self._db.run(
+            lambda c: calls_journal.key_holder(c, peer=peer, call_key=call_key, now=now)
+        )
 
     # -- start-up ----------------------------------------------------------------
 
@@ -101,13 +211,22 @@ class Accounts:
         now = self._clock()
         if self.local:
             recover = _recovery(now, now + replay_window, outcome_json(INTERRUPTED_TEXT), local=True)
-            for call_id, peer, call_key, _tool, atoms, _state in db.run_now(store.interrupted):
+            pending = db.run_now(self._dead_interrupted)
+            for call_id, peer, call_key, _tool, atoms, _state, lease in pending:
                 db.run_now(
                     functools.partial(
-                        recover, call_id=call_id, peer=peer, call_key=call_key, atoms=atoms, charged=True
+                        recover,
+                        call_id=call_id,
+                        peer=peer,
+                        call_key=call_key,
+                        atoms=atoms,
+                        charged=True,
+                        lease=lease,
                     )
                 )
                 log.warning("refunded %s atoms to %s for a call interrupted by a restart", f"{atoms:,}", peer)
+            for owner, seen in {lease for *_, lease in pending if lease is not None and lease[1] is not None}:
+                db.run_now(functools.partial(calls_journal.drop_lease, owner=owner, seen=seen))
         return db.run_now(lambda c: store.completed_keyed(c, now))
 
     async def reconcile_external(
@@ -120,20 +239,22 @@ class Accounts:
         db = self._db
         if db is None or self.local:
             return []
-        pending = await db.run(store.interrupted)
+        pending = await db.run(self._dead_interrupted)
         now = self._clock()
         text = outcome_json(INTERRUPTED_TEXT)
         await self._reconcile_external(pending, now, _recovery(now, now + replay_window, text, local=False))
+        if self.shared:
+            await self._forget_dead_leases(pending)
         outcome = json.loads(text)
         return [
             JournalEntry(peer, call_key, atoms, now + replay_window, outcome)
-            for _call_id, peer, call_key, _tool, atoms, _state in pending
+            for _call_id, peer, call_key, _tool, atoms, _state, _lease in pending
             if call_key is not None
         ]
 
     async def _reconcile_external(
         self,
-        pending: list[tuple[str, str, str | None, str, int, str]],
+        pending: list[tuple[str, str, str | None, str, int, str, tuple[str, float | None] | None]],
         now: float,
         recover: functools.partial[None],
     ) -> None:
@@ -141,7 +262,7 @@ class Accounts:
         db = self._db
         assert billing is not None
         assert db is not None
-        for call_id, peer, call_key, _tool, atoms, state in pending:
+        for call_id, peer, call_key, _tool, atoms, state, lease in pending:
             charged = True
             if state == "charging":
                 # Unknown whether the debit landed: repeat it under the same ref
@@ -154,7 +275,13 @@ class Accounts:
                 await billing.credit(peer, atoms, ref=f"refund:{call_id}")
             await db.run(
                 functools.partial(
-                    recover, call_id=call_id, peer=peer, call_key=call_key, atoms=atoms, charged=charged
+                    recover,
+                    call_id=call_id,
+                    peer=peer,
+                    call_key=call_key,
+                    atoms=atoms,
+                    charged=charged,
+                    lease=lease,
                 )
             )
         for seq, peer, matoms, credited in await db.run(store.pending_tips):
@@ -192,10 +319,23 @@ class Accounts:
         self, *, call_id: str, peer: str, call_key: str | None, tool: str, atoms: int
     ) -> tuple[bool, int]:
         """Debit and journal. Returns (True, balance_after or -1) or
-        (False, balance). Callers shield this from cancellation."""
+        (False, balance). Callers shield this from cancellation. On a shared
+        book a keyed call whose (peer, callKey) the journal already holds
+        (running or completed inside its replay window, at this process or
+        another) raises :class:`~.callkeys.KeyClaimedElsewhere`, nothing
+        charged."""
         now = self._clock()
         db = self._db
         billing = self._billing
+        owner = self.owner
+        check_key = self.shared and call_key is not None
+
+        def holder(c: Connection) -> KeyHolder | None:
+            if not check_key:
+                return None
+            assert call_key is not None
+            return calls_journal.key_holder(c, peer=peer, call_key=call_key, now=now)
+
         # Completed rows are otherwise only swept at start-up: without this a
         # long-running harness would keep every keyed outcome forever.
         gc = now >= self._next_gc
@@ -204,14 +344,27 @@ class Accounts:
         if billing is None:
             assert db is not None
 
-            def charge_op(c: Connection) -> tuple[bool, int]:
+            def charge_op(c: Connection) -> tuple[bool, int] | KeyHolder:
                 if gc:
                     store.gc_calls(c, now)
+                held = holder(c)
+                if held is not None:
+                    return held
                 return store.charge(
-                    c, call_id=call_id, peer=peer, call_key=call_key, tool=tool, atoms=atoms, ts=now
+                    c,
+                    call_id=call_id,
+                    peer=peer,
+                    call_key=call_key,
+                    tool=tool,
+                    atoms=atoms,
+                    ts=now,
+                    owner=owner,
                 )
 
-            return await db.run(charge_op)
+            charged = await db.run(charge_op)
+            if isinstance(charged, KeyHolder):
+                raise KeyClaimedElsewhere(charged)
+            return charged
         journal = functools.partial(
             store.journal_charge,
             call_id=call_id,
@@ -220,15 +373,21 @@ class Accounts:
             tool=tool,
             atoms=atoms,
             ts=now,
+            owner=owner,
         )
         if db is not None:
 
-            def journal_op(c: Connection) -> None:
+            def journal_op(c: Connection) -> KeyHolder | None:
                 if gc:
                     store.gc_calls(c, now)
-                journal(c, state="charging")
+                held = holder(c)
+                if held is None:
+                    journal(c, state="charging")
+                return held
 
-            await db.run(journal_op)
+            claimed = await db.run(journal_op)
+            if claimed is not None:
+                raise KeyClaimedElsewhere(claimed)
         # Any other failure of the debit (store error, cancellation) is an
         # unknown outcome: it propagates and leaves the journal row 'charging'
         # so start-up reconciliation settles it exactly once.
@@ -285,6 +444,7 @@ class Accounts:
                 outcome_json=outcome_json,
                 refund=refund_spec,
                 balance_after=external,
+                shared=self.shared,
             )
         )
 
@@ -431,6 +591,34 @@ def _recovery(ts: float, expires: float, outcome_json: str, *, local: bool) -> f
     return functools.partial(
         store.recover_call, ts=ts, expires=expires, outcome_json=outcome_json, local=local
     )
+
+
+def _host_identity() -> str | None:
+    """Where this process runs, precisely enough that a pid means the same
+    process to every holder of the same value: the kernel's boot id and the
+    pid namespace (containers on one host differ). None when unknown (not
+    Linux): leases are then judged by their age alone."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return f"{boot}:{namespace}" if boot else None
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists in this pid namespace (one that is
+    not ours to signal exists too). A reused pid reads as alive: its owner
+    is then judged dead only when its lease expires."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def is_store_error(exc: BaseException) -> bool:

@@ -40,7 +40,14 @@ from ._accounts import Accounts
 from ._guard import tool_error, tool_output
 from ._holds import CallerEpochs, HeldCalls
 from ._refusal import DROPPED_TEXT, Refusal, Refused
-from .callkeys import REPLAY_WINDOW, CallKeyRegistry, Claim, error_result
+from .callkeys import (
+    REPLAY_WINDOW,
+    CallKeyRegistry,
+    Claim,
+    KeyClaimedElsewhere,
+    await_elsewhere,
+    error_result,
+)
 from .config import HarnessConfig
 from .context import CallContext
 from .ratelimit import RateLimiter
@@ -167,6 +174,11 @@ class CallPipeline:
             if claim is not None:
                 self._calls.release(claim, refusal.reason.value, result)
             return result
+        except KeyClaimedElsewhere as elsewhere:
+            # A shared book: another process holds the key (WIRE.md §Pools).
+            result = await self._answer_elsewhere(peer, call_key, claim, elsewhere)
+            outcome = "error" if result.is_error else "ok"
+            return result
         except BaseException:
             outcome = "error"
             if claim is not None and not claim.finished:
@@ -177,6 +189,29 @@ class CallPipeline:
             if metrics is not None:
                 metrics.calls.labels(spec.name, outcome).inc()
                 metrics.call_seconds.labels(spec.name).observe(anyio.current_time() - started)
+        return result
+
+    async def _answer_elsewhere(
+        self, peer: str, call_key: str | None, claim: Claim | None, elsewhere: KeyClaimedElsewhere
+    ) -> CallToolResult:
+        """Answer a call whose key another process sharing the book holds,
+        nothing charged: its recorded outcome (kept here for local
+        duplicates too), or a retry-with-the-same-key tool error
+        (:func:`.callkeys.await_elsewhere`)."""
+        assert call_key is not None
+        assert claim is not None
+        try:
+            result, expires = await await_elsewhere(
+                elsewhere.holder, lambda: self._accounts.key_holder(peer, call_key), self.config.timer
+            )
+        except BaseException:
+            self._calls.release(claim, "the original call was abandoned")
+            raise
+        if expires is not None:
+            text = _dump(result)
+            self._calls.finish(claim, result, len(text.encode()), text, expires)
+        else:
+            self._calls.release(claim, "the original call runs at another member of the pool", result)
         return result
 
     async def _execute(
@@ -315,6 +350,8 @@ class CallPipeline:
                 )
                 if ok and balance < 0:
                     balance = max(0, await self._accounts.balance(peer))
+        except KeyClaimedElsewhere:
+            raise
         except Exception as exc:
             log.error("charge of %s atoms to %s failed: %s", f"{price:,}", peer, exc)
             if self.metrics is not None:

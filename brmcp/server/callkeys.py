@@ -7,28 +7,124 @@ claim; waiting duplicates then get a clear tool error and a later retry
 with the same key runs for real. A replayed outcome is never a refusal: it
 goes through :func:`._guard.recorded_outcome` (WIRE.md §Payments, "Genuine
 refusals"), whoever recorded it.
+
+On a book several processes share (PostgreSQL, a bot pool: WIRE.md §Pools)
+this registry only dedups inside one process; the database decides across
+them, in the charging transaction (:func:`.store.journal.key_holder`). A
+key another process holds raises :class:`KeyClaimedElsewhere` from the
+charge, and :func:`await_elsewhere` answers the duplicate from the shared
+row: the recorded outcome once it is done, after polling with backoff
+(:data:`POLL_FIRST` doubling to :data:`POLL_MAX` seconds) for at most
+:data:`SHARED_WAIT` seconds while it runs.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from mcp.types import CallToolResult, TextContent
 
 from ..protocol.payment import CALL_KEY, valid_call_key
 from ._guard import recorded_outcome
+from ._timer import timer_now
 
-__all__ = ["REPLAY_WINDOW", "CallKeyRegistry", "Claim", "call_key_from_meta"]
+if TYPE_CHECKING:
+    from .._ops.clock import Clock
+    from .store.journal import KeyHolder
+
+__all__ = [
+    "POLL_FIRST",
+    "POLL_MAX",
+    "REPLAY_WINDOW",
+    "SHARED_WAIT",
+    "CallKeyRegistry",
+    "Claim",
+    "KeyClaimedElsewhere",
+    "await_elsewhere",
+    "call_key_from_meta",
+]
 
 #: Seconds a completed outcome is replayed to duplicates.
 REPLAY_WINDOW = 30 * 60.0
 #: Text for duplicates of a completed call whose outcome is not retained.
 NOT_RETAINED_TEXT = "duplicate call: outcome not retained across a restart"
 _EVICTED_TEXT = "duplicate call: outcome no longer retained"
+#: Seconds a duplicate waits for the original running at another process
+#: sharing the book before it answers :data:`STILL_RUNNING_TEXT` (a tool
+#: error, uncharged; a retry with the same callKey asks again). A dead
+#: original is settled by recovery well before: its owner's lease expires
+#: after :data:`.store.journal.LEASE_EXPIRY` seconds.
+SHARED_WAIT = 120.0
+#: First and longest pause, in seconds, between two reads of the shared row.
+POLL_FIRST = 0.05
+POLL_MAX = 2.0
+STILL_RUNNING_TEXT = (
+    "duplicate call: the original call with this callKey is still running at another member of the pool; "
+    "retry with the same callKey"
+)
+_GONE_TEXT = (
+    "duplicate call: the original call with this callKey was refused before running; "
+    "retry with the same callKey"
+)
+
+
+class KeyClaimedElsewhere(Exception):
+    """The shared book already holds this (peer, callKey): another process
+    (or an earlier run) charged it. ``holder`` is the row as the charging
+    transaction read it (:class:`.store.journal.KeyHolder`); nothing was
+    charged."""
+
+    def __init__(self, holder: KeyHolder) -> None:
+        super().__init__(f"callKey held ({holder.state})")
+        self.holder = holder
+
+
+def _replayed(holder: KeyHolder) -> CallToolResult:
+    """What a duplicate of the completed call ``holder`` answers."""
+    if holder.outcome is None:
+        return error_result(NOT_RETAINED_TEXT)
+    return _outcome(holder.outcome.encode())
+
+
+async def await_elsewhere(
+    holder: KeyHolder,
+    read: Callable[[], Awaitable[KeyHolder | None]],
+    timer: Clock | None,
+    *,
+    wait: float = SHARED_WAIT,
+) -> tuple[CallToolResult, float | None]:
+    """Answer a duplicate whose original is ``holder`` at another process:
+    its recorded outcome (:func:`._guard.recorded_outcome`: never a
+    refusal) once done, reading the row again with ``read`` (None: the key
+    is free again) after pauses of :data:`POLL_FIRST` doubling to
+    :data:`POLL_MAX` seconds on ``timer`` (None: anyio's clock), for at most
+    ``wait`` seconds. Returns ``(answer, expires)``: ``expires`` (unix
+    seconds, the end of the row's replay window) when the answer is the
+    recorded outcome, None for a tool error telling the caller to retry
+    with the same key (still running, or the row gone because the original
+    was refused before running). A failing ``read`` propagates."""
+    deadline = timer_now(timer) + wait
+    pause = POLL_FIRST
+    current: KeyHolder | None = holder
+    while True:
+        if current is None:
+            return error_result(_GONE_TEXT), None
+        if current.state == "done":
+            return _replayed(current), current.expires
+        remaining = deadline - timer_now(timer)
+        if remaining <= 0:
+            return error_result(STILL_RUNNING_TEXT), None
+        step = min(pause, remaining)
+        if timer is None:
+            await anyio.sleep(step)
+        else:
+            await timer.sleep(step)
+        pause = min(pause * 2, POLL_MAX)
+        current = await read()
 
 
 def call_key_from_meta(meta: Any) -> str | None:
@@ -104,12 +200,18 @@ class CallKeyRegistry:
         """Claim ``key`` for ``peer``. Returns ``(claim, duplicate)``;
         ``duplicate`` True means another call holds it or completed it
         (wait with :meth:`wait`). Expired outcomes are purged first."""
-        self._purge(self._clock())
+        now = self._clock()
+        self._purge(now)
         k = (peer, key)
         existing = self._claims.get(k)
         if existing is not None:
             return existing, True
         done = self._done.get(k)
+        if done is not None and done[0] <= now:
+            # Kept with another process's window (out of expiry order).
+            del self._done[k]
+            self._bytes -= done[2]
+            done = None
         if done is not None:
             replay = Claim(k)
             replay.expires = done[0]
@@ -121,16 +223,23 @@ class CallKeyRegistry:
         return claim, False
 
     def finish(
-        self, claim: Claim, outcome: CallToolResult, size: int, outcome_json: str | None = None
+        self,
+        claim: Claim,
+        outcome: CallToolResult,
+        size: int,
+        outcome_json: str | None = None,
+        expires: float | None = None,
     ) -> None:
         """Record the original's outcome (``size``: its JSON bytes;
         ``outcome_json``: that JSON when the caller has it) and wake
-        duplicates; replayable until now + window."""
+        duplicates; replayable until now + window, or until ``expires``
+        (unix seconds: an outcome another process recorded keeps its own
+        window)."""
         if self._claims.get(claim.key) is not claim or claim.finished:
             return
         claim.outcome = outcome  # for the duplicates waiting right now
         claim.size = size
-        claim.expires = self._clock() + self.window
+        claim.expires = self._clock() + self.window if expires is None else expires
         del self._claims[claim.key]
         if outcome_json is None:
             outcome_json = outcome.model_dump_json(by_alias=True, exclude_none=True)

@@ -13,6 +13,7 @@ from .._ops.clock import Clock
 from ..protocol.receipts import ReceiptSigner
 from ..transport.router import RouterOptions
 from .billing import Billing
+from .pool import PoolConfig
 
 __all__ = [
     "HOLD_SECONDS",
@@ -86,6 +87,11 @@ class HarnessConfig:
       ``receipts`` selects (:data:`ReceiptMode`, default ``"paid"``); None
       (the default) signs nothing and announces nothing. Both are read
       live, so they may be set after construction.
+    * ``pool``: the bot pool this bot is a member of (WIRE.md §Pools;
+      :class:`~brmcp.server.pool.PoolConfig`), or None. Needs a PostgreSQL
+      ``store`` (the members' shared book) and a ``receipt_signer`` (the
+      pool's shared key); announced as ``brmcp/pool`` once the signer names
+      this bot's uid (``receipt_signer.bot``) and it is among the members.
     """
 
     data_dir: str | os.PathLike[str] | None = None
@@ -108,3 +114,4 @@ class HarnessConfig:
     timer: Clock | None = None
     receipt_signer: ReceiptSigner | None = None
     receipts: ReceiptMode = "paid"
+    pool: PoolConfig | None = None

@@ -61,6 +61,7 @@ from .completions import Completer, CompletionFields
 from .config import HOLD_SECONDS, MAX_HELD_CALLS, HarnessConfig, HarnessError
 from .context import peer_of
 from .firstcontact import MODERN_VERSIONS_KEY, OFFER_LINGER, TOOLS_KEY, FirstContactTap, close_abandoned_offer
+from .pool import pool_meta
 from .prompts import PromptFields, PromptHandler, PromptSpec
 from .ratelimit import RATE_LIMITED_TEXT, RateLimiter
 from .resources import (
@@ -72,6 +73,7 @@ from .resources import (
     TemplateHandler,
 )
 from .store import HeldTip, JournalEntry, StatementEntry, StoreError
+from .store.journal import HEARTBEAT_INTERVAL
 from .tools import Handler, ToolArgumentError, ToolFields, ToolSpec
 
 __all__ = [
@@ -120,6 +122,12 @@ class Harness:
             self._accounts = Accounts(config.data_dir, config.billing, config.clock, config.store)
         except (ValueError, StoreError) as exc:
             raise HarnessError(str(exc)) from None
+        if config.pool is not None and (not self._accounts.shared or config.receipt_signer is None):
+            self._accounts.close()
+            raise HarnessError(
+                f"brmcp: pool {config.pool.id!r}: members share one book and one receipt key: set store to a "
+                "PostgreSQL URL and give every member the same receiptkey.json"
+            )
         try:
             self._limiter = RateLimiter(config.calls_per_minute if config.calls_per_minute > 0 else 30)
         except ValueError as exc:
@@ -434,6 +442,12 @@ class Harness:
             await stack.aclose()
             raise
         self._load_journal(recovered)
+        if self._accounts.shared:
+            # A shared book (WIRE.md §Pools): this process's lease beats
+            # while it serves; the task ends with the harness.
+            beats = await self._stack.enter_async_context(anyio.create_task_group())
+            self._stack.callback(beats.cancel_scope.cancel)
+            beats.start_soon(self._heartbeat)
         try:
             await self.release_held_tips()
         except Exception as exc:  # they stay held: credited at the sender's next contact or start
@@ -454,6 +468,25 @@ class Harness:
             return None
         finally:
             self._accounts.close()
+
+    async def _heartbeat(self) -> None:
+        """Beat this process's lease on the shared book every
+        :data:`.store.journal.HEARTBEAT_INTERVAL` seconds on the config's
+        ``timer`` (first at once), recovering calls of siblings found dead;
+        a failed beat is logged and tried again at the next."""
+        timer = self.config.timer
+        while True:
+            try:
+                refunded = await self._accounts.heartbeat(REPLAY_WINDOW, outcome_json_for_error)
+            except Exception as exc:
+                log.error("lease beat on the shared book failed: %s", exc)
+            else:
+                if refunded:
+                    log.warning("refunded %d calls of pool members that died", refunded)
+            if timer is None:
+                await anyio.sleep(HEARTBEAT_INTERVAL)
+            else:
+                await timer.sleep(HEARTBEAT_INTERVAL)
 
     async def start(self, sender: PMSender) -> Router:
         """Start serving: returns the server-role Router (owned by this
@@ -512,9 +545,18 @@ class Harness:
 
     def _key_meta(self) -> dict[str, Any]:
         """``{"brmcp/receiptKey": hex}`` with a receipt signer, else ``{}``
-        (WIRE.md §Signed receipts)."""
+        (WIRE.md §Signed receipts); with a ``pool`` also ``brmcp/pool``
+        (:func:`.pool.pool_meta`, WIRE.md §Pools)."""
         signer = self.config.receipt_signer
-        return {} if signer is None else {RECEIPT_KEY_META: signer.public_hex}
+        if signer is None:
+            return {}
+        meta: dict[str, Any] = {RECEIPT_KEY_META: signer.public_hex}
+        pool = self.config.pool
+        # A member announces its pool (WIRE.md §Pools) once it knows its own
+        # uid and that uid is a member; never for a uid it is not.
+        if pool is not None and signer.bot and signer.bot.lower() in pool.members:
+            meta |= pool_meta(pool, signer.public_hex)
+        return meta
 
     def _list_meta(self) -> dict[str, Any]:
         """The ``_meta`` of every ``tools/list`` answer: the refusal mark

@@ -15,6 +15,13 @@ the schema made; DDL is transactional in PostgreSQL, so a crash leaves no
 half-made schema. A database holding some of these tables without a
 version row, or a newer version, is refused (:class:`~..records.StoreError`),
 never altered.
+
+A shared book also keeps who runs what (WIRE.md §Pools; :mod:`..journal`):
+``calls.owner`` (the lease owner of the process that charged the call) and
+``leases(owner, beat, host, pid)``. They are added to any version-3
+database when a harness connects (:data:`POOL_DDL`, additive: a brmcp
+without them still runs on it, its calls owner NULL, i.e. recovered by the
+next start as before), so the version stays 3.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from ..records import StoreError
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["ADVISORY_LOCK", "POSTGRES_SCHEMA", "TABLES", "ensure_schema"]
+__all__ = ["ADVISORY_LOCK", "POOL_DDL", "POSTGRES_SCHEMA", "TABLES", "ensure_schema"]
 
 #: The advisory lock key the schema creation holds (a constant of the
 #: application, ``'brmcp'`` in ASCII).
@@ -51,6 +58,27 @@ def _postgres_ddl(sqlite_ddl: str) -> str:
 
 #: The PostgreSQL DDL of schema version :data:`SCHEMA_VERSION`, idempotent.
 POSTGRES_SCHEMA = _postgres_ddl(_SCHEMA)
+#: The shared book's ownership additions (``leases`` and ``calls.owner``),
+#: idempotent; ``beat`` is the database clock's unix seconds.
+POOL_DDL = (
+    "CREATE TABLE IF NOT EXISTS leases ("
+    "owner TEXT PRIMARY KEY, beat DOUBLE PRECISION NOT NULL, host TEXT, pid BIGINT)",
+    "ALTER TABLE calls ADD COLUMN IF NOT EXISTS owner TEXT",
+)
+
+
+def _ensure_pool(raw: psycopg.Connection[Any], present: set[str]) -> None:
+    """Add :data:`POOL_DDL` where missing (checked first: ``ALTER TABLE``
+    would lock ``calls`` against running siblings even when it adds
+    nothing)."""
+    has_owner = raw.execute(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+        "AND table_name = 'calls' AND column_name = 'owner'"
+    ).fetchone()
+    if "leases" not in present:
+        raw.execute(POOL_DDL[0])
+    if has_owner is None:
+        raw.execute(POOL_DDL[1])
 
 
 def ensure_schema(raw: psycopg.Connection[Any], where: str) -> None:
@@ -67,7 +95,7 @@ def ensure_schema(raw: psycopg.Connection[Any], where: str) -> None:
             for row in raw.execute(
                 "SELECT table_name FROM information_schema.tables "
                 "WHERE table_schema = current_schema() AND table_name = ANY(%s)",
-                (["brmcp_schema", *TABLES],),
+                (["brmcp_schema", "leases", *TABLES],),
             )
         }
         version: int | None = None
@@ -95,6 +123,7 @@ def ensure_schema(raw: psycopg.Connection[Any], where: str) -> None:
             raise StoreError(
                 f"PostgreSQL database {where} is missing brmcp tables {sorted(set(TABLES) - present)}"
             )
+        _ensure_pool(raw, present)
     except BaseException:
         with contextlib.suppress(Exception):  # a broken connection: the server rolls back
             raw.execute("ROLLBACK")
