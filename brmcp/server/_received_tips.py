@@ -18,6 +18,7 @@ import anyio
 
 from ..protocol.units import atoms_from_milliatoms
 from ._accounts import Accounts
+from .pool import member_sequence_id
 from .store import MAX_INT63
 
 if TYPE_CHECKING:
@@ -39,8 +40,12 @@ class ReceivedTips:
         allowed: Callable[[str], bool],
         credited: Callable[[str], None],
         metrics: Callable[[], ServeMetrics | None],
+        tip_member: Callable[[], str | None] = lambda: "",
     ) -> None:
         self._accounts = accounts
+        #: ``""`` outside a pool; in a pool this member's own uid (the tip's
+        #: key is then :func:`.pool.member_sequence_id`), None while unknown.
+        self._tip_member = tip_member
         self._allowed = allowed
         self._credited = credited
         self._metrics = metrics
@@ -58,6 +63,13 @@ class ReceivedTips:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_INT63:
                 raise ValueError(f"tip {name} {value!r} out of range (a signed 64-bit integer, ids >= 0)")
+        member = self._tip_member()
+        if member is None:
+            # Retried by the tip loop until brclient names this member.
+            raise RuntimeError("this pool member's own uid is not known yet; the tip waits for it")
+        received = sequence_id
+        if member:
+            sequence_id = member_sequence_id(member, sequence_id)
         allowed = self._allowed(peer)
         with anyio.CancelScope(shield=True):
             outcome = await self._accounts.credit_tip(
@@ -70,7 +82,7 @@ class ReceivedTips:
             log.info(
                 "holding %s atoms of tip %d from %s, a sender not allowed, until it is allowed",
                 f"{held:,}",
-                sequence_id,
+                received,
                 peer,
             )
         if credited > 0:

@@ -162,7 +162,17 @@ class Harness:
             raise HarnessError(f"cannot reconcile the ledger database: {exc}") from exc
         self._load_journal(loaded)
         #: Received tips, and those held for senders not allowed.
-        self._tips = ReceivedTips(self._accounts, self.allowed, self._pipeline.credited, lambda: self.metrics)
+        self._tips = ReceivedTips(
+            self._accounts, self.allowed, self._pipeline.credited, lambda: self.metrics, self._tip_member
+        )
+
+    def _tip_member(self) -> str | None:
+        """``""`` outside a pool; in one, this member's own uid (its receipt
+        signer's ``bot``), None while it is not known (WIRE.md §Pools, "Tips")."""
+        if self.config.pool is None:
+            return ""
+        signer = self.config.receipt_signer
+        return signer.bot.lower() if signer is not None and signer.bot else None
 
     def _load_journal(self, entries: Iterable[JournalEntry]) -> None:
         for entry in entries:

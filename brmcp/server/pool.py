@@ -18,6 +18,7 @@ other uids proves nothing about them (WIRE.md §Pools).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "POOL_ID_MAX",
     "POOL_META_KEY",
     "PoolConfig",
+    "member_sequence_id",
     "parse_pool",
     "pool_meta",
 ]
@@ -113,3 +115,20 @@ def pool_meta(pool: PoolConfig, key_hex: str) -> dict[str, Any]:
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def member_sequence_id(member: str, sequence_id: int) -> int:
+    """The key under which a pool member records the tip with BR sequence id
+    ``sequence_id`` that it, ``member`` (its own uid), received: the first 8
+    bytes of SHA-256 of ``"<member>:<sequence id>"`` as a big-endian
+    integer, shifted right one bit (0 to 2**63 - 1, the ledger's type).
+
+    Each member's brclient numbers its own tips, so two members see the same
+    sequence ids for different tips; the book is shared, and a tip is
+    recorded once per (sequence id, sender, amount) (WIRE.md §Payments).
+    Keyed on the receiving member as well, two different tips never look
+    like one (a collision needs two SHA-256 prefixes to agree, about one
+    chance in 2**63 per pair), and a redelivery of one tip to its member
+    maps to the same key (WIRE.md §Pools, "Tips")."""
+    digest = hashlib.sha256(f"{member.lower()}:{int(sequence_id)}".encode("ascii")).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
