@@ -16,7 +16,6 @@ the session sees them (an ``_meta`` left empty is removed too).
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from typing import Any
 
@@ -114,23 +113,55 @@ def consume_mark(message: JSONRPCMessage) -> int | None:
 def marked_payload(message: JSONRPCMessage, value: int) -> bytes | None:
     """The compact JSON of ``message`` with the mark added to its ``_meta``
     (the message itself is not changed); None when it cannot carry one
-    (a notification, an error, an ``_meta`` that is not an object)."""
-    if not isinstance(message, JSONRPCRequest | JSONRPCResponse):
+    (a notification, an error, an ``_meta`` that is not an object, or a
+    message that cannot be serialized, such as one holding a lone surrogate).
+
+    The bytes are the message's own ``model_dump_json`` (what an unmarked
+    message is sent as) with ``"brmcp/batch":value`` as the last member of
+    its ``_meta``, which is created as the container's last member when
+    absent (and the container itself, ``params``, when a request has none)."""
+    if isinstance(message, JSONRPCRequest):
+        container: Any = message.params
+        key = "params"
+    elif isinstance(message, JSONRPCResponse):
+        container = message.result
+        key = "result"
+    else:
         return None
-    data = message.model_dump(by_alias=True, exclude_unset=True, mode="json")
-    key = "params" if isinstance(message, JSONRPCRequest) else "result"
-    container = data.get(key)
-    if container is None and key == "params":
-        container = data["params"] = {}
-    if not isinstance(container, dict):
+    if container is not None and not isinstance(container, dict):
         return None
-    meta = container.get("_meta")
-    if meta is None:
-        meta = container["_meta"] = {}
-    if not isinstance(meta, dict):
+    meta = None if container is None else container.get("_meta")
+    if meta is not None and not isinstance(meta, dict):
         return None
-    meta[BATCH_KEY] = value
     try:
-        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+        if container is None or "_meta" not in container:
+            text = message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+            spliced = _splice_mark(text, container, key in message.model_fields_set, value)
+            if spliced is not None:
+                return spliced
+        # An existing _meta gets the mark as its last member: serialize a copy.
+        marked = {**(container or {}), "_meta": {**(meta or {}), BATCH_KEY: value}}
+        copy = message.model_copy(update={key: marked})
+        return copy.model_dump_json(by_alias=True, exclude_unset=True).encode()
     except (TypeError, ValueError):  # not JSON-safe (a lone surrogate): sent unmarked
         return None
+
+
+def _splice_mark(text: bytes, container: dict[str, Any] | None, is_set: bool, value: int) -> bytes | None:
+    """Add ``"_meta":{"brmcp/batch":value}`` to the container (``params`` or
+    ``result``), the last member of the JSON-RPC object ``text``. None when
+    ``text`` does not end as expected (then the caller serializes a copy)."""
+    mark = b'"_meta":{"' + BATCH_KEY.encode() + b'":' + str(value).encode() + b"}"
+    if container is None:
+        if is_set:  # "params":null
+            if text.endswith(b":null}"):
+                return text[:-5] + b"{" + mark + b"}}"
+            return None
+        if text.endswith(b"}"):  # no params member at all
+            return text[:-1] + b',"params":{' + mark + b"}}"
+        return None
+    if not text.endswith(b"}}"):
+        return None
+    if not container:
+        return text[:-2] + mark + b"}}" if text.endswith(b"{}}") else None
+    return text[:-2] + b"," + mark + b"}}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Protocol
@@ -137,6 +136,10 @@ class SendReceipt:
 send_receipt: ContextVar[SendReceipt | None] = ContextVar("brmcp_send_receipt", default=None)
 
 
+#: The inbox constructor, parametrized once (not per session).
+_new_inbox = anyio.create_memory_object_stream[SessionMessage | Exception]
+
+
 class _WriteStream:
     """SDK ``WriteStream[SessionMessage]``: serialize compactly, split into
     envelope parts and send them in seq order through the host's PMSender."""
@@ -204,9 +207,7 @@ class Conn:
         self._inbox_recv: MemoryObjectReceiveStream[SessionMessage | Exception]
         # Room for one whole batch beyond the bound (see _deliver).
         self._inbox_limit = inbox_size
-        self._inbox_send, self._inbox_recv = anyio.create_memory_object_stream[SessionMessage | Exception](
-            inbox_size + wire.MAX_BATCH_PARTS
-        )
+        self._inbox_send, self._inbox_recv = _new_inbox(inbox_size + wire.MAX_BATCH_PARTS)
         self._write_stream = _WriteStream(self)
         self._meta = ServerMessageMetadata(request_context=peer)
         self._closed = False
@@ -214,7 +215,11 @@ class Conn:
         self.last_activity = now
         # The costs (brmcp.transport._inbox.message_cost) of the messages still in the
         # inbox buffer, oldest first; settled lazily against the buffer's size.
-        self._queued: deque[int] = deque()
+        # Allocated when a message first waits in the buffer (most messages go
+        # straight to a waiting reader) and a list, not a deque: an idle
+        # session whose last message waited keeps one small list, not a
+        # deque's 64-slot block. At most inbox_size + MAX_BATCH_PARTS long.
+        self._queued: list[int] | None = None
         self._queued_bytes = 0
 
     @property
@@ -252,7 +257,7 @@ class Conn:
         self._inbox_send.close()
         # Unread messages stay reachable only through the receive stream,
         # which the reader drains or drops; the byte tally no longer counts them.
-        self._queued.clear()
+        self._queued = None
         self._queued_bytes = 0
         self._router._forget(self)
 
@@ -285,7 +290,7 @@ class Conn:
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
             dropped += 1
-        self._queued.clear()
+        self._queued = None
         self._queued_bytes = 0
         return dropped
 
@@ -295,8 +300,15 @@ class Conn:
         if not queued:
             return
         used = self._inbox_send.statistics().current_buffer_used if not self._closed else 0
-        while len(queued) > used:
-            self._queued_bytes -= queued.popleft()
+        taken = len(queued) - used
+        if taken <= 0:
+            return
+        if not used:
+            self._queued_bytes = 0
+            self._queued = None
+            return
+        self._queued_bytes -= sum(queued[:taken])
+        del queued[:taken]
 
     def _deliver(self, message: SessionMessage | Exception, cost: int = 0, position: int = 0) -> bool:
         """Queue an inbound message of estimated memory ``cost`` without
@@ -319,7 +331,10 @@ class Conn:
             self.close()
             return True
         if self._inbox_send.statistics().current_buffer_used > before:
-            self._queued.append(cost)
+            queued = self._queued
+            if queued is None:
+                queued = self._queued = []
+            queued.append(cost)
             self._queued_bytes += cost
         return True
 

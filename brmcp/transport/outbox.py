@@ -22,7 +22,9 @@ write returns as soon as it is queued, unless the queue is full
 (:data:`QUEUED_PARTS`, :data:`QUEUED_BYTES`), so a writer that sends one
 message after the other (a server streaming notifications) still fills
 batches. Without ``spawn``, or without pacing, every write waits and the
-writers take turns sending the head of the queue (a combining queue).
+writers take turns sending the head of the queue (a combining queue);
+without pacing, a lone part with nothing queued ahead of it is handed over
+at once, as that queue would hand it over, without its bookkeeping.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class _Item:
 class _Lane:
     """The queue and the pacing of one peer."""
 
-    __slots__ = ("bytes", "flushing", "free_at", "lock", "queue", "writers")
+    __slots__ = ("bytes", "flushing", "free_at", "lock", "queue", "sending", "writers")
 
     def __init__(self) -> None:
         self.queue: deque[_Item] = deque()
@@ -104,9 +106,12 @@ class _Lane:
         self.flushing = False
         #: Bytes of the parts not yet handed over.
         self.bytes = 0
+        #: 1 while a lone part goes out on the direct path (see Outbox.send).
+        self.sending = 0
 
     def waiting(self) -> int:
-        return sum(len(item.parts) - item.next for item in self.queue if not item.withdrawn)
+        queued = sum(len(item.parts) - item.next for item in self.queue if not item.withdrawn)
+        return queued + self.sending
 
 
 class Outbox:
@@ -184,6 +189,12 @@ class Outbox:
             if len(self._lanes) >= _LANES_KEPT:
                 self._forget_idle()
             lane = self._lanes[peer] = _Lane()
+        if len(parts) == 1 and self.interval <= 0 and not lane.queue and not lane.lock.locked():
+            # Unpaced and nothing ahead of it: a lone part goes as one PM at
+            # once, exactly as the queue below would send it, without the
+            # queue's bookkeeping (an item, its event, a lock checkpoint).
+            await self._send_direct(peer, lane, parts[0], on_error)
+            return
         item = _Item(parts, on_error)
         lane.queue.append(item)
         lane.bytes += sum(len(p) for p in parts)
@@ -237,6 +248,31 @@ class Outbox:
                     self._drop_withdrawn(lane)
         if item.error is not None:
             raise item.error
+
+    async def _send_direct(
+        self, peer: str, lane: _Lane, text: str, on_error: Callable[[Exception], object] | None
+    ) -> None:
+        """Hand ``text`` to brclient holding ``lane``'s lock, so writes that
+        come meanwhile queue behind it; a failure calls ``on_error`` and is
+        raised, as a failed queued PM is."""
+        lane.lock.acquire_nowait()
+        lane.writers += 1
+        lane.sending = 1
+        try:
+            await self._send(peer, text)
+        except Exception as exc:
+            self._progress.set()
+            if on_error is not None:
+                on_error(exc)
+            raise
+        finally:
+            lane.sending = 0
+            lane.writers -= 1
+            lane.lock.release()
+        stats = self.stats
+        stats.pms_sent += 1
+        stats.parts_sent += 1
+        self._progress.set()
 
     async def _flusher(self, peer: str, lane: _Lane) -> None:
         """Empty ``lane``, one PM per slot; ends when it is empty."""

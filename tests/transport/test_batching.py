@@ -3,17 +3,20 @@ call under concurrency, and peers that never see a batch."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp.shared.message import SessionMessage
 from mcp.types import JSONRPCRequest, JSONRPCResponse
 
 from brmcp import wire
 from brmcp.testing import Fabric
 from brmcp.transport import Conn
-from brmcp.transport._batching import BATCH_KEY
+from brmcp.transport._batching import BATCH_KEY, marked_payload
 from tests.kit import ALICE, BOT
 from tests.kit.transport import bot_and_alice, call, echoed, session
 
@@ -139,3 +142,64 @@ async def test_a_peer_that_does_not_announce_never_gets_a_batch() -> None:
     assert server.stats.batches_sent == 0
     assert server.stats.batches_received == 0
     assert bot.executions() == dict.fromkeys(range(12), 1)
+
+
+def _marked_reference(message: JSONRPCRequest | JSONRPCResponse, value: int) -> bytes | None:
+    """The mark added to the message's dict form, the obvious way: the
+    container (``params``, created when absent) gets ``_meta`` (created as
+    its last member when absent) with the mark as the last member."""
+    data = message.model_dump(by_alias=True, exclude_unset=True, mode="json")
+    key = "params" if isinstance(message, JSONRPCRequest) else "result"
+    if data.get(key) is None:
+        data[key] = {}
+    container = data[key]
+    meta = container.get("_meta")
+    if meta is None:
+        meta = container["_meta"] = {}
+    if not isinstance(meta, dict):
+        return None
+    meta[BATCH_KEY] = value
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+_KEYS = st.sampled_from(["_meta", "name", "arguments", "é", "k"])
+_LEAVES = st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.text(max_size=6)
+_VALUES = st.recursive(
+    _LEAVES,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3),
+    max_leaves=10,
+)
+_CONTAINERS = st.none() | st.dictionaries(_KEYS, _VALUES, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    container=_CONTAINERS,
+    request=st.booleans(),
+    params_given=st.booleans(),
+    value=st.integers(4096, wire.MAX_BATCH_BYTES),
+)
+def test_the_marked_payload_is_the_message_with_the_mark_in_its_meta(
+    container: dict[str, Any] | None, request: bool, params_given: bool, value: int
+) -> None:
+    """Whatever the container holds (no ``_meta``, an empty or a full one,
+    ``_meta`` null or not an object, ``params`` absent, null or empty), the
+    marked bytes equal the reference construction, byte for byte, and the
+    message itself is unchanged."""
+    message: JSONRPCRequest | JSONRPCResponse
+    if request:
+        if container is None and not params_given:
+            message = JSONRPCRequest(jsonrpc="2.0", id=7, method="tools/call")
+        else:
+            message = JSONRPCRequest(jsonrpc="2.0", id=7, method="tools/call", params=container)
+    else:
+        message = JSONRPCResponse(jsonrpc="2.0", id="r1", result=container or {})
+    before = message.model_dump_json(by_alias=True, exclude_unset=True)
+    expected = _marked_reference(message, value)
+    assert marked_payload(message, value) == expected
+    assert message.model_dump_json(by_alias=True, exclude_unset=True) == before
+
+
+def test_a_message_that_cannot_be_serialized_is_sent_unmarked() -> None:
+    lone = JSONRPCResponse(jsonrpc="2.0", id=1, result={"text": "a\ud800b"})
+    assert marked_payload(lone, 65536) is None

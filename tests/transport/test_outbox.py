@@ -301,3 +301,74 @@ def test_an_owner_that_stops_fails_what_is_still_queued() -> None:
         assert outbox.waiting(PEER) == 0
 
     run_virtual(main)
+
+
+class SlowBrclient(Brclient):
+    """A brclient whose ``PM`` call takes ``delay`` (virtual) seconds."""
+
+    def __init__(self, delay: float, fail: Callable[[str], bool] = lambda _text: False) -> None:
+        super().__init__(fail)
+        self.delay = delay
+
+    async def send_pm(self, peer: str, text: str) -> None:
+        await anyio.sleep(self.delay)
+        await super().send_pm(peer, text)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=8))
+def test_unpaced_writes_leave_in_write_order_while_a_lone_part_is_in_flight(sizes: list[int]) -> None:
+    """Unpaced, a lone part with nothing queued goes out directly; writes
+    arriving while it is in flight queue behind it and every part leaves
+    once, in write order."""
+
+    async def main() -> None:
+        brclient, stats = SlowBrclient(0.01), RouterStats()
+        outbox = Outbox(brclient.send_pm, interval=0, stats=stats)
+        messages = [parts_of(n, str(i), size=6 * n) for i, n in enumerate(sizes)]
+        seen_waiting: list[int] = []
+        async with anyio.create_task_group() as tg:
+            for parts in messages:
+                tg.start_soon(outbox.send, PEER, parts)
+                await anyio.lowlevel.checkpoint()
+                seen_waiting.append(outbox.waiting(PEER))
+        assert brclient.parts() == [p for parts in messages for p in parts]
+        assert stats.pms_sent == stats.parts_sent == sum(sizes)
+        assert seen_waiting[0] == sizes[0]  # the part in flight counts as waiting
+        assert outbox.waiting(PEER) == 0
+
+    run_virtual(main)
+
+
+def test_an_unpaced_lone_part_that_fails_reports_and_raises() -> None:
+    async def main() -> None:
+        brclient = SlowBrclient(0.01, fail=lambda text: True)
+        stats = RouterStats()
+        outbox = Outbox(brclient.send_pm, interval=0, stats=stats)
+        errors: list[Exception] = []
+        with pytest.raises(RuntimeError, match="brclient refused"):
+            await outbox.send(PEER, parts_of(1, "a"), on_error=errors.append)
+        assert [str(e) for e in errors] == ["brclient refused the PM"]
+        assert stats.pms_sent == 0
+        assert outbox.waiting(PEER) == 0
+        # The lane is free again: the next write goes out.
+        brclient.fail = lambda text: False
+        await outbox.send(PEER, parts_of(1, "b"))
+        assert stats.pms_sent == 1
+
+    run_virtual(main)
+
+
+def test_a_cancelled_unpaced_lone_part_leaves_nothing_behind() -> None:
+    async def main() -> None:
+        brclient, stats = SlowBrclient(1.0), RouterStats()
+        outbox = Outbox(brclient.send_pm, interval=0, stats=stats)
+        with anyio.move_on_after(0.5):
+            await outbox.send(PEER, parts_of(1, "a"))
+        assert outbox.waiting(PEER) == 0
+        second = parts_of(1, "b")
+        await outbox.send(PEER, second)
+        assert brclient.parts() == second
+        assert stats.pms_sent == 1
+
+    run_virtual(main)
