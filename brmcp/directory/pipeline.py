@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import secrets
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from mcp import ClientSession
 
 from .._ops.clock import Clock
 from ..protocol.receipts import ReceiptError, receipt_key_from_meta, signed_receipt_from_meta, verify_receipt
+from . import poolinfo
 from .client import CallError, CallOutcome, ProviderClient, catalog_json, listing_in, result_text
 from .policy import Policy
 from .store import DirectoryStore, Listing, Registration
@@ -254,12 +256,20 @@ class Pipeline:
                 except CallError as exc:
                     await self._park(reg, f"crawl: {exc}")
                     return
+                receipt_key = receipt_key_from_meta(meta) or ""
+                # The crawled pool (docs/directory.md §Reputation) is recorded
+                # for this run before the run moves on: a start that finds it
+                # testing has it, one that finds it crawling crawls again.
+                await self._store.run(
+                    functools.partial(
+                        poolinfo.set_run_pool,
+                        uid=uid,
+                        reg_id=reg.reg_id,
+                        pool=poolinfo.pool_from_meta(meta, uid, receipt_key),
+                    )
+                )
                 moved = await self._store.to_testing(
-                    uid,
-                    reg.reg_id,
-                    catalog_json(tools),
-                    new_call_key(),
-                    receipt_key=receipt_key_from_meta(meta) or "",
+                    uid, reg.reg_id, catalog_json(tools), new_call_key(), receipt_key=receipt_key
                 )
                 if moved is None:
                     return
@@ -355,13 +365,18 @@ class Pipeline:
         """Re-read a live listing's catalog for free; the listing after it
         (unchanged when the crawl failed), or None when not listed. Every
         attempt's outcome joins the provider's history, and a successful
-        crawl's receipt key (or its absence) replaces the listing's."""
+        crawl's receipt key and pool (or their absence) replace the
+        listing's (a pool shows only under its own receipt key:
+        :func:`.poolinfo.shown_pool`)."""
         meta: dict[str, Any] = {}
         try:
             tools = await self._client.crawl(uid, meta=meta)
         except CallError as exc:
             log.info("recrawl %s: %s", uid[:8], exc)
             return await self._store.recrawl_failed(uid, self._now())
-        return await self._store.recrawled(
-            uid, catalog_json(tools), self._now(), receipt_key=receipt_key_from_meta(meta) or ""
-        )
+        receipt_key = receipt_key_from_meta(meta) or ""
+        live = await self._store.recrawled(uid, catalog_json(tools), self._now(), receipt_key=receipt_key)
+        if live is not None:
+            pool = poolinfo.pool_from_meta(meta, uid, receipt_key)
+            await self._store.run(functools.partial(poolinfo.set_listed_pool, uid=uid, pool=pool))
+        return live

@@ -32,6 +32,8 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
+from . import poolinfo
+
 __all__ = [
     "HISTORY_KEEP",
     "LAST_TESTS",
@@ -83,10 +85,12 @@ CREATE TABLE IF NOT EXISTS dir_history_totals (
 
 
 def open_tables(conn: sqlite3.Connection) -> None:
-    """Create this module's tables when missing."""
+    """Create this module's tables when missing, and the crawled pools'
+    (:func:`brmcp.directory.poolinfo.open_tables`) next to the receipt keys."""
     for statement in SCHEMA.split(";"):
         if statement.strip():
             conn.execute(statement)
+    poolinfo.open_tables(conn)
 
 
 # -- receipt keys ---------------------------------------------------------------------

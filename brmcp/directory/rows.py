@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..server import store as ledger
-from . import reputation
+from . import poolinfo, reputation
 from . import search as search_index
 from .types import TestSpec
 
@@ -417,7 +417,8 @@ def promote(conn: sqlite3.Connection, reg: Registration, now: int, expiry_second
     """Publish ``reg`` as the live listing (a renewal keeps its approval
     date and is stamped ``renewed_at``), drop the run and the flag; the
     run's crawled receipt key becomes the listing's
-    (:func:`brmcp.directory.reputation.adopt_run_key`)."""
+    (:func:`brmcp.directory.reputation.adopt_run_key`), and so does its
+    crawled pool (:func:`brmcp.directory.poolinfo.adopt_run_pool`)."""
     current = get_listing(conn, reg.uid)
     put_listing(
         conn,
@@ -436,6 +437,7 @@ def promote(conn: sqlite3.Connection, reg: Registration, now: int, expiry_second
         ),
     )
     reputation.adopt_run_key(conn, reg.uid, reg.reg_id)
+    poolinfo.adopt_run_pool(conn, reg.uid, reg.reg_id)
     conn.execute("DELETE FROM dir_registrations WHERE uid = ?", (reg.uid,))
     set_flag(conn, reg.uid, "")
 

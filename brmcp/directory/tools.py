@@ -29,7 +29,8 @@ The index in pages (pagetools.py): ``get_snapshot_manifest`` (priced
 
 Ratings backed by signed receipts (ratings.py): ``rate`` and ``ratings``
 (free); ``get_provider`` and ``search`` hits carry the provider's
-``reputation`` (reputation.py) and ``get_provider`` its ``receiptKey``.
+``reputation`` (reputation.py) and ``get_provider`` its ``receiptKey`` and,
+when it announced one under that key, its bot ``pool`` (poolinfo.py).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol.payment import PRICE_ATOMS_KEY, PRICING_DYNAMIC, PRICING_KEY
 from ..server import CallContext, Harness
-from . import reputation
+from . import poolinfo, reputation
 from .pagetools import PAGE_TOOLS, register_pages_tools
 from .ratings import RATING_TOOLS, register_rating_tools
 from .registry import register_export_tool
@@ -142,9 +143,9 @@ PUBLIC_TOOLS = (
 EXTENSION_TOOLS = ("export_registry", *PAGE_TOOLS, *RATING_TOOLS)
 
 #: Answer keys the Go reference's directory does not write (docs/directory.md
-#: §Reputation): ``get_provider``'s ``receiptKey`` and ``reputation``, a
-#: search hit's ``reputation``. Go clients ignore them.
-EXTENSION_KEYS = ("receiptKey", "reputation")
+#: §Reputation): ``get_provider``'s ``receiptKey``, ``reputation`` and
+#: ``pool`` (poolinfo.py), a search hit's ``reputation``. Go clients ignore them.
+EXTENSION_KEYS = ("receiptKey", "reputation", "pool")
 
 #: ``introduce``'s note when the suggestion was sent.
 INTRODUCE_NOTE = "accept the KX suggestion in your client to complete the exchange"
@@ -295,12 +296,17 @@ def register_public_tools(harness: Harness, directory: Directory) -> None:
         if listing is None:
             raise ValueError("no listing for that uid")
         out = provider_out(listing).to_json()
-        key, summary = await store.run(
-            lambda conn: (reputation.listed_key(conn, wanted.uid), reputation.summary(conn, wanted.uid))
-        )
+
+        def read(conn: Any) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+            key = reputation.listed_key(conn, wanted.uid)
+            return key, reputation.summary(conn, wanted.uid), poolinfo.shown_pool(conn, wanted.uid, key)
+
+        key, summary, pool = await store.run(read)
         if key:
             out["receiptKey"] = key
         out["reputation"] = summary
+        if pool is not None:
+            out["pool"] = pool
         return out
 
     async def introduce(ctx: CallContext, args: dict[str, Any]) -> Any:
