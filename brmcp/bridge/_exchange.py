@@ -236,7 +236,9 @@ class Resender:
         a fresh session) and is followed at once by another. An error the
         bot answered is final, except the first one, which resets the link
         and is tried once more on a fresh session (a bot that forgot the
-        session answers with an error).
+        session answers with an error). An error answered on a session the
+        link has since dropped is not the bot's verdict on this request:
+        the copies on the current session decide.
 
         ``quiet``: while this event is unset no copy is sent (the bot is
         expected to hold the request, e.g. until a payment lands).
@@ -313,6 +315,14 @@ class Resender:
                             # (same request, same callKey) initializes first.
                             last.append(exc)
                             wakes[-1].set()
+                            return
+                        if not self._sessions.is_current(gen):
+                            # The answer to a copy on a session already
+                            # dropped: a restarted bot answers every stale
+                            # copy queued at the relay with the SDK's
+                            # before-initialize error. A copy on the fresh
+                            # session decides (sent already, or by the timer).
+                            last.append(exc)
                             return
                         bot_errors += 1
                         if bot_errors == 1:

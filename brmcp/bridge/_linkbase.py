@@ -278,6 +278,10 @@ class LinkSessions(Protocol):
         dials afresh; True when something was reset."""
         ...
 
+    def is_current(self, gen: int) -> bool:
+        """True while session generation ``gen`` is the link's current one."""
+        ...
+
     def era_refused(self, exc: BaseException, gen: int, *, probe: bool = False) -> bool:
         """True when ``exc`` (the bot's answer on session ``gen``) says the
         request needs the handshake era; the link then switches to it."""

@@ -282,3 +282,54 @@ async def test_a_priced_tool_the_bot_lists_only_now_is_not_paid_for_unseen(tmp_p
             assert not result.is_error, joined(result)
             assert second == {"convert_time": 1}
             assert env.payer.calls == [(BOT, 300)]
+
+
+def _slow_program(data_dir: Path, gate: anyio.Event | None, runs: list[str], price: int) -> Harness:
+    """A handshake-era bot with ``slow`` (``price`` atoms) that, with a
+    ``gate``, holds each call until the gate is set."""
+    harness = Harness(HarnessConfig(data_dir=str(data_dir), allowed_peers={CLIENT}, tools_list_changed=True))
+
+    async def slow(ctx: CallContext, args: dict[str, Any]) -> dict[str, Any]:
+        runs.append(data_dir.name)
+        if gate is not None:
+            await gate.wait()
+        return {"served by": data_dir.name}
+
+    harness.add_tool("slow", slow, description="slow", input_schema={"type": "object"}, price_atoms=price)
+    return harness
+
+
+async def test_stale_copies_answered_by_a_restarted_bot_do_not_fail_the_call(tmp_path: Path) -> None:
+    """Calls in flight when the bot goes offline: the bridge's re-sends wait
+    at the relay, all on the old session. The restarted bot answers each
+    stale copy with the SDK's before-initialize error. The first sends the
+    call to a fresh session; the others, answers for a session the bridge
+    already dropped, must not end the call as a bot error."""
+    runs: list[str] = []
+    with anyio.fail_after(120):
+        async with (
+            bridge_env(tmp_path) as env,
+            _slow_program(tmp_path / "first", anyio.Event(), runs, 0) as first,
+        ):
+            await _serve(env, first)
+            async with env.session() as session:
+                await session.list_tools()
+                results: list[tuple[bool, str]] = []
+
+                async def one() -> None:
+                    result = await call(session, "slow")
+                    results.append((bool(result.is_error), joined(result)))
+
+                async with anyio.create_task_group() as tg:
+                    for _ in range(3):
+                        tg.start_soon(one)
+                    await until(lambda: len(runs) == 3)
+                    env.fabric.set_offline(BOT)
+                    # Re-sends pile up at the relay while the bot is away:
+                    # at least two stale copies of each call.
+                    await until(lambda: env.fabric.stats.pms_stored >= 6, 60)
+                    async with _slow_program(tmp_path / "second", None, runs, 0) as second:
+                        await _serve(env, second)
+                        env.fabric.set_online(BOT)
+                        await until(lambda: len(results) == 3, 60)
+            assert results == [(False, '{"served by":"second"}')] * 3, results
