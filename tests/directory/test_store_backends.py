@@ -35,9 +35,7 @@ from brmcp.protocol.payment import PRICE_ATOMS_KEY
 from brmcp.protocol.receipts import ReceiptSigner, args_sha256
 from brmcp.server import Harness, HarnessConfig
 from brmcp.server.store.url import DEFAULT_STORE
-from tests.kit.postgres import PostgresServer, postgres_server, postgres_url
-
-__all__ = ["postgres_server", "postgres_url"]
+from tests.kit.postgres import PostgresServer
 
 PROVIDER = "a" * 64
 RATER = "b" * 64

@@ -38,7 +38,6 @@ from brmcp.bridge.daemon import read_runtime
 from brmcp.protocol.receipts import ReceiptSigner, signed_receipt_from_meta, verify_receipt
 from brmcp.server.pool import POOL_META_KEY, PoolConfig
 from brmcp.testing.brnet import BrNet, BrNetUser
-from tests.kit.postgres import postgres_server, postgres_url
 
 from .stack import (
     FORTUNE_ATOMS,
@@ -55,8 +54,6 @@ from .stack import (
     start_pool_member,
     wallet_tips,
 )
-
-__all__ = ["postgres_server", "postgres_url"]
 
 pytestmark = [pytest.mark.realnet, pytest.mark.slow]
 

@@ -27,9 +27,6 @@ from brmcp.server.pool import MAX_MEMBERS, POOL_META_KEY, PoolConfig, parse_pool
 from brmcp.testing import uid
 from tests.kit import ALICE, BOT
 from tests.kit.harness import served
-from tests.kit.postgres import postgres_server, postgres_url
-
-__all__ = ["postgres_server", "postgres_url"]
 
 SIBLING = uid(20)
 MEMBERS = [BOT, SIBLING]

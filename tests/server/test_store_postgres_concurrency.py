@@ -38,10 +38,7 @@ import pytest
 from brmcp.server import store
 from brmcp.server.store.postgres import PostgresExecutor
 from brmcp.server.store.url import parse_store_url
-from tests.kit.postgres import postgres_server, postgres_url
 from tests.server.store import pg_hammer_worker as hammer
-
-__all__ = ["postgres_server", "postgres_url"]
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,8 @@ import pytest
 from brmcp.server import store
 from brmcp.server._executor import BatchExecutor, GroupCommitExecutor
 from brmcp.server.store.url import DEFAULT_STORE
-from tests.kit.postgres import postgres_server, postgres_url
 
-__all__ = ["Backend", "postgres_server", "postgres_url", "store_backend"]
+__all__ = ["Backend", "store_backend"]
 
 T = TypeVar("T")
 

@@ -32,7 +32,6 @@ from brmcp.server.store.journal import HEARTBEAT_INTERVAL, LEASE_EXPIRY, Lease, 
 from brmcp.server.store.postgres import PostgresExecutor
 from brmcp.server.store.url import parse_store_url
 from tests.kit import ALICE, until
-from tests.kit.postgres import postgres_server, postgres_url
 from tests.server.store.test_shared_callkeys import (
     CREDIT,
     PRICE,
@@ -41,8 +40,6 @@ from tests.server.store.test_shared_callkeys import (
     assert_books_exact,
     rows,
 )
-
-__all__ = ["postgres_server", "postgres_url"]
 
 
 def refunds(url: str) -> list[tuple[Any, ...]]:

@@ -21,9 +21,6 @@ from brmcp.server import Harness, HarnessConfig
 from brmcp.server.pool import PoolConfig, member_sequence_id
 from brmcp.testing import uid
 from tests.kit import ALICE, BOB
-from tests.kit.postgres import postgres_server, postgres_url
-
-__all__ = ["postgres_server", "postgres_url"]
 
 A, B, C = uid(11), uid(12), uid(13)
 POOL = PoolConfig(id="fortunes", members=(A, B, C))

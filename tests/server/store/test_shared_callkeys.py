@@ -45,9 +45,6 @@ from brmcp.server.callkeys import (
 from brmcp.server.store.journal import KeyHolder
 from brmcp.testing import uid
 from tests.kit import ALICE, BOB, until
-from tests.kit.postgres import postgres_server, postgres_url
-
-__all__ = ["postgres_server", "postgres_url"]
 
 PRICE = 7
 CREDIT = 10_000
