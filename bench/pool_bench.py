@@ -10,15 +10,17 @@ use, and PostgreSQL's ``initdb``/``pg_ctl`` with psycopg 3). Options:
 It starts brnet (four members ``m0``..``m3`` and the caller ``alice``), a
 private PostgreSQL server (:mod:`brmcp.testing.pgserver`), four brmcp-serve
 processes on one ``pool`` block and one book (the same ``receiptkey.json``
-copied to each), and one brmcp-bridge on ``alice`` allowing every member
-as an ordinary bot, in approval mode: alice tips member ``m0`` once, up
-front, enough for every call, so the rows are paid calls on balance
-(``fortune``, 10,000 atoms, charged at once) and no tip is on any call's
-path. Each row runs K official-SDK agents, spread evenly over the first 1,
-2 or 4 members (agent ``i`` pinned to member ``i mod n``), each making
-paid calls back to back. The 1-member row is the single-identity limit of
-this run: each identity has its own PM pacing (about 10 PMs/s each way,
-plus batches), so more identities carry more calls.
+copied to each), and one brmcp-bridge on ``alice`` in approval mode: alice
+tips member ``m0`` once, up front, enough for every call, so the rows are
+paid calls on balance (``fortune``, 10,000 atoms, charged at once) and no
+tip is on any call's path. Each row allows the first 1, 2 or 4 members on
+the bridge (``allowed_bots``, reloaded with SIGHUP) and runs K official-SDK
+agents, all at member ``m0``'s endpoint, each making paid calls back to
+back: the bridge spreads them over the members it may use (BRIDGE.md §Bot
+pools). The 1-member row is the single-identity limit of this run: each
+identity has its own PM pacing (about 10 PMs/s each way, plus batches), so
+more identities carry more calls. The members that served each row are
+counted from its results' signed receipts.
 
 Per row: calls/s, p50 and p95 of the agent-visible call, and failed calls.
 After each row the book is checked to the atom (tips credited = net
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import statistics
 import sys
 import tempfile
@@ -49,12 +52,15 @@ from mcp import ClientSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from brmcp.bridge import Settings
 from brmcp.bridge.daemon import read_runtime
+from brmcp.protocol.receipts import ReceiptError, ReceiptSigner, signed_receipt_from_meta, verify_receipt
 from brmcp.server.pool import PoolConfig
 from brmcp.testing.brnet import BrNet, BrNetUnavailable, brnet_binary
 from brmcp.testing.pgserver import ServerUnavailable, start_server
 from tests.realnet.stack import (
     FORTUNE_ATOMS,
+    TOKEN,
     Daemon,
     agent,
     pool_books,
@@ -86,9 +92,51 @@ def _serving(daemon: Daemon, datadir: Path) -> bool:
         return False
 
 
-async def _row(sessions: list[ClientSession], calls: int, latencies: list[float]) -> tuple[int, int, float]:
+def _served_by(result: Any, key_hex: str) -> str | None:
+    """The member uid a paid result's signed receipt names, or None."""
+    signed = signed_receipt_from_meta(result.meta)
+    if signed is None:
+        return None
+    try:
+        return verify_receipt(signed, key_hex).bot
+    except ReceiptError:
+        return None
+
+
+def _settings(uids: list[str]) -> Settings:
+    return Settings(
+        enabled=True,
+        token=TOKEN,
+        mode="approval",
+        per_call_cap_atoms=20_000,
+        per_day_cap_atoms=0,
+        allowed_bots=tuple(uids),
+    )
+
+
+async def _allow(bridge: Daemon, bridge_dir: Path, uids: list[str]) -> None:
+    """Reload the bridge with ``uids`` as its allowed bots (SIGHUP)."""
+    log = bridge_dir / "bridge.out"
+
+    def reloads() -> int:
+        try:
+            return log.read_text(errors="replace").count("reloaded settings")
+        except OSError:
+            return 0
+
+    before = reloads()
+    (bridge_dir / "mcpclient.json").write_text(_settings(uids).to_json())
+    assert bridge.proc is not None
+    bridge.proc.send_signal(signal.SIGHUP)
+    await _until(lambda: reloads() > before, "the bridge to reload its settings", 30)
+
+
+async def _row(
+    sessions: list[ClientSession], calls: int, latencies: list[float], key_hex: str, served: dict[str, int]
+) -> tuple[int, int, float]:
     """Run ``calls`` paid calls over ``sessions`` back to back; returns
-    ``(answered, failed, seconds)`` and appends each call's latency."""
+    ``(answered, failed, seconds)``, appends each call's latency and counts
+    the results per serving member in ``served``."""
     per = max(1, math.ceil(calls / len(sessions)))
     answered = failed = 0
 
@@ -100,6 +148,9 @@ async def _row(sessions: list[ClientSession], calls: int, latencies: list[float]
                 with anyio.fail_after(120):
                     result = await session.call_tool("fortune", {})
                 ok = not result.is_error
+                member = _served_by(result, key_hex) if ok else None
+                if member is not None:
+                    served[member] = served.get(member, 0) + 1
             except Exception:
                 ok = False
             latencies.append(time.monotonic() - began)
@@ -122,12 +173,13 @@ async def run(agents: int, calls: int, exe: Path, store_url: str, root: Path) ->
         uids = [net.user(n).uid for n in MEMBERS]
         pool = PoolConfig("bench", tuple(uids))
         key = pool_receipt_key(root / "poolkey")
+        key_hex = ReceiptSigner.load_or_create(key).public_hex
         dirs = [root / n for n in MEMBERS]
         for nick, datadir in zip(MEMBERS, dirs, strict=True):
             daemons.append(start_pool_member(net.user(nick), [alice.uid], datadir, store_url, pool, key))
         bridge_dir = root / "bridge"
         bridge = start_bridge(
-            alice, net.user("m0"), bridge_dir, mode="approval", allowed_bots=tuple(uids), per_day_cap_atoms=0
+            alice, net.user("m0"), bridge_dir, mode="approval", allowed_bots=(uids[0],), per_day_cap_atoms=0
         )
         daemons.append(bridge)
         for daemon, datadir in zip(daemons, dirs, strict=False):
@@ -148,20 +200,24 @@ async def run(agents: int, calls: int, exe: Path, store_url: str, root: Path) ->
         tips_before = wallet_tips(net)[0]
         rows: list[dict[str, Any]] = []
         async with AsyncExitStack() as stack:
-            sessions: list[list[ClientSession]] = []
-            for n in range(len(MEMBERS)):
-                url = f"{base}/mcp/{uids[n]}"
-                sessions.append([await stack.enter_async_context(agent(url, 300)) for _ in range(agents)])
-                # Warm up: the bridge's first contact and snapshot for this member.
-                for session in sessions[n][:2]:
+            url = f"{base}/mcp/{uids[0]}"
+            sessions = [await stack.enter_async_context(agent(url, 300)) for _ in range(agents)]
+            for spread in SPREADS:
+                if spread > 1:
+                    await _allow(bridge, bridge_dir, uids[:spread])
+                # Warm up: the bridge's first contact with m0, then (once m0's
+                # pool announcement names them) with each sibling it now allows.
+                for session in sessions[: 2 * spread]:
                     result = await session.call_tool("fortune", {})
                     if result.is_error:
-                        raise RuntimeError(f"warm-up call at member {n} failed: {result}")
-            for spread in SPREADS:
-                picked = [sessions[i % spread][i // spread] for i in range(agents)]
+                        raise RuntimeError(f"warm-up call at {spread} member(s) failed: {result}")
+                await anyio.sleep(3.0)
                 before = await anyio.to_thread.run_sync(pool_books, store_url, alice.uid)
                 latencies: list[float] = []
-                answered, failed, seconds = await _row(picked, max(calls, agents), latencies)
+                served: dict[str, int] = {}
+                answered, failed, seconds = await _row(
+                    sessions, max(calls, agents), latencies, key_hex, served
+                )
                 await _until(
                     lambda: pool_books(store_url, alice.uid).open_calls == 0, "the row's calls to settle", 60
                 )
@@ -180,6 +236,7 @@ async def run(agents: int, calls: int, exe: Path, store_url: str, root: Path) ->
                 rows.append(
                     {
                         "members": spread,
+                        "served": len(served),
                         "agents": agents,
                         "calls": answered,
                         "failed": failed,
@@ -198,12 +255,13 @@ async def run(agents: int, calls: int, exe: Path, store_url: str, root: Path) ->
 
 def report(rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'members':>8}{'agents':>8}{'calls':>7}{'calls/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'failed':>8}  books"
+        f"{'members':>8}{'served':>8}{'agents':>8}{'calls':>7}{'calls/s':>9}{'p50 ms':>9}{'p95 ms':>9}"
+        f"{'failed':>8}  books"
     )
     for r in rows:
         books = "exact" if not r["problems"] else "; ".join(r["problems"])
         print(
-            f"{r['members']:>8}{r['agents']:>8}{r['calls']:>7}{r['rate']:>9.1f}"
+            f"{r['members']:>8}{r['served']:>8}{r['agents']:>8}{r['calls']:>7}{r['rate']:>9.1f}"
             f"{r['p50'] * 1000:>9.0f}{r['p95'] * 1000:>9.0f}{r['failed']:>8}  {books}"
         )
     by = {r["members"]: r for r in rows}

@@ -29,8 +29,14 @@ once, and the keys charged are exactly those the callers used. It prints
 
 Target: PostgreSQL at 4 processes >= 2x PostgreSQL at 1 process (the book
 scales near-linearly with processes); SQLite is printed as the baseline,
-without a target. Figures are for this machine and run only (a 2-core
-machine cannot show the 4-process figure a larger one would). When
+without a target. Figures are for this machine and run only. The ``cores``
+column says what bounds them: one harness process and its server backend
+answer each other in turn, so x1 keeps about one core busy, and on a
+2-core machine x4 cannot pass about 2 cores' worth, i.e. about 2x x1 at
+best, less whatever else runs on the machine; ``retried`` counts the
+transactions the book rolled back (0 when processes serve different
+callers: the paid-call path conflicts only on the same balance or
+callKey, brmcp/server/store/postgres/paidcalls.py). When
 PostgreSQL is not available the reason is printed and SQLite alone is
 measured. The exit status is 0 either way: this is a report, not a test.
 """

@@ -22,6 +22,7 @@ from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, ListToolsResult, Tool
 from pydantic import BaseModel
 
 from ..protocol.payment import MARKS_REFUSALS_KEY
+from ..protocol.pool import PoolAnnouncement, pool_from_meta
 from ..protocol.receipts import receipt_key_from_meta
 from ..transport.conn import Conn
 from .snapshots import Era, ListedTools
@@ -141,7 +142,7 @@ class ToolListBudget:
     :data:`MAX_TOOL_LIST_BYTES` plus that page. ``what`` names the list in
     the error (``"tools/list"``, ``"first-contact brmcp/tools"``)."""
 
-    __slots__ = ("bytes", "marks_refusals", "pages", "receipt_key", "tools", "what")
+    __slots__ = ("bytes", "marks_refusals", "pages", "pool", "receipt_key", "tools", "what")
 
     def __init__(self, what: str) -> None:
         self.what = what
@@ -153,6 +154,8 @@ class ToolListBudget:
         self.marks_refusals = False
         #: The first page's ``brmcp/receiptKey`` (WIRE.md §Signed receipts), or None.
         self.receipt_key: str | None = None
+        #: The first page's ``brmcp/pool`` announcement (WIRE.md §Pools), or None.
+        self.pool: PoolAnnouncement | None = None
 
     def _refuse(self, detail: str) -> ToolListTooLarge:
         return ToolListTooLarge(f"{self.what}: {detail}; the whole list is refused")
@@ -167,6 +170,7 @@ class ToolListBudget:
             meta = page.meta
             self.marks_refusals = isinstance(meta, dict) and meta.get(MARKS_REFUSALS_KEY) is True
             self.receipt_key = receipt_key_from_meta(meta)
+            self.pool = pool_from_meta(meta)
         if len(self.tools) + len(page.tools) > MAX_TOOLS:
             raise self._refuse(f"more than {MAX_TOOLS} tools (MAX_TOOLS)")
         size = json_bytes(page)
@@ -196,7 +200,9 @@ class ToolListBudget:
 
     def result(self) -> ListedTools:
         """The tools counted, with the list's ``marks_refusals``."""
-        return ListedTools(self.tools, marks_refusals=self.marks_refusals, receipt_key=self.receipt_key)
+        return ListedTools(
+            self.tools, marks_refusals=self.marks_refusals, receipt_key=self.receipt_key, pool=self.pool
+        )
 
 
 class RateGate:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +38,7 @@ from .funding import Funding
 from .http import MAX_BODY_BYTES, BridgeApp
 from .link import CONNECT_TIMEOUT, BotLink
 from .listener import SHUTDOWN_GRACE, ListenerLimits, OwnedListener, bind_failure_hint, parse_listen_address
+from .pools import Pools
 from .proxy import BotProxy
 from .receipts import RECEIPTS_FILE, ReceiptBook, ReceiptCall, record_receipt
 from .retry import RetryPolicy, relay_estimator
@@ -170,6 +171,15 @@ class Bridge:
         self._snapshots: dict[str, BotSnapshot] = {}
         self._links: dict[str, BotLink] = {}
         self._proxies: dict[str, BotProxy] = {}
+        #: Bot pools: membership, spreading, failover, one balance (:mod:`.pools`).
+        self._pools = Pools(
+            self._live_link,
+            self._allow_peer,
+            self._open_link,
+            settler=self._settler,
+            settings=self._current,
+            spawn=self._spawn,
+        )
         self._ui_sessions = UISessions()
         self._discovery = Discovery(self)
         self._bot_requests = BotRequestQueue(self, config.clock, on_change=self._settler._changed)
@@ -492,12 +502,35 @@ class Bridge:
             settings=self._current,
             epoch=self._epoch,
         )
-        proxy.payments.on_result = lambda tool, arguments, key, meta: self._on_result(
-            link, arguments, key, meta
+        proxy.payments.on_result = lambda tool, arguments, key, meta, member: self._on_result(
+            member, arguments, key, meta
         )
+        proxy.payments.pools = self._pools
         self._links[uid] = link
         self._proxies[uid] = proxy
         return proxy
+
+    def _live_link(self, uid: str) -> BotLink | None:
+        """The open link of allowed bot ``uid``, or None."""
+        link = self._links.get(uid)
+        if link is None or link.closed or not self._allow_peer(uid):
+            return None
+        return link
+
+    def _open_link(self, uid: str) -> BotLink | None:
+        """The link of allowed bot ``uid``, built if needed; None while the
+        bridge is not running."""
+        if self._tg is None or self._closed or not self._allow_peer(uid):
+            return None
+        return self._proxy(uid).link
+
+    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        self._task_group().start_soon(fn, *args)
+
+    @property
+    def pools(self) -> Pools:
+        """The bridge's bot pools (:mod:`.pools`)."""
+        return self._pools
 
     def _on_result(self, link: BotLink, arguments: dict[str, Any] | None, key: str, meta: Any) -> None:
         """A result of ``link``'s bot went to its agent: keep its signed

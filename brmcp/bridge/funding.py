@@ -209,18 +209,20 @@ class Share:
 
 class Funding:
     """The known balance at one bot and the payments made ahead of need.
+    ``bot`` is the bot's uid, or for a bot pool (WIRE.md §Pools; one balance
+    for all its members) a function naming the member to pay now;
     ``price_of(tool)`` reads the snapshot; ``spawn(fn, *args)`` starts a task
     the bridge owns (a payment outlives the call that started it)."""
 
     def __init__(
         self,
-        bot: str,
+        bot: str | Callable[[], str],
         settler: Settler,
         settings: Callable[[], Settings],
         price_of: Callable[[str], int | None],
         spawn: Callable[..., None],
     ) -> None:
-        self.bot = bot
+        self._bot = bot
         self._settler = settler
         self._settings = settings
         self._price_of = price_of
@@ -247,6 +249,12 @@ class Funding:
         self.waiting = 0
         #: True while the bot's refusals contradict its listing (:meth:`distrust`).
         self.distrusted = False
+
+    @property
+    def bot(self) -> str:
+        """The uid payments ahead of need go to (for a pool, the member
+        preferred right now)."""
+        return self._bot if isinstance(self._bot, str) else self._bot()
 
     @property
     def reserved(self) -> int:

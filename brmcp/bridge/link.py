@@ -71,6 +71,7 @@ from pydantic import BaseModel
 
 from .._ops.clock import Clock, SystemClock
 from ..protocol.eras import CAPABILITIES_META_KEY
+from ..protocol.pool import PoolAnnouncement
 from ..transport.conn import send_receipt
 from ..transport.router import Router
 from ._changes import MAX_PENDING_DROPS, BotChanges, can_subscribe
@@ -255,6 +256,17 @@ class BotLink:
         """The receipt key (64 hex) the bot announced in the tool list in
         force (``brmcp/receiptKey``, WIRE.md §Signed receipts), or None."""
         return getattr(self._toolsnap.tools, "receipt_key", None)
+
+    @property
+    def pool(self) -> PoolAnnouncement | None:
+        """The pool this bot announced itself a member of in the tool list
+        in force (``brmcp/pool``, WIRE.md §Pools), or None: none announced,
+        or an announcement that does not hold for this bot (its own uid not
+        among the members, or a key other than its ``brmcp/receiptKey``)."""
+        pool = getattr(self._toolsnap.tools, "pool", None)
+        if not isinstance(pool, PoolAnnouncement) or not pool.lists(self.uid) or pool.key != self.receipt_key:
+            return None
+        return pool
 
     @property
     def tools_bytes(self) -> int:

@@ -28,7 +28,7 @@ mirror server of a bot (:mod:`.proxy`) took is sent, paid for and reissued.
 
 While a payment of the call waits for the user's approval, an agent that
 asked for progress is told so every :data:`APPROVAL_PROGRESS_INTERVAL` s
-(:meth:`PaymentLoop._approval_progress`). A payment may go out alongside the
+(:meth:`._decide.Decider.approval_progress`). A payment may go out alongside the
 call's first send, or a prepayment be waited for (:mod:`.funding`). In
 autopay mode one payment to a bot is in flight at a time: a call that would
 pay while another call's payment decides waits for that call's answer, then
@@ -55,7 +55,7 @@ from mcp.types import (
     TextContent,
 )
 
-from .._ops.clock import Clock, go_duration
+from .._ops.clock import Clock
 from ..protocol.payment import (
     CALL_KEY,
     CALLER_EPOCH_KEY,
@@ -66,15 +66,17 @@ from ..protocol.payment import (
     parse_receipt,
     payment_required_result,
 )
-from ._money import already, charged, spent, with_money
+from ._decide import APPROVAL_PROGRESS_INTERVAL, APPROVAL_PROGRESS_STEP, MAX_PAYMENTS, Covered, Decider
+from ._money import charged, spent, with_money
 from ._money import refunded as refunded_of
-from .approvals import PendingPayment, call_arguments
+from .approvals import call_arguments
 from .budget import CallBudget, listing_of
 from .funding import Funding, Payment, Share
 from .link import BotLink, DeadlineError, HostOffline, LinkError
+from .pools import Pools
 from .relay import AgentCall, strip_reserved_meta
 from .settings import Settings
-from .settle import Settler, WhileParked
+from .settle import Settler
 from .snapshots import ERA_MODERN
 
 __all__ = [
@@ -102,25 +104,11 @@ POLL_ATTEMPTS = 6
 #: Seconds a result the bot charged waits for the confirmation of the
 #: payment made alongside it, so its money note says "paid".
 CONFIRM_WAIT = 5.0
-#: Most payments one logical call makes, each after the first approved by
-#: the user (approval mode only; autopay pays a call once), within the
-#: per-call cap for the whole call.
-MAX_PAYMENTS = 3
 #: How the harness answers a duplicate whose original it refused before
 #: running (WIRE.md §callKey); the bridge then simply asks again.
 DUPLICATE_REFUSED = "duplicate call: the original call with this callKey was refused"
 #: Most such answers one call takes before returning one to the agent.
 MAX_DUPLICATE_RETRIES = 8
-#: Seconds (bridge clock) between the progress notifications sent to an
-#: agent that asked for progress while its call's payment waits for the
-#: user's approval; the first goes out as soon as the payment is parked.
-#: Clients that restart their request timeout on progress keep waiting.
-APPROVAL_PROGRESS_INTERVAL = 10.0
-#: What each of those notifications adds to the last progress value the
-#: agent saw: small, so the tool's own progress after the approval (which
-#: starts over, and of which only increasing values reach the agent) is
-#: not swallowed.
-APPROVAL_PROGRESS_STEP = 0.001
 
 
 class _Withdrawn:
@@ -134,15 +122,6 @@ class _Withdrawn:
 WITHDRAWN = _Withdrawn()
 
 
-class _Covered:
-    """The type of :data:`_COVERED`."""
-
-    __slots__ = ()
-
-
-#: :meth:`PaymentLoop._decide`: the credit known now covers the refused call;
-#: ask again, paying nothing.
-_COVERED = _Covered()
 #: Most such reissues of one call before it pays as asked.
 _MAX_COVERED = 2
 
@@ -153,14 +132,17 @@ STOPPING = "the bridge is stopping, so this call ends without the bot's result"
 
 class _Alongside:
     """The payment made alongside one call, while its budget does not count
-    it, and the call's share of the credit at the bot (:mod:`.funding`)."""
+    it, the call's share of the credit at the bot (:mod:`.funding`), and
+    the link of the bot that gave the last answer (a pool member,
+    :mod:`.pools`; None: the call's own bot)."""
 
-    __slots__ = ("funding", "payment", "share")
+    __slots__ = ("funding", "member", "payment", "share")
 
     def __init__(self) -> None:
         self.payment: Payment | None = None
         self.funding: Funding | None = None
         self.share: Share | None = None
+        self.member: BotLink | None = None
 
 
 class PaymentLoop:
@@ -190,6 +172,8 @@ class PaymentLoop:
         self._clock = clock
         self._name = name
         self._settings = settings
+        #: Judges and makes each payment a refusal asks for (:mod:`._decide`).
+        self._decider = Decider(link, settler, clock, settings=settings)
         #: The known balance, pay alongside and prepay; None: pay when asked only.
         self.funding = funding
         #: This bridge process's caller epoch (16 hex characters).
@@ -199,10 +183,36 @@ class PaymentLoop:
         #: The bridge is stopping (:meth:`stop`); the scopes of the calls running.
         self._stopping = False
         self._calls: set[anyio.CancelScope] = set()
-        #: Told ``(tool, arguments, callKey, result _meta)`` of each result
-        #: handed to the agent (the bridge's receipt book); must not block
-        #: nor raise.
-        self.on_result: Callable[[str, dict[str, Any] | None, str, Any], None] | None = None
+        #: Told ``(tool, arguments, callKey, result _meta, link)`` of each
+        #: result handed to the agent, ``link`` the bot's that served it (a
+        #: pool member's, or ``link``) (the bridge's receipt book); must not
+        #: block nor raise.
+        self.on_result: Callable[[str, dict[str, Any] | None, str, Any, BotLink], None] | None = None
+        #: The bridge's bot pools (:mod:`.pools`): calls of a pool member
+        #: spread and fail over across its siblings; None: ``link`` only.
+        self.pools: Pools | None = None
+
+    async def _exchange(
+        self,
+        request: CallToolRequest,
+        progress: Any,
+        quiet: anyio.Event | None,
+        deadline: float | None,
+        alongside: _Alongside,
+        tracked: AgentCall | None,
+    ) -> CallToolResult:
+        """One request of the call, over ``link`` or its pool (:mod:`.pools`);
+        ``alongside.member`` is set to the link that answered."""
+        if self.pools is None:
+            alongside.member = self.link
+            return await self.link.exchange(
+                request, CallToolResult, progress=progress, quiet=quiet, deadline=deadline
+            )
+        result, member = await self.pools.exchange(
+            self.link, request, progress=progress, quiet=quiet, deadline=deadline, call=tracked
+        )
+        alongside.member = member
+        return result
 
     async def _send(
         self,
@@ -210,7 +220,9 @@ class PaymentLoop:
         progress: Any,
         ahead: Payment | None,
         gone: anyio.Event | None,
-        deadline: float | None = None,
+        deadline: float | None,
+        alongside: _Alongside,
+        tracked: AgentCall | None,
     ) -> CallToolResult | _Withdrawn | None:
         """:meth:`BotLink.exchange` of ``request``. While a payment made
         alongside is still under way the bot may hold the call
@@ -224,7 +236,7 @@ class PaymentLoop:
           at once (the result, when the credit came after all or the call
           already ran; else its refusal) instead of after its hold."""
         if ahead is None or ahead.done:
-            return await self.link.exchange(request, CallToolResult, progress=progress, deadline=deadline)
+            return await self._exchange(request, progress, None, deadline, alongside, tracked)
         outcome: list[CallToolResult | BaseException] = []
         withdrawn = False
         async with anyio.create_task_group() as tg:
@@ -244,9 +256,7 @@ class PaymentLoop:
             tg.start_soon(watch_payment, ahead)
             try:
                 outcome.append(
-                    await self.link.exchange(
-                        request, CallToolResult, progress=progress, quiet=ahead.settled, deadline=deadline
-                    )
+                    await self._exchange(request, progress, ahead.settled, deadline, alongside, tracked)
                 )
             except Exception as exc:
                 outcome.append(exc)
@@ -360,7 +370,8 @@ class PaymentLoop:
         # even an impatient agent hears it; its credit stays at the bot.
         polls = POLL_ATTEMPTS - 1 if budget.payments and not budget.landing else 0
         era_switched = False
-        funding = self.funding
+        # A pool's members share one balance (:mod:`.pools`).
+        funding = (self.pools.funding(bot) if self.pools is not None else None) or self.funding
         # The logical call's deadline: the message TTL from its start, plus
         # the time spent deciding and making payments.
         deadline = anyio.current_time() + self.link.ttl
@@ -397,7 +408,7 @@ class PaymentLoop:
             request = _with_meta(request, {PAY_ALONGSIDE_KEY: ahead.amount})
         while True:
             try:
-                sent = await self._send(request, progress, ahead, gone, deadline)
+                sent = await self._send(request, progress, ahead, gone, deadline, alongside, tracked)
                 if isinstance(sent, _Withdrawn):
                     # The payment made alongside failed: ask again, unmarked,
                     # under the same key (below, a refusal then ends the call
@@ -451,9 +462,10 @@ class PaymentLoop:
                     # other tools. The next tools/list asks it again.
                     self.link.doubt_tools()
                 raise
+            member = alongside.member or self.link
             receipt = parse_receipt(result.meta)
             refunded = refunded_of(result.meta)
-            refusal = self._refusal_of(result)
+            refusal = self._refusal_of(result, member)
             result = _clean_result(result)
             if _asks_to_retry(result) and retries < MAX_DUPLICATE_RETRIES:
                 # A re-sent copy waited on an earlier one the bot refused
@@ -475,12 +487,19 @@ class PaymentLoop:
                 continue
             if funding is not None:
                 funding.observe(tool, result, ahead, refusal=refusal, listing=budget.listing, share=share)
-            if receipt is not None:
-                self._settler.note_balance(bot, receipt.balance_atoms)
-            elif refusal is not None:
-                self._settler.note_balance(bot, refusal.balance_atoms)
-            elif refunded is not None:
-                self._settler.note_balance(bot, refunded[1])
+            stated = (
+                receipt.balance_atoms
+                if receipt is not None
+                else refusal.balance_atoms
+                if refusal is not None
+                else refunded[1]
+                if refunded is not None
+                else None
+            )
+            if stated is not None:
+                # A pool's book is shared: the balance is every member's.
+                for uid in self.pools.note(member.uid) if self.pools is not None else [member.uid]:
+                    self._settler.note_balance(uid, stated)
             if refusal is None:
                 if funding is not None and not result.is_error:
                     funding.after_call(tool, result, ahead)
@@ -492,7 +511,7 @@ class PaymentLoop:
                         await ahead.settled.wait()
                 if self.on_result is not None:
                     # The receipt book records on the side (BRIDGE.md §Signed receipts).
-                    self.on_result(tool, arguments, key, result.meta)
+                    self.on_result(tool, arguments, key, result.meta, member)
                 return with_money(self._name, result, budget, ahead, receipt, refunded)
             if ahead is not None:
                 # Refused although a payment is on its way (a bot that does
@@ -524,19 +543,21 @@ class PaymentLoop:
                 polls = POLL_ATTEMPTS
             paying = anyio.current_time()
             with call_arguments(arguments):
-                reason = await self._decide(
+                reason = await self._decider.decide(
                     tool,
                     refusal,
                     budget,
                     key,
                     gone,
+                    payee=member.uid,
+                    funding=funding,
                     waiting=tracked if wants_progress else None,
                     share=share,
                     deadline=deadline,
                     covered_ok=covers < _MAX_COVERED,
                 )
             deadline += anyio.current_time() - paying
-            if isinstance(reason, _Covered):
+            if isinstance(reason, Covered):
                 # Credit known since covers the call: ask again, paying nothing.
                 covers += 1
                 continue
@@ -550,12 +571,13 @@ class PaymentLoop:
             note = TextContent(type="text", text=f"{self._name}: payment not made: {reason}")
             return result.model_copy(update={"content": [*result.content, note]})
 
-    def _refusal_of(self, result: CallToolResult) -> PaymentRequired | None:
+    def _refusal_of(self, result: CallToolResult, member: BotLink) -> PaymentRequired | None:
         """The bot's payment refusal in ``result``, or None when it is none:
         not refusal-shaped (WIRE.md §Payments, "Recognising a refusal"), or
         unmarked from a bot that marks its genuine refusals (``brmcp/refusal``;
         its tool's output can look like anything), or carrying a receipt
-        (the output of a call the bot charged)."""
+        (the output of a call the bot charged). ``member``: the bot that
+        answered (a pool member, or :attr:`link`)."""
         refusal = parse_payment_required(result)
         if refusal is None:
             return None
@@ -563,161 +585,11 @@ class PaymentLoop:
             # A refusal charges nothing, so it carries no receipt (WIRE.md
             # §Receipts): this is the output of a call the bot charged.
             return None
-        if self.link.marks_refusals:
+        if member.marks_refusals:
             meta = result.meta
             if not (isinstance(meta, dict) and meta.get(REFUSAL_KEY) is True):
                 return None
         return refusal
-
-    async def _decide(
-        self,
-        tool: str,
-        refusal: PaymentRequired,
-        budget: CallBudget,
-        key: str,
-        gone: anyio.Event | None,
-        *,
-        waiting: AgentCall | None = None,
-        share: Share | None = None,
-        deadline: float | None = None,
-        covered_ok: bool = True,
-    ) -> str | _Covered | None:
-        """Pay for ``refusal`` within the call's hard bound (:mod:`.budget`)
-        and the policy (:class:`Settler`). Returns None once a payment was
-        confirmed (counted in ``budget``), else the reason nothing was paid
-        (shown after ``<name>: payment not made: ``). ``waiting``: the agent
-        call that asked for progress; while the payment is parked for
-        approval it is told so (:meth:`_approval_progress`).
-
-        ``share``: the call's share of the credit at the bot (:mod:`.funding`).
-        In autopay mode its first payment waits, until ``deadline``, while
-        another payment to the bot is in flight, and is then sized by the
-        credit known (:meth:`Funding.turn`); :data:`_COVERED` when that
-        credit covers the call (only with ``covered_ok``)."""
-        settings = self._settings()
-        judgement = budget.judge(tool, refusal, settings.per_call_cap_atoms)
-        reason = judgement.decline
-        no_more = budget.payments and (settings.autopay or budget.payments >= MAX_PAYMENTS)
-        if no_more and (reason is None or judgement.over_cap):
-            if budget.in_doubt:
-                reason = (
-                    f"a payment of {budget.in_doubt} atoms to this bot for {tool} whose outcome is not"
-                    " known yet (see the spend log) counts for this call; nothing more is paid for it"
-                    " until brclient reports that payment's outcome"
-                )
-            else:
-                reason = (
-                    f"already paid {budget.paid_atoms} atoms for this call and the bot still asks for"
-                    " payment; one call is paid once unless you approve more (approval mode); that"
-                    " credit stays at the bot for later calls"
-                )
-            log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
-            return reason
-        if judgement.contradicts_listing:
-            if self.funding is not None:
-                self.funding.distrust()
-            shown = budget.listing.describe()
-            try:
-                await self.link.refresh()
-            except LinkError:
-                now = "the listing could not be refreshed"
-            else:
-                current = listing_of(self.link.tool(tool))
-                now = f"now {current.describe()}" if current != budget.listing else f"still {shown}"
-            reason = f"{reason} ({now}); nothing was paid; a new price applies only to a new call of {tool}"
-        if reason is not None:
-            if budget.payments and "already paid" not in reason:
-                reason += already(budget)
-            log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
-            return reason
-        amount = judgement.amount
-        funding = self.funding
-        turn: Payment | None = None
-        if (
-            funding is not None
-            and share is not None
-            and settings.autopay
-            and not judgement.further
-            and budget.payments == 0
-            and budget.listing.kind == "fixed"
-        ):
-            # One payment to a bot in flight at a time: this one waits for
-            # the one under way, then pays what the credit known leaves short.
-            try:
-                turn = await funding.turn(
-                    share,
-                    amount,
-                    limit=budget.listing.price_atoms,
-                    cap=settings.per_call_cap_atoms,
-                    gone=gone,
-                    deadline=deadline,
-                    covered_ok=covered_ok,
-                )
-            except TimeoutError:
-                reason = "the call's deadline passed while it waited for another call's payment to this bot"
-                log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
-                return reason
-            if turn is None:
-                return _COVERED
-            amount = turn.amount
-        asked = PaymentRequired(
-            tool=tool,
-            price_atoms=refusal.price_atoms,
-            balance_atoms=refusal.balance_atoms,
-            shortfall_atoms=amount,
-        )
-        settled: str | None = "not paid"
-        try:
-            settled = await self._settler.settle(
-                self.link.uid,
-                tool,
-                asked,
-                gone=gone,
-                call_key=key,
-                ask=judgement.further,
-                while_parked=self._approval_progress(waiting) if waiting is not None else None,
-            )
-        finally:
-            if turn is not None and funding is not None and share is not None:
-                funding.finish(turn, settled, share)
-        if settled is not None:
-            if budget.payments:
-                settled += already(budget)
-            return settled
-        budget.add(amount)
-        if funding is not None and turn is None:
-            funding.paid(amount, share)
-        return None
-
-    def _approval_progress(self, call: AgentCall) -> WhileParked:
-        """The ``while_parked`` task of :meth:`Settler.settle` for ``call``
-        (an agent request with a progress token): at once and then every
-        :data:`APPROVAL_PROGRESS_INTERVAL` s on the bridge clock it sends a
-        ``notifications/progress`` under the agent's token, its value
-        :data:`APPROVAL_PROGRESS_STEP` above the last one the agent saw (no
-        ``total``), its message what the payment waits for (not how to
-        approve it: the user decides, not the agent). None is sent while the agent's connection is detached.
-        The settler cancels it when the decision comes, the wait times out
-        or the agent goes away."""
-
-        async def remind(payment: PendingPayment, expires: float) -> None:
-            while True:
-                if call.gone.is_set():
-                    return
-                if not call.detached:
-                    left = go_duration(max(0, round(expires - self._clock.now())))
-                    # Addressed to the agent: it says what waits and for whom,
-                    # not how to approve (the user decides, not the agent).
-                    text = (
-                        f"waiting for the user to approve or deny a payment of {payment.atoms} atoms to"
-                        f" bot {payment.bot[:8]} for {payment.tool} (payment {payment.id}, {left} left)"
-                    )
-                    # AgentCall.progress drops a value that does not increase.
-                    last = call.last_progress
-                    await call.progress((last or 0.0) + APPROVAL_PROGRESS_STEP, None, text)
-                await self._clock.sleep(APPROVAL_PROGRESS_INTERVAL)
-
-        return remind
 
 
 def _asks_to_retry(result: CallToolResult) -> bool:

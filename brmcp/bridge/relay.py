@@ -343,6 +343,22 @@ class Relay:
             del self._calls[call.seq]
             call.ended.set()
 
+    @contextmanager
+    def lend(self, call: AgentCall | None) -> Iterator[None]:
+        """Register ``call``, tracked by another link's relay, here too for
+        the duration of the block: a pool sibling serving it (WIRE.md
+        §Pools) has its log messages, sampling and elicitation requests
+        routed to that agent call. None: nothing to register."""
+        if call is None:
+            yield
+            return
+        key = next(self._seq)
+        self._calls[key] = call
+        try:
+            yield
+        finally:
+            del self._calls[key]
+
     @property
     def in_flight(self) -> int:
         return len(self._calls)

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import pydantic
 from mcp.types import ServerCapabilities, Tool
 
+from ..protocol.pool import PoolAnnouncement
 from ._files import write_atomic
 
 __all__ = [
@@ -79,16 +80,24 @@ class ListedTools(list[Tool]):
     (:data:`brmcp.protocol.payment.MARKS_REFUSALS_KEY`), and ``receipt_key``,
     the receipt key it announced (``brmcp/receiptKey``, 64 hex; WIRE.md
     §Signed receipts), None when none (nor in a snapshot file: the
-    receipt book pins it, :mod:`.receipts`)."""
+    receipt book pins it, :mod:`.receipts`), and ``pool``, the bot's
+    ``brmcp/pool`` announcement (WIRE.md §Pools), None when none (nor in a
+    snapshot file: membership is learnt from a live list only)."""
 
-    __slots__ = ("marks_refusals", "receipt_key")
+    __slots__ = ("marks_refusals", "pool", "receipt_key")
 
     def __init__(
-        self, tools: Iterable[Tool] = (), *, marks_refusals: bool = False, receipt_key: str | None = None
+        self,
+        tools: Iterable[Tool] = (),
+        *,
+        marks_refusals: bool = False,
+        receipt_key: str | None = None,
+        pool: PoolAnnouncement | None = None,
     ) -> None:
         super().__init__(tools)
         self.marks_refusals = marks_refusals
         self.receipt_key = receipt_key
+        self.pool = pool
 
 
 @dataclass(slots=True)

@@ -275,6 +275,10 @@ def verify_receipt(signed: Any, expected_pub: str | None = None) -> ReceiptClaim
         payload = base64.b64decode(payload_b64, validate=True)
     except (binascii.Error, ValueError):
         raise ReceiptError("receipt payload malformed: not base64") from None
+    if base64.b64encode(payload).decode("ascii") != payload_b64:
+        # Only the encoder's own spelling: unused bits set in the last
+        # character would give a second text for one signed payload.
+        raise ReceiptError("receipt payload malformed: not canonical base64")
     if len(payload) > MAX_RECEIPT_PAYLOAD:
         raise ReceiptError(
             f"receipt payload malformed: expected base64 of at most {MAX_RECEIPT_PAYLOAD} bytes"

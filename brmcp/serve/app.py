@@ -17,7 +17,8 @@ import logging
 import os
 import random
 import signal
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from .._ops.clock import Clock
 from .._ops.lockfile import FileLock, acquire_datadir
 from ..clientrpc import BotConfig, Client, ClientrpcError, PublicIdentity, load_bot_config
 from ..directory.registrant import ClientTipPayer, Payer, Registrant, RegistrantError
@@ -52,7 +54,14 @@ from .config import (
 )
 from .tools import FORTUNE_PRICE_ATOMS, register_tools
 
-__all__ = ["IMPLEMENTATION_NAME", "IMPLEMENTATION_VERSION", "ServeApp"]
+__all__ = [
+    "FLUSH_GRACE",
+    "IMPLEMENTATION_NAME",
+    "IMPLEMENTATION_VERSION",
+    "STOP_GRACE",
+    "DrainReport",
+    "ServeApp",
+]
 
 log = logging.getLogger("brmcp.serve")
 
@@ -64,6 +73,36 @@ IMPLEMENTATION_NAME = "brmcp-example"
 #: The implementation name when selling an upstream MCP server (brmcp/gateway).
 GATEWAY_NAME = "brmcp-gateway"
 IMPLEMENTATION_VERSION = "0.1.0"
+
+#: Seconds a stop (SIGINT/SIGTERM, :meth:`ServeApp.stop`) waits for the
+#: requests in flight to be answered before cancelling them (a paid call cut
+#: off there is refunded, and a re-send of its callKey replays the refund).
+STOP_GRACE = 10.0
+#: Seconds a stop then waits for the answers already written to be handed to
+#: brclient (the outbox paces PMs about 0.1 s apart per caller).
+FLUSH_GRACE = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    """What one stop drained (:meth:`ServeApp.stop`).
+
+    * ``answered``: requests in flight whose answers were written during the drain;
+    * ``cut``: requests still unanswered when the grace ran out (cancelled
+      with the rest; a paid call among them is refunded);
+    * ``pms_flushed``: PMs handed to brclient during the drain;
+    * ``parts_left``: envelope parts still queued when the flush bound ran
+      out (0 unless it did);
+    * ``pms_held``: PMs left unread in brclient, replayed to the next start;
+    * ``seconds``: how long the drain took (anyio's clock).
+    """
+
+    answered: int
+    cut: int
+    pms_flushed: int
+    parts_left: int
+    pms_held: int
+    seconds: float
 
 
 class ServeApp:
@@ -172,6 +211,8 @@ class ServeApp:
         self.chat_replies = 0
         self._tg: anyio.abc.TaskGroup | None = None
         self._ran = False
+        self._draining = False
+        self._stopping_at: float | None = None
 
     def enable_metrics(self, address: str) -> MetricsEndpoint:
         """Count calls, charges, refunds, tips and errors in a
@@ -310,8 +351,9 @@ class ServeApp:
         handle_signals: bool = False,
         task_status: anyio.abc.TaskStatus[ServeApp] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Connect to brclient and serve until cancelled (or, with
-        ``handle_signals``, until SIGINT/SIGTERM; SIGHUP then reloads
+        """Connect to brclient and serve until cancelled or :meth:`stop`
+        (or, with ``handle_signals``, until SIGINT/SIGTERM, which run
+        :meth:`stop`, a second one stopping at once; SIGHUP reloads
         ``brmcp.json``). With ``tg.start(app.run)`` the started value is the
         app, once the event streams are subscribed (brclient may still be
         unreachable: the client keeps retrying with backoff). Runs once per
@@ -325,11 +367,13 @@ class ServeApp:
         if self._ran:
             raise RuntimeError("ServeApp.run can be called only once")
         self._ran = True
-        self._stopping_at: float | None = None
         with contextlib.ExitStack() as locks:
             locks.enter_context(await anyio.to_thread.run_sync(self._lock_datadir))
             locks.enter_context(await anyio.to_thread.run_sync(lock_brclient, self.client))
-            await self._serve(handle_signals, task_status)
+            try:
+                await self._serve(handle_signals, task_status)
+            finally:
+                self._tg = None
         _log_stopped(self._stopping_at)
 
     def _lock_datadir(self) -> FileLock:
@@ -445,6 +489,83 @@ class ServeApp:
             self.config_path,
         )
 
+    async def stop(
+        self, *, grace: float = STOP_GRACE, flush: float = FLUSH_GRACE, timer: Clock | None = None
+    ) -> DrainReport | None:
+        """Stop :meth:`run` without dropping answers (what SIGINT/SIGTERM
+        do), in order:
+
+        1. take no new work: PMs arriving from now on are neither handled
+           nor acked, so brclient replays them to the next start (a call in
+           them is not started, so not charged; its caller re-sends);
+        2. wait at most ``grace`` seconds for the requests in flight (every
+           request delivered to a session, a ``tools/call`` held for its
+           pay-alongside tip included) to be answered;
+        3. wait at most ``flush`` seconds for every answer written to be
+           handed to brclient (its ``PM`` call returned);
+        4. cancel the rest: a call still running is cancelled, and a paid
+           one refunded, as any cancelled call is.
+
+        ``timer`` runs both bounds (None: anyio's clock; a
+        :class:`~brmcp.ManualClock` in tests). Logs one INFO line of what
+        was drained and returns it; :meth:`run` then returns. Returns None,
+        stopping at once, when a stop is already under way (a second
+        SIGINT/SIGTERM), and None when the app is not running; before the
+        bot serves, it stops at once."""
+        tg = self._tg
+        if tg is None:
+            return None
+        if self._draining:
+            self.stop_now()
+            return None
+        self._draining = True
+        if self._stopping_at is None:
+            self._stopping_at = anyio.current_time()
+        router = self.router
+        if router is None:
+            tg.cancel_scope.cancel()
+            return None
+        started = anyio.current_time()
+        stats = router.stats
+        answered, sent = stats.requests_answered, stats.pms_sent
+        router.stop_intake()
+        in_time = await _within(router.requests_answered, grace, timer)
+        cut = 0 if in_time else router.pending_requests
+        if not await _within(router.outbox_drained, flush, timer):
+            log.warning("stopping: answers still queued for brclient after %g s; giving up on them", flush)
+        report = DrainReport(
+            answered=stats.requests_answered - answered,
+            cut=cut,
+            pms_flushed=stats.pms_sent - sent,
+            parts_left=router.outbox_waiting(),
+            pms_held=stats.pms_held,
+            seconds=anyio.current_time() - started,
+        )
+        log.info(
+            "stopping: drained in %.1f s: %d request(s) in flight answered, %d cut off after the %g s grace "
+            "(cancelled; paid ones refunded), %d PM(s) handed to brclient, %d part(s) not handed over, "
+            "%d PM(s) left in brclient for the next start",
+            report.seconds,
+            report.answered,
+            report.cut,
+            grace,
+            report.pms_flushed,
+            report.parts_left,
+            report.pms_held,
+        )
+        tg.cancel_scope.cancel()
+        return report
+
+    def stop_now(self) -> None:
+        """Stop :meth:`run` at once, without a drain (calls in flight are
+        cancelled and paid ones refunded; answers not yet handed to
+        brclient are lost, and their callers' re-sends replay them from
+        the journal). A no-op when the app is not running."""
+        if self._tg is not None:
+            if self._stopping_at is None:
+                self._stopping_at = anyio.current_time()
+            self._tg.cancel_scope.cancel()
+
     async def _signals(
         self, scope: anyio.CancelScope, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
@@ -459,10 +580,43 @@ class ServeApp:
                         continue
                     await self.release_held_tips()
                     continue
-                log.info("%s: stopping", signal.Signals(signum).name)
+                name = signal.Signals(signum).name
+                if self._draining:
+                    log.info("%s again: stopping at once", name)
+                    self.stop_now()
+                    scope.cancel()
+                    return
+                log.info("%s: stopping", name)
+                log.info(
+                    "answering the requests in flight first (for at most %g s; send %s again to stop "
+                    "at once)",
+                    STOP_GRACE,
+                    name,
+                )
                 self._stopping_at = anyio.current_time()
-                scope.cancel()
-                return
+                tg = self._tg
+                if tg is None:
+                    scope.cancel()
+                    return
+                tg.start_soon(self.stop)
+
+
+async def _within(wait: Callable[[], Awaitable[None]], seconds: float, timer: Clock | None) -> bool:
+    """Run ``wait()`` for at most ``seconds`` on ``timer`` (None: anyio's
+    clock); True when it returned in time, False when it was cut off."""
+    done = False
+    async with anyio.create_task_group() as tg:
+
+        async def waiter() -> None:
+            nonlocal done
+            await wait()
+            done = True
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(waiter)
+        await (anyio.sleep(seconds) if timer is None else timer.sleep(seconds))
+        tg.cancel_scope.cancel()
+    return done
 
 
 def _log_stopped(since: float | None) -> None:

@@ -23,9 +23,9 @@ import os
 import secrets
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..protocol.units import atoms_from_milliatoms
 from . import store
@@ -36,10 +36,18 @@ from .store import HeldTip, JournalEntry, StatementEntry
 from .store import journal as calls_journal
 from .store._conn import Connection
 from .store.journal import KeyHolder
+from .store.postgres import paidcalls
+from .store.postgres.connection import RowLocked
 from .store.postgres.driver import is_driver_error
 from .store.url import DEFAULT_STORE, StoreURL, parse_store_url
 
 log = logging.getLogger("brmcp.server")
+
+T = TypeVar("T")
+
+#: One interrupted call recovery may settle: (call_id, peer, call_key, tool,
+#: atoms, state, lease), the lease ``(owner, beat seen)`` on a shared book, else None.
+_Interrupted = tuple[str, str, str | None, str, int, str, tuple[str, float | None] | None]
 
 INTERRUPTED_TEXT = "call interrupted by a server restart; the charge was refunded"
 #: Seconds between sweeps of completed journal rows past their replay window
@@ -127,9 +135,7 @@ class Accounts:
         assert self.owner is not None
         calls_journal.beat(conn, owner=self.owner, host=self._host, pid=os.getpid())
 
-    def _dead_interrupted(
-        self, conn: Connection
-    ) -> list[tuple[str, str, str | None, str, int, str, tuple[str, float | None] | None]]:
+    def _dead_interrupted(self, conn: Connection) -> list[_Interrupted]:
         """The interrupted calls recovery may settle now: on SQLite every one
         (lease None), on a shared book those of dead owners, each with
         ``(owner, beat seen)`` for :func:`store.recover_call` to check again.
@@ -158,34 +164,48 @@ class Accounts:
         await db.run(self._beat_op)
         if not self.local:
             return 0
-        pending = await db.run(self._dead_interrupted)
+        return await _run_plan(
+            db,
+            self._recover_dead(
+                self._clock(), replay_window, outcome_json, "a call of a pool member that died"
+            ),
+        )
+
+    def _recover_dead(
+        self, now: float, replay_window: float, outcome_json: Callable[[str], str], why: str
+    ) -> _Plan[int]:
+        """The recovery of interrupted calls on the built-in ledger, as the
+        store operations it takes, each its own transaction: the generator
+        yields an operation and is sent its result (the start-up runs them
+        with ``run_now``, the heartbeat awaits the executor's ``run``).
+        First the calls to settle (:meth:`_dead_interrupted`); then, for
+        each, the refund and the interrupted-call outcome kept for
+        ``replay_window`` seconds from ``now`` (logged with ``why``, what
+        the call was); then the leases of the dead owners are dropped.
+        Returns how many calls were refunded."""
+        pending: list[_Interrupted] = yield self._dead_interrupted
         if not pending:
             return 0
-        now = self._clock()
         recover = _recovery(now, now + replay_window, outcome_json(INTERRUPTED_TEXT), local=True)
         for call_id, peer, call_key, _tool, atoms, _state, lease in pending:
-            await db.run(
-                functools.partial(
-                    recover,
-                    call_id=call_id,
-                    peer=peer,
-                    call_key=call_key,
-                    atoms=atoms,
-                    charged=True,
-                    lease=lease,
-                )
+            yield functools.partial(
+                recover,
+                call_id=call_id,
+                peer=peer,
+                call_key=call_key,
+                atoms=atoms,
+                charged=True,
+                lease=lease,
             )
-            log.warning("refunded %s atoms to %s for a call of a pool member that died", f"{atoms:,}", peer)
-        await self._forget_dead_leases(pending)
+            log.warning("refunded %s atoms to %s for %s", f"{atoms:,}", peer, why)
+        yield from _lease_drops(pending)
         return len(pending)
 
-    async def _forget_dead_leases(
-        self, pending: list[tuple[str, str, str | None, str, int, str, tuple[str, float | None] | None]]
-    ) -> None:
+    async def _forget_dead_leases(self, pending: list[_Interrupted]) -> None:
         db = self._db
         assert db is not None
-        for owner, seen in {lease for *_, lease in pending if lease is not None and lease[1] is not None}:
-            await db.run(functools.partial(calls_journal.drop_lease, owner=owner, seen=seen))
+        for drop in _lease_drops(pending):
+            await db.run(drop)
 
     async def key_holder(self, peer: str, call_key: str) -> KeyHolder | None:
         """The shared row holding ``(peer, call_key)`` now (None: free);
@@ -210,23 +230,9 @@ class Accounts:
             return []
         now = self._clock()
         if self.local:
-            recover = _recovery(now, now + replay_window, outcome_json(INTERRUPTED_TEXT), local=True)
-            pending = db.run_now(self._dead_interrupted)
-            for call_id, peer, call_key, _tool, atoms, _state, lease in pending:
-                db.run_now(
-                    functools.partial(
-                        recover,
-                        call_id=call_id,
-                        peer=peer,
-                        call_key=call_key,
-                        atoms=atoms,
-                        charged=True,
-                        lease=lease,
-                    )
-                )
-                log.warning("refunded %s atoms to %s for a call interrupted by a restart", f"{atoms:,}", peer)
-            for owner, seen in {lease for *_, lease in pending if lease is not None and lease[1] is not None}:
-                db.run_now(functools.partial(calls_journal.drop_lease, owner=owner, seen=seen))
+            _run_plan_now(
+                db, self._recover_dead(now, replay_window, outcome_json, "a call interrupted by a restart")
+            )
         return db.run_now(lambda c: store.completed_keyed(c, now))
 
     async def reconcile_external(
@@ -254,7 +260,7 @@ class Accounts:
 
     async def _reconcile_external(
         self,
-        pending: list[tuple[str, str, str | None, str, int, str, tuple[str, float | None] | None]],
+        pending: list[_Interrupted],
         now: float,
         recover: functools.partial[None],
     ) -> None:
@@ -341,6 +347,29 @@ class Accounts:
         gc = now >= self._next_gc
         if gc:
             self._next_gc = now + GC_INTERVAL
+        if billing is None and self.shared:
+            assert db is not None
+            # One READ COMMITTED transaction deciding on the rows it locks
+            # (store/postgres/paidcalls.py): no serialization conflicts
+            # between processes charging different callers.
+            charged_shared = await db.run(
+                RowLocked(
+                    functools.partial(
+                        paidcalls.charge,
+                        call_id=call_id,
+                        peer=peer,
+                        call_key=call_key,
+                        tool=tool,
+                        atoms=atoms,
+                        ts=now,
+                        owner=owner,
+                        gc=gc,
+                    )
+                )
+            )
+            if isinstance(charged_shared, KeyHolder):
+                raise KeyClaimedElsewhere(charged_shared)
+            return charged_shared
         if billing is None:
             assert db is not None
 
@@ -434,6 +463,21 @@ class Accounts:
         if db is None:
             return external
         refund_spec = (peer, atoms, self.local) if refund else None
+        if self.shared:
+            return await db.run(
+                RowLocked(
+                    functools.partial(
+                        paidcalls.complete,
+                        call_id=call_id,
+                        keyed=keyed,
+                        ts=now,
+                        expires=expires,
+                        outcome_json=outcome_json,
+                        refund=refund_spec,
+                        balance_after=external,
+                    )
+                )
+            )
         return await db.run(
             lambda c: store.complete(
                 c,
@@ -582,6 +626,42 @@ class Accounts:
             return 0
         now = self._clock()
         return await self._db.run(lambda c: store.gc_calls(c, now))
+
+
+#: Store operations, each its own transaction, yielded one at a time and each
+#: sent its result; the generator's return value is the plan's.
+_Plan = Generator[Callable[[Connection], Any], Any, T]
+
+
+def _run_plan_now(db: BatchExecutor[Any], plan: _Plan[T]) -> T:
+    """Run ``plan``'s operations on the calling thread (start-up)."""
+    result: Any = None
+    while True:
+        try:
+            op = plan.send(result)
+        except StopIteration as done:
+            value: T = done.value
+            return value
+        result = db.run_now(op)
+
+
+async def _run_plan(db: BatchExecutor[Any], plan: _Plan[T]) -> T:
+    """Run ``plan``'s operations through the executor (while serving)."""
+    result: Any = None
+    while True:
+        try:
+            op = plan.send(result)
+        except StopIteration as done:
+            value: T = done.value
+            return value
+        result = await db.run(op)
+
+
+def _lease_drops(pending: list[_Interrupted]) -> list[functools.partial[None]]:
+    """The operations dropping the leases of the dead owners whose calls
+    ``pending`` settled (each lease once, only those seen beating)."""
+    owners = {lease for *_, lease in pending if lease is not None and lease[1] is not None}
+    return [functools.partial(calls_journal.drop_lease, owner=owner, seen=seen) for owner, seen in owners]
 
 
 def _recovery(ts: float, expires: float, outcome_json: str, *, local: bool) -> functools.partial[None]:

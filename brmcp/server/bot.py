@@ -8,7 +8,10 @@ was processed (at-least-once; docs/clientrpc.md §Acks and replay):
 * PMs: a brmcp envelope goes to the harness's router, other text to the
   host's ``on_pm`` hook (dropped without one); then ``AckReceivedPM``. A
   redelivered envelope is harmless: the router reassembles it again and a
-  repeated keyed call replays its first outcome (WIRE.md §callKey).
+  repeated keyed call replays its first outcome (WIRE.md §callKey). Once the
+  router's intake stopped (:meth:`~brmcp.Router.stop_intake`, a host's
+  drain before it stops), PMs are neither handled nor acked: brclient
+  hands them to the next start.
 * Received tips: a tip whose sequence id or amount is outside 0..2**63-1 is
   logged, acked and not credited. :meth:`Harness.record_tip` credits the sender once per tip
   (durably, deduplicated by sequence id, sender and amount; only allowed
@@ -190,6 +193,12 @@ async def _until_end(tg: anyio.abc.TaskGroup, loop: Callable[..., Awaitable[None
 
 async def _pm_loop(pms: Subscription[ReceivedPM], router: Router, on_pm: PMHook | None, acker: Acker) -> None:
     async for pm in pms:
+        if router.intake_stopped:
+            # Stopping (the host's drain): no new work. Left unread and
+            # unacked, like every PM after it (an ack covers the ids below
+            # it too), so brclient replays it to the next start.
+            router.stats.pms_held += 1
+            continue
         text = pm.message
         try:
             if is_envelope(text) or is_batch(text):

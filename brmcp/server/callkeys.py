@@ -29,6 +29,7 @@ import anyio
 from mcp.types import CallToolResult, TextContent
 
 from ..protocol.payment import CALL_KEY, valid_call_key
+from ..protocol.pool import STILL_RUNNING_ELSEWHERE
 from ._guard import recorded_outcome
 from ._timer import timer_now
 
@@ -62,10 +63,7 @@ SHARED_WAIT = 120.0
 #: First and longest pause, in seconds, between two reads of the shared row.
 POLL_FIRST = 0.05
 POLL_MAX = 2.0
-STILL_RUNNING_TEXT = (
-    "duplicate call: the original call with this callKey is still running at another member of the pool; "
-    "retry with the same callKey"
-)
+STILL_RUNNING_TEXT = f"{STILL_RUNNING_ELSEWHERE}; retry with the same callKey"
 _GONE_TEXT = (
     "duplicate call: the original call with this callKey was refused before running; "
     "retry with the same callKey"

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol.pool import MAX_MEMBERS, MIN_MEMBERS, POOL_ID_MAX, POOL_META_KEY
+
 __all__ = [
     "MAX_MEMBERS",
     "MIN_MEMBERS",
@@ -33,14 +35,6 @@ __all__ = [
     "parse_pool",
     "pool_meta",
 ]
-
-#: The ``_meta`` key of the announcement (WIRE.md §Pools).
-POOL_META_KEY = "brmcp/pool"
-#: Bounds on a pool's members (uids, the announcing bot's own among them).
-MIN_MEMBERS = 2
-MAX_MEMBERS = 16
-#: Longest pool id in characters (ASCII letters, digits, ``.``, ``_``, ``-``).
-POOL_ID_MAX = 64
 
 _UID = re.compile(r"[0-9a-f]{64}")
 _POOL_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{POOL_ID_MAX - 1}}}")

@@ -74,6 +74,10 @@ class SessionHost(Protocol):
 
     def _touch(self, conn: Conn) -> None: ...
 
+    def _request_pending(self) -> None: ...
+
+    def _requests_settled(self, count: int, *, answered: bool) -> None: ...
+
 
 log = logging.getLogger("brmcp.transport")
 
@@ -189,6 +193,7 @@ class Conn:
         "_inbox_recv",
         "_inbox_send",
         "_meta",
+        "_pending",
         "_queued",
         "_queued_bytes",
         "_router",
@@ -221,6 +226,10 @@ class Conn:
         # deque's 64-slot block. At most inbox_size + MAX_BATCH_PARTS long.
         self._queued: list[int] | None = None
         self._queued_bytes = 0
+        # Server role: the requests delivered and not yet answered, by
+        # request id (its correlation key, _request_key), with how many
+        # copies of that id wait (a peer may reuse an id; each is answered).
+        self._pending: dict[int | str, int] | None = None
 
     @property
     def session_id(self) -> str:
@@ -259,6 +268,10 @@ class Conn:
         # which the reader drains or drops; the byte tally no longer counts them.
         self._queued = None
         self._queued_bytes = 0
+        pending, self._pending = self._pending, None
+        if pending:
+            # Nobody can answer them any more.
+            self._router._requests_settled(sum(pending.values()), answered=False)
         self._router._forget(self)
 
     async def __aenter__(self) -> Conn:
@@ -338,6 +351,33 @@ class Conn:
             self._queued_bytes += cost
         return True
 
+    def _expect_answer(self, request_id: int | str) -> None:
+        """A request was delivered (server role): it is pending until its
+        response is written (:meth:`_answered`) or the session closes."""
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = {}
+        key = _request_key(request_id)
+        pending[key] = pending.get(key, 0) + 1
+        self._router._request_pending()
+
+    def _answered(self, request_id: int | str, *, answered: bool = True) -> None:
+        """The request ``request_id`` was answered (or, ``answered`` False,
+        cancelled by the peer: never answered). Ids that are not pending
+        are ignored."""
+        pending = self._pending
+        if not pending:
+            return
+        key = _request_key(request_id)
+        count = pending.get(key)
+        if count is None:
+            return
+        if count > 1:
+            pending[key] = count - 1
+        else:
+            del pending[key]
+        self._router._requests_settled(1, answered=answered)
+
     async def _write(self, item: SessionMessage) -> None:
         if self._closed:
             raise anyio.ClosedResourceError
@@ -394,6 +434,10 @@ class Conn:
             receipt = None
         if receipt is not None:
             receipt._claim(len(parts))
+        if self._pending and isinstance(message, JSONRPCResponse | JSONRPCError) and message.id is not None:
+            # Answered from here on: its parts are the outbox's to hand over
+            # (they count there, in Outbox.total_waiting, from this very step).
+            self._answered(message.id)
         sent = False
         try:
             # Only a request whose departure is timed waits for its PM; other
@@ -426,3 +470,14 @@ class Conn:
 
     def _make_message(self, message: Any) -> SessionMessage:
         return SessionMessage(message, metadata=self._meta)
+
+
+def _request_key(request_id: int | str) -> int | str:
+    """A request id's correlation key: a string holding an integer is that
+    integer (``"7"`` and ``7`` are one id, as the MCP SDK correlates them)."""
+    if isinstance(request_id, str):
+        try:
+            return int(request_id)
+        except ValueError:
+            return request_id
+    return request_id

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import anyio
 import anyio.abc
-from mcp.types import JSONRPCResponse, jsonrpc_message_adapter
+from mcp.types import JSONRPCNotification, JSONRPCRequest, JSONRPCResponse, jsonrpc_message_adapter
 from pydantic import ValidationError
 
 from .. import wire
@@ -123,7 +123,7 @@ class RouterStats:
     their first, so the buckets still add up to it."""
 
     pms_received: int = 0
-    pms_ignored: int = 0  #: not an envelope (chat), or arrived after close
+    pms_ignored: int = 0  #: not an envelope (chat), or arrived after close or :meth:`Router.stop_intake`
     dropped_denied: int = 0  #: allow(peer) refused
     dropped_expired: int = 0
     dropped_too_large: int = 0
@@ -144,6 +144,11 @@ class RouterStats:
     batches_received: int = 0
     messages_sent: int = 0
     send_failures: int = 0
+    #: Server role: requests delivered to a session whose answer was then written.
+    requests_answered: int = 0
+    #: PMs a host left in brclient unread because intake had stopped (the
+    #: next start gets them; not counted in ``pms_received``).
+    pms_held: int = 0
 
 
 _WIRE_DROPS: dict[type[wire.WireError], str] = {
@@ -198,6 +203,11 @@ class Router:
         self._per_peer: dict[str, int] = {}
         self._peer_sessions: dict[str, dict[str, Conn]] = {}
         self._closed = False
+        self._intake_stopped = False
+        #: Server role: requests delivered to sessions and not yet answered.
+        self._pending = 0
+        #: Set whenever a pending request was answered or given up.
+        self._settled_event = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._exiting = False
         self._outbox = Outbox(
@@ -259,6 +269,47 @@ class Router:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def stop_intake(self) -> None:
+        """Take no new inbound traffic, ahead of a stop (the sessions stay
+        open and what they write still goes out): every PM handed to
+        :meth:`handle_pm` from now on is ignored (``stats.pms_ignored``). A
+        host that acknowledges PMs should not hand them over at all once
+        :attr:`intake_stopped` is true, and leave them unacknowledged, so
+        that the next start gets them from brclient's replay log (run_bot
+        does, counting them in ``stats.pms_held``). Idempotent."""
+        self._intake_stopped = True
+
+    @property
+    def intake_stopped(self) -> bool:
+        """True once :meth:`stop_intake` was called."""
+        return self._intake_stopped
+
+    @property
+    def pending_requests(self) -> int:
+        """Server role: JSON-RPC requests delivered to a session and not yet
+        answered (its response written to the outbox), nor given up (the
+        session closed, or the peer sent ``notifications/cancelled`` for it,
+        which the MCP SDK never answers)."""
+        return self._pending
+
+    async def requests_answered(self) -> None:
+        """Return once :attr:`pending_requests` is 0 (at once when it is)."""
+        while self._pending:
+            if self._settled_event.is_set():
+                self._settled_event = anyio.Event()
+            await self._settled_event.wait()
+
+    def outbox_waiting(self) -> int:
+        """Envelope parts queued for every peer, not yet handed to the sender."""
+        return self._outbox.total_waiting()
+
+    async def outbox_drained(self) -> None:
+        """Return once nothing waits in the outbox (every PM written so far
+        was handed to the sender, or failed); at once when it is empty. The
+        outbox's flushers run in the router's task group, so the router
+        must be entered and not cancelled for this to progress."""
+        await self._outbox.drained()
 
     @property
     def idle_timeout(self) -> float | None:
@@ -335,7 +386,7 @@ class Router:
     def _handle_part(self, peer: str, text: str, position: int = 0) -> None:
         stats = self.stats
         part = wire.parse(text)
-        if part is None or self._closed:
+        if part is None or self._closed or self._intake_stopped:
             stats.pms_ignored += 1
             return
         allow = self._allow
@@ -409,6 +460,14 @@ class Router:
             self._overflow(conn, f"over {opts.peer_inbox_bytes} bytes queued across the peer's sessions")
         elif conn._deliver(conn._make_message(message), cost, position):
             stats.messages_delivered += 1
+            if self._accept is not None and not conn.closed:
+                if isinstance(message, JSONRPCRequest):
+                    conn._expect_answer(message.id)
+                elif isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled":
+                    params = message.params or {}
+                    rid = params.get("requestId")
+                    if isinstance(rid, int | str) and not isinstance(rid, bool):
+                        conn._answered(rid, answered=False)
         else:
             self._overflow(conn, f"over {opts.inbox_size} messages queued")
 
@@ -453,6 +512,16 @@ class Router:
             self._per_peer.pop(conn.peer, None)
         else:
             self._per_peer[conn.peer] = count - 1
+
+    def _requests_settled(self, count: int, *, answered: bool) -> None:
+        """``count`` pending requests were answered (``answered``) or given up."""
+        self._pending -= count
+        if answered:
+            self.stats.requests_answered += count
+        self._settled_event.set()
+
+    def _request_pending(self) -> None:
+        self._pending += 1
 
     def _touch(self, conn: Conn) -> None:
         key = (conn.peer, conn.sid)

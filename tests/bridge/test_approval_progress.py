@@ -1,7 +1,7 @@
 """While a payment waits for the user's approval, an agent that asked for
 progress hears from the bridge every APPROVAL_PROGRESS_INTERVAL seconds, so
 clients that restart their request timeout on progress keep waiting
-(brmcp/bridge/payloop.py ``_approval_progress``; BRIDGE.md "Agent timeouts").
+(brmcp/bridge/_decide.py ``Decider.approval_progress``; BRIDGE.md "Agent timeouts").
 
 Uses the shared bridge fixture (tests/kit/bridge.py) in approval mode
 with a manual clock: time moves only when the test advances it.

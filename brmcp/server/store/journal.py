@@ -21,10 +21,12 @@ owner and every interrupted call is its own):
   seconds by the database's ``now()`` (never a process's clock, so clock
   skew between machines cannot kill a live sibling), or, for a sibling in
   this very process namespace on this boot, its pid gone;
-* the shared callKey claim: :func:`key_holder` reads the (peer, callKey)
-  row inside the charging transaction; a row in flight or completed inside
-  its replay window is answered, never charged or executed again, and only
-  an expired row is replaced (WIRE.md §callKey, §Pools).
+* the shared callKey claim: the charging transaction inserts the (peer,
+  callKey) row, the unique index deciding between processes
+  (:func:`.postgres.paidcalls.charge`), and reads the row holding it
+  (:func:`key_holder`) when it was taken; a row in flight or completed
+  inside its replay window is answered, never charged or executed again,
+  and only an expired row is replaced (WIRE.md §callKey, §Pools).
 """
 
 from __future__ import annotations

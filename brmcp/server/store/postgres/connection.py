@@ -5,13 +5,15 @@ connection, and the errors that mean "run the transaction again"."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["RETRY_SQLSTATES", "PgConnection", "is_retryable", "translate"]
+__all__ = ["RETRY_SQLSTATES", "PgConnection", "RowLocked", "is_retryable", "translate"]
+
+T = TypeVar("T")
 
 #: SQLSTATEs after which the whole transaction is rolled back and run again:
 #: ``40001`` serialization_failure (a concurrent transaction's writes
@@ -46,6 +48,24 @@ class PgConnection:
         """Run one statement; returns psycopg's cursor (``fetchone``,
         ``fetchall``, iteration, ``rowcount``). Raises ``psycopg.Error``."""
         return self.raw.execute(translate(sql), tuple(parameters))
+
+
+class RowLocked(Generic[T]):
+    """A store operation correct under ``READ COMMITTED``: every decision it
+    takes is made by the statement that writes, on rows that statement locks
+    (:mod:`.paidcalls` argues it for the paid-call path). Calling it calls
+    ``op``; :class:`~.executor.PostgresExecutor` runs it in a ``READ
+    COMMITTED`` transaction (with the other such operations of its batch)
+    instead of a ``SERIALIZABLE`` one, so it takes no predicate locks and
+    conflicts only with transactions writing the same rows."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: Callable[[PgConnection], T]) -> None:
+        self.op = op
+
+    def __call__(self, conn: PgConnection) -> T:
+        return self.op(conn)
 
 
 def is_retryable(exc: BaseException) -> bool:

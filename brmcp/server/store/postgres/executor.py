@@ -3,16 +3,23 @@ on a psycopg 3 connection owned by a worker thread (nothing blocks the
 event loop; :class:`~..._executor.BatchExecutor` hands batches over).
 
 A batch is one ``SERIALIZABLE`` transaction, each operation inside its own
-savepoint (one failing operation rolls back only itself, as on SQLite).
-When PostgreSQL aborts the transaction with a serialization failure or a
-deadlock (:data:`~.connection.RETRY_SQLSTATES`) -- from any statement or
-from ``COMMIT`` -- the whole transaction is rolled back and every operation
-of the batch runs again from the start, up to :data:`MAX_ATTEMPTS` times
-with a short random back-off (a batch of several operations that conflicts
-once is split, each operation then retried in its own transaction; a lock
-wait past :data:`LOCK_TIMEOUT_MS` counts as a conflict): nothing of an aborted attempt is durable, and
+savepoint (one failing operation rolls back only itself, as on SQLite; a
+batch of one operation needs none: its failure rolls the transaction back).
+Operations wrapped in :class:`~.connection.RowLocked` (the paid-call path,
+:mod:`.paidcalls`) are taken out of the batch and run together in one
+``READ COMMITTED`` transaction first. When PostgreSQL aborts a transaction
+with a serialization failure or a deadlock (:data:`~.connection.RETRY_SQLSTATES`)
+-- from any statement or from ``COMMIT`` -- the whole transaction is rolled
+back and every operation of it runs again from the start, up to
+:data:`MAX_ATTEMPTS` times with a short random back-off (a transaction of
+several operations that conflicts once is split, each operation then
+retried in its own transaction; a lock wait past :data:`LOCK_TIMEOUT_MS`
+counts as a conflict): nothing of an aborted attempt is durable, and
 operations are plain functions of the connection, so a rerun applies each
-movement once. A lost connection fails the batch's operations with
+movement once. Statements the executor itself sends are joined into one
+round trip where they follow each other (``BEGIN ...; SAVEPOINT op``,
+``RELEASE SAVEPOINT op; SAVEPOINT op``, ``RELEASE SAVEPOINT op; COMMIT``).
+A lost connection fails the batch's operations with
 :class:`~..records.StoreError` and is reopened for the next batch; when it
 was lost during ``COMMIT`` the outcome is unknown, and the unique movement
 refs, tip keys and call ids make any later repeat of those movements fail
@@ -30,14 +37,21 @@ from typing import TYPE_CHECKING, Any
 from ..._executor import BatchExecutor, Slot
 from ..records import StoreError
 from ..url import StoreURL
-from .connection import PgConnection, is_retryable
+from .connection import PgConnection, RowLocked, is_retryable
 from .driver import psycopg
 from .schema import ensure_schema
 
 if TYPE_CHECKING:
     import psycopg as psycopg_types
 
-__all__ = ["CONNECT_TIMEOUT", "LOCK_TIMEOUT_MS", "MAX_ATTEMPTS", "PostgresExecutor"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "LOCK_TIMEOUT_MS",
+    "MAX_ATTEMPTS",
+    "READ_COMMITTED",
+    "SERIALIZABLE",
+    "PostgresExecutor",
+]
 
 #: Attempts of one batch before its serialization failures are reported.
 MAX_ATTEMPTS = 30
@@ -48,6 +62,10 @@ CONNECT_TIMEOUT = 10
 #: opposite orders then part in this time, not in the server's
 #: ``deadlock_timeout`` (1 s by default).
 LOCK_TIMEOUT_MS = 200
+#: The isolation of a transaction of :class:`~.connection.RowLocked` operations.
+READ_COMMITTED = "READ COMMITTED"
+#: The isolation of every other transaction.
+SERIALIZABLE = "SERIALIZABLE"
 
 
 class _Broken(Exception):
@@ -106,23 +124,26 @@ class PostgresExecutor(BatchExecutor[PgConnection]):
         with self._lock:
             for slot in batch:
                 slot.ran = True
-            if self._run(batch, attempts=1 if len(batch) > 1 else MAX_ATTEMPTS):
-                return
-            # The batch conflicted with another process: run each operation in
-            # its own transaction, so one hot row does not keep failing the rest.
-            for slot in batch:
-                self._run([slot], attempts=MAX_ATTEMPTS)
+            locked = [slot for slot in batch if isinstance(slot.op, RowLocked)]
+            rest = [slot for slot in batch if not isinstance(slot.op, RowLocked)]
+            for group, isolation in ((locked, READ_COMMITTED), (rest, SERIALIZABLE)):
+                if not group or self._run(group, isolation, attempts=1 if len(group) > 1 else MAX_ATTEMPTS):
+                    continue
+                # The batch conflicted with another process: run each operation in
+                # its own transaction, so one hot row does not keep failing the rest.
+                for slot in group:
+                    self._run([slot], isolation, attempts=MAX_ATTEMPTS)
 
-    def _run(self, batch: list[Slot[Any]], *, attempts: int) -> bool:
-        """Run ``batch`` in one transaction, retried up to ``attempts`` times
-        on a conflict. True once done (committed, or failed for good with
-        each slot's error set); False when the last attempt conflicted and
-        the caller may try again (``attempts`` 1)."""
+    def _run(self, batch: list[Slot[Any]], isolation: str, *, attempts: int) -> bool:
+        """Run ``batch`` in one transaction of ``isolation``, retried up to
+        ``attempts`` times on a conflict. True once done (committed, or
+        failed for good with each slot's error set); False when the last
+        attempt conflicted and the caller may try again (``attempts`` 1)."""
         error: BaseException | None = None
         for attempt in range(attempts):
             try:
                 raw = self._raw if self._raw is not None and not self._raw.closed else self._reconnect()
-                if self._attempt(raw, batch):
+                if self._attempt(raw, batch, isolation):
                     self.batches += 1
                     self.operations += len(batch)
                     return True
@@ -155,18 +176,22 @@ class PostgresExecutor(BatchExecutor[PgConnection]):
             slot.error = error
         return True
 
-    def _attempt(self, raw: psycopg_types.Connection[Any], batch: list[Slot[Any]]) -> bool:
-        """One try of the batch: True once committed, False after a
-        serialization failure (rolled back). Raises :class:`_Broken` when
-        the connection fails."""
+    def _attempt(self, raw: psycopg_types.Connection[Any], batch: list[Slot[Any]], isolation: str) -> bool:
+        """One try of the batch in a transaction of ``isolation``: True once
+        committed (or, for a batch of one operation that failed, rolled
+        back with the slot's error set), False after a serialization
+        failure (rolled back). Raises :class:`_Broken` when the connection
+        fails."""
         conn = PgConnection(raw)
+        single = len(batch) == 1
         for slot in batch:
             slot.result = None
             slot.error = None
         try:
-            raw.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
-            for slot in batch:
-                raw.execute("SAVEPOINT op")
+            raw.execute(f"BEGIN ISOLATION LEVEL {isolation}" + ("" if single else "; SAVEPOINT op"))
+            for index, slot in enumerate(batch):
+                if index:
+                    raw.execute("RELEASE SAVEPOINT op; SAVEPOINT op")
                 try:
                     slot.result = slot.op(conn)
                 except BaseException as exc:  # recorded for the caller, never lost
@@ -176,8 +201,10 @@ class PostgresExecutor(BatchExecutor[PgConnection]):
                     if raw.closed or raw.broken:
                         raise
                     slot.error = exc
+                    if single:
+                        self._rollback(raw)
+                        return True
                     raw.execute("ROLLBACK TO SAVEPOINT op")
-                raw.execute("RELEASE SAVEPOINT op")
         except self._driver.Error as exc:
             if raw.closed or raw.broken:
                 raise _Broken(exc, during_commit=False) from exc
@@ -186,7 +213,7 @@ class PostgresExecutor(BatchExecutor[PgConnection]):
                 return False
             raise StoreError(f"PostgreSQL store {self._url.redacted()}: {self._url.scrub(str(exc))}") from exc
         try:
-            raw.execute("COMMIT")
+            raw.execute("COMMIT" if single else "RELEASE SAVEPOINT op; COMMIT")
         except self._driver.Error as exc:
             if raw.closed or raw.broken:
                 raise _Broken(exc, during_commit=True) from exc

@@ -1,0 +1,233 @@
+"""Deciding a payment the bot asked for, within one logical call's hard bound
+(BRIDGE.md §The payment flow, §The hard bound): :class:`Decider` judges a
+refusal against the listing the agent was shown and the per-call cap
+(:mod:`.budget`), waits its turn behind another call's payment to the bot
+(:mod:`.funding`), and pays through the :class:`~.settle.Settler` (caps, the
+day total, approval mode, the spend log). While a payment waits for the
+user's approval, an agent that asked for progress is told so every
+:data:`APPROVAL_PROGRESS_INTERVAL` s (:meth:`Decider.approval_progress`).
+The payment loop (:mod:`.payloop`) owns one and calls it for each refusal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import anyio
+
+from .._ops.clock import Clock, go_duration
+from ..protocol.payment import PaymentRequired
+from ._money import already
+from .approvals import PendingPayment
+from .budget import CallBudget, listing_of
+from .funding import Funding, Payment, Share
+from .link import BotLink, LinkError
+from .relay import AgentCall
+from .settings import Settings
+from .settle import Settler, WhileParked
+
+__all__ = [
+    "APPROVAL_PROGRESS_INTERVAL",
+    "APPROVAL_PROGRESS_STEP",
+    "COVERED",
+    "MAX_PAYMENTS",
+    "Covered",
+    "Decider",
+]
+
+log = logging.getLogger("brmcp.bridge")
+
+#: Most payments one logical call makes, each after the first approved by
+#: the user (approval mode only; autopay pays a call once), within the
+#: per-call cap for the whole call.
+MAX_PAYMENTS = 3
+
+#: Seconds (bridge clock) between the progress notifications sent to an
+#: agent that asked for progress while its call's payment waits for the
+#: user's approval; the first goes out as soon as the payment is parked.
+#: Clients that restart their request timeout on progress keep waiting.
+APPROVAL_PROGRESS_INTERVAL = 10.0
+#: What each of those notifications adds to the last progress value the
+#: agent saw: small, so the tool's own progress after the approval (which
+#: starts over, and of which only increasing values reach the agent) is
+#: not swallowed.
+APPROVAL_PROGRESS_STEP = 0.001
+
+
+class Covered:
+    """The type of :data:`COVERED`."""
+
+    __slots__ = ()
+
+
+#: :meth:`Decider.decide`: the credit known now covers the refused call; ask
+#: again, paying nothing.
+COVERED = Covered()
+
+
+class Decider:
+    """The payment decisions of the calls to the bot of ``link``: payments go
+    through ``settler``; ``settings`` reads the policy in force; ``clock``
+    (the bridge's) paces the approval keepalive."""
+
+    def __init__(
+        self, link: BotLink, settler: Settler, clock: Clock, *, settings: Callable[[], Settings]
+    ) -> None:
+        self.link = link
+        self._settler = settler
+        self._clock = clock
+        self._settings = settings
+
+    async def decide(
+        self,
+        tool: str,
+        refusal: PaymentRequired,
+        budget: CallBudget,
+        key: str,
+        gone: anyio.Event | None,
+        *,
+        payee: str | None = None,
+        funding: Funding | None = None,
+        waiting: AgentCall | None = None,
+        share: Share | None = None,
+        deadline: float | None = None,
+        covered_ok: bool = True,
+    ) -> str | Covered | None:
+        """Pay for ``refusal`` within the call's hard bound (:mod:`.budget`)
+        and the policy (:class:`Settler`). Returns None once a payment was
+        confirmed (counted in ``budget``), else the reason nothing was paid
+        (shown after ``<name>: payment not made: ``). ``waiting``: the agent
+        call that asked for progress; while the payment is parked for
+        approval it is told so (:meth:`_approval_progress`). ``payee``: the
+        bot that refused (a pool member; None: :attr:`link`'s); ``funding``:
+        the call's (its pool's, or :attr:`funding`).
+
+        ``share``: the call's share of the credit at the bot (:mod:`.funding`).
+        In autopay mode its first payment waits, until ``deadline``, while
+        another payment to the bot is in flight, and is then sized by the
+        credit known (:meth:`Funding.turn`); :data:`COVERED` when that
+        credit covers the call (only with ``covered_ok``)."""
+        settings = self._settings()
+        judgement = budget.judge(tool, refusal, settings.per_call_cap_atoms)
+        reason = judgement.decline
+        no_more = budget.payments and (settings.autopay or budget.payments >= MAX_PAYMENTS)
+        if no_more and (reason is None or judgement.over_cap):
+            if budget.in_doubt:
+                reason = (
+                    f"a payment of {budget.in_doubt} atoms to this bot for {tool} whose outcome is not"
+                    " known yet (see the spend log) counts for this call; nothing more is paid for it"
+                    " until brclient reports that payment's outcome"
+                )
+            else:
+                reason = (
+                    f"already paid {budget.paid_atoms} atoms for this call and the bot still asks for"
+                    " payment; one call is paid once unless you approve more (approval mode); that"
+                    " credit stays at the bot for later calls"
+                )
+            log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
+            return reason
+        if judgement.contradicts_listing:
+            if funding is not None:
+                funding.distrust()
+            shown = budget.listing.describe()
+            try:
+                await self.link.refresh()
+            except LinkError:
+                now = "the listing could not be refreshed"
+            else:
+                current = listing_of(self.link.tool(tool))
+                now = f"now {current.describe()}" if current != budget.listing else f"still {shown}"
+            reason = f"{reason} ({now}); nothing was paid; a new price applies only to a new call of {tool}"
+        if reason is not None:
+            if budget.payments and "already paid" not in reason:
+                reason += already(budget)
+            log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
+            return reason
+        amount = judgement.amount
+        turn: Payment | None = None
+        if (
+            funding is not None
+            and share is not None
+            and settings.autopay
+            and not judgement.further
+            and budget.payments == 0
+            and budget.listing.kind == "fixed"
+        ):
+            # One payment to a bot in flight at a time: this one waits for
+            # the one under way, then pays what the credit known leaves short.
+            try:
+                turn = await funding.turn(
+                    share,
+                    amount,
+                    limit=budget.listing.price_atoms,
+                    cap=settings.per_call_cap_atoms,
+                    gone=gone,
+                    deadline=deadline,
+                    covered_ok=covered_ok,
+                )
+            except TimeoutError:
+                reason = "the call's deadline passed while it waited for another call's payment to this bot"
+                log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, reason)
+                return reason
+            if turn is None:
+                return COVERED
+            amount = turn.amount
+        asked = PaymentRequired(
+            tool=tool,
+            price_atoms=refusal.price_atoms,
+            balance_atoms=refusal.balance_atoms,
+            shortfall_atoms=amount,
+        )
+        settled: str | None = "not paid"
+        try:
+            settled = await self._settler.settle(
+                payee or self.link.uid,
+                tool,
+                asked,
+                gone=gone,
+                call_key=key,
+                ask=judgement.further,
+                while_parked=self.approval_progress(waiting) if waiting is not None else None,
+            )
+        finally:
+            if turn is not None and funding is not None and share is not None:
+                funding.finish(turn, settled, share)
+        if settled is not None:
+            if budget.payments:
+                settled += already(budget)
+            return settled
+        budget.add(amount)
+        if funding is not None and turn is None:
+            funding.paid(amount, share)
+        return None
+
+    def approval_progress(self, call: AgentCall) -> WhileParked:
+        """The ``while_parked`` task of :meth:`Settler.settle` for ``call``
+        (an agent request with a progress token): at once and then every
+        :data:`APPROVAL_PROGRESS_INTERVAL` s on the bridge clock it sends a
+        ``notifications/progress`` under the agent's token, its value
+        :data:`APPROVAL_PROGRESS_STEP` above the last one the agent saw (no
+        ``total``), its message what the payment waits for (not how to
+        approve it: the user decides, not the agent). None is sent while the agent's connection is detached.
+        The settler cancels it when the decision comes, the wait times out
+        or the agent goes away."""
+
+        async def remind(payment: PendingPayment, expires: float) -> None:
+            while True:
+                if call.gone.is_set():
+                    return
+                if not call.detached:
+                    left = go_duration(max(0, round(expires - self._clock.now())))
+                    # Addressed to the agent: it says what waits and for whom,
+                    # not how to approve (the user decides, not the agent).
+                    text = (
+                        f"waiting for the user to approve or deny a payment of {payment.atoms} atoms to"
+                        f" bot {payment.bot[:8]} for {payment.tool} (payment {payment.id}, {left} left)"
+                    )
+                    # AgentCall.progress drops a value that does not increase.
+                    last = call.last_progress
+                    await call.progress((last or 0.0) + APPROVAL_PROGRESS_STEP, None, text)
+                await self._clock.sleep(APPROVAL_PROGRESS_INTERVAL)
+
+        return remind
