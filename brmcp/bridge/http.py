@@ -451,15 +451,10 @@ class BridgeApp:
             await send_text(send, 404, not_allowed_hint(uid, bridge.cli_command))
             return
         method = scope.get("method", "")
-        if method not in _MCP_METHODS:
-            await send_text(send, 405, "method not allowed", [(b"allow", b"GET, POST, DELETE")])
+        request = await self._check_request(scope, receive, send)
+        if request is None:
             return
-        message: dict[str, Any] | None = None
-        if method == "POST":
-            checked = await self._check_post(scope, receive, send)
-            if checked is None:
-                return
-            receive, message = checked
+        receive, message = request
         try:
             endpoint = await self._endpoint(uid)
             await endpoint.proxy.link.refresh()
@@ -504,17 +499,26 @@ class BridgeApp:
     ) -> None:
         """The bridge's own endpoint (after the token check): the same method
         and body checks as a bot's endpoint (step 5), then its SDK server."""
+        request = await self._check_request(scope, receive, send)
+        if request is None:
+            return
+        receive, message = request
+        await discover.handle(scope, receive, send, message)
+
+    async def _check_request(
+        self, scope: Scope, receive: Receive, send: Send
+    ) -> tuple[Receive, dict[str, Any] | None] | None:
+        """The method and body checks of an MCP endpoint: GET, POST and
+        DELETE only (else 405), a POST's body through :meth:`_check_post`.
+        Returns ``(receive, message)`` (``message`` None but for a POST),
+        or None once a refusal was sent."""
         method = scope.get("method", "")
         if method not in _MCP_METHODS:
             await send_text(send, 405, "method not allowed", [(b"allow", b"GET, POST, DELETE")])
-            return
-        message: dict[str, Any] | None = None
-        if method == "POST":
-            checked = await self._check_post(scope, receive, send)
-            if checked is None:
-                return
-            receive, message = checked
-        await discover.handle(scope, receive, send, message)
+            return None
+        if method != "POST":
+            return receive, None
+        return await self._check_post(scope, receive, send)
 
     async def _serve_call(
         self, endpoint: _Endpoint, scope: Scope, receive: Receive, send: Send, message: dict[str, Any]

@@ -142,8 +142,9 @@ async def go_harness(fabric: Fabric, binary: Path, data_dir: Path) -> AsyncItera
         yield GoHarness(peer)
 
 
-def build_py_harness(data_dir: Path, counts: dict[str, int]) -> Harness:
-    """Our harness with the example's ``echo``/``fortune`` plus ``dyn`` and ``blob``."""
+def build_py_harness(data_dir: Path, counts: dict[str, int], **config: Any) -> Harness:
+    """Our harness with the example's ``echo``/``fortune`` plus ``dyn`` and
+    ``blob``; ``config`` adds :class:`HarnessConfig` fields."""
     harness = Harness(
         HarnessConfig(
             data_dir=data_dir,
@@ -151,6 +152,7 @@ def build_py_harness(data_dir: Path, counts: dict[str, int]) -> Harness:
             calls_per_minute=100_000,
             name="brmcp-example",
             version="0.1.0",
+            **config,
         )
     )
     register_tools(harness)
@@ -201,9 +203,9 @@ def build_py_harness(data_dir: Path, counts: dict[str, int]) -> Harness:
 
 
 @asynccontextmanager
-async def py_harness(fabric: Fabric, data_dir: Path) -> AsyncIterator[PyHarness]:
+async def py_harness(fabric: Fabric, data_dir: Path, **config: Any) -> AsyncIterator[PyHarness]:
     counts: dict[str, int] = {}
-    harness = build_py_harness(data_dir, counts)
+    harness = build_py_harness(data_dir, counts, **config)
     async with harness:
         router = await harness.start(fabric.sender(BOT))
         fabric.attach(BOT, router.handle_pm)
