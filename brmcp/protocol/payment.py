@@ -177,7 +177,17 @@ def payment_required_result(tool: str, price_atoms: int, balance_atoms: int) -> 
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
+#: The ``error`` value as a JSON string token written without escapes.
+_PAYMENT_REQUIRED_TOKEN = f'"{PAYMENT_REQUIRED}"'
+
+
 def _decode(text: str) -> PaymentRequired | None:
+    # A refusal has the string "payment_required" as a value. A text without
+    # a backslash has no escapes, so that value can only be written as this
+    # literal token: without it, nothing in the text decodes as a refusal
+    # (the fast answer for almost every tool output).
+    if _PAYMENT_REQUIRED_TOKEN not in text and "\\" not in text:
+        return None
     try:
         fields = _gojson.decode_struct(_gojson.loads(text), _FIELDS, struct="payment_required fields")
     except _gojson.GoJSONError:

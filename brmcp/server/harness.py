@@ -55,6 +55,7 @@ from ._guard import tool_error
 from ._pipeline import OUTCOME_CAP, CallPipeline, outcome_json_for_error, response_overhead
 from ._received_tips import ReceivedTips
 from ._toolset import Toolset
+from ._tracing import span_only_when_traced
 from .callkeys import REPLAY_WINDOW, CallKeyRegistry, call_key_from_meta
 from .catalog import Catalog, SessionState
 from .completions import Completer, CompletionFields
@@ -147,6 +148,7 @@ class Harness:
             on_call_tool=self._on_call_tool,
             lifespan=self._catalog.connection_scope,
         )
+        span_only_when_traced(self._server)
         self._catalog.bind(self._server)
         self._stack: AsyncExitStack | None = None
         self._router: Router | None = None

@@ -84,3 +84,25 @@ def test_refusal_json_in_a_non_error_result_is_not_a_refusal() -> None:
     assert parse_payment_required(result(GO_EXAMPLE, is_error=False)) is None
     assert parse_payment_required(None) is None
     assert parse_payment_required(CallToolResult(content=[], is_error=True)) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        GO_EXAMPLE.replace('"payment_required"', '"\\u0070ayment_required"'),
+        GO_EXAMPLE.replace('"payment_required"', '"payment\\u005frequired"'),
+        GO_EXAMPLE.replace('"error"', '"\\u0065rror"'),
+        ' \n{"ERROR":"payment_required"}\t',
+    ],
+)
+def test_an_escaped_or_folded_refusal_still_parses(text: str) -> None:
+    # The value written with escapes is the same refusal; only a text with
+    # neither the literal token nor a backslash is answered without parsing.
+    found = parse_payment_required(result(text))
+    assert found is not None
+    assert found.error == "payment_required"
+
+
+def test_a_near_token_is_no_refusal() -> None:
+    for text in ('{"error":"payment_requirede"}', '{"error":"Payment_required"}', '{"echo":"hello"}'):
+        assert parse_payment_required(result(text)) is None
