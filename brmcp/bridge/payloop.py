@@ -67,7 +67,7 @@ from ..protocol.payment import (
     payment_required_result,
 )
 from ._decide import APPROVAL_PROGRESS_INTERVAL, APPROVAL_PROGRESS_STEP, MAX_PAYMENTS, Covered, Decider
-from ._money import charged, spent, with_money
+from ._money import already, charged, spent, with_money
 from ._money import refunded as refunded_of
 from .approvals import call_arguments
 from .budget import CallBudget, listing_of
@@ -541,6 +541,23 @@ class PaymentLoop:
                 # The deadline passed while polling: no reissue; the agent is
                 # told below what was paid (a result, not a deadline error).
                 polls = POLL_ATTEMPTS
+            if (
+                member is not self.link
+                and self.pools is not None
+                and not self.pools.is_member(bot, member.uid)
+            ):
+                # The member that refused left the pool, or was de-listed,
+                # since the request went to it: it is paid nothing (its
+                # credit may not be the pool's); the members are asked
+                # again under the same key.
+                if retries < MAX_DUPLICATE_RETRIES and anyio.current_time() < deadline:
+                    retries += 1
+                    continue
+                why = f"bot {member.uid[:8]}, which asked, is no longer a member of bot {bot[:8]}'s pool"
+                if budget.payments:
+                    why += already(budget)
+                note = TextContent(type="text", text=f"{self._name}: payment not made: {why}")
+                return result.model_copy(update={"content": [*result.content, note]})
             paying = anyio.current_time()
             with call_arguments(arguments):
                 reason = await self._decider.decide(

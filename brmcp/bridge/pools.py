@@ -31,9 +31,14 @@ pool:
   original still runs at another member is no answer: that member is asked
   again, under the same key, until the call's deadline.
 * **One balance.** A pool has one :class:`.funding.Funding` for every
-  member (:meth:`Pools.funding`): the balance a receipt of any member
-  reports is the pool's, and payments made ahead of need go to the member
-  preferred at that moment.
+  member (:meth:`Pools.funding`), that of its id, key and members (bots
+  claiming the same id and key without listing these members back are
+  another pool): the balance a receipt of any member reports is the
+  pool's, and payments made ahead of need go to the member preferred at
+  that moment among those members, for the fixed price all of them list
+  (none when they disagree). A member's refusal is paid only while it is
+  still a member (:meth:`Pools.is_member`; else the members are asked
+  again).
 
 The hard bound per logical call (BRIDGE.md §The hard bound) is unchanged:
 the payment loop of the call counts every payment it makes to any member,
@@ -65,6 +70,7 @@ from .settle import Settler
 __all__ = [
     "FAILOVER_AFTER",
     "FAILOVER_RTOS",
+    "MAX_FUNDINGS",
     "PROBE_INTERVAL",
     "STILL_RUNNING_PAUSE",
     "SUSPECT_SECONDS",
@@ -85,6 +91,8 @@ SUSPECT_SECONDS = 60.0
 #: Seconds between two asks of a member that answered that the original
 #: still runs at another member.
 STILL_RUNNING_PAUSE = 1.0
+#: Most pool Fundings kept (:meth:`Pools.funding`).
+MAX_FUNDINGS = 64
 #: Least seconds between two asks for the tool list of a listed sibling
 #: whose own announcement is not known yet.
 PROBE_INTERVAL = 300.0
@@ -127,7 +135,7 @@ class Pools:
         self._use = itertools.count(1)
         self._suspect: dict[str, float] = {}
         self._probed: dict[str, float] = {}
-        self._funding: dict[tuple[str, str], Funding] = {}
+        self._funding: dict[tuple[str, str, frozenset[str]], Funding] = {}
         #: Requests sent to a second member because the first was silent or failed.
         self.failovers = 0
 
@@ -181,29 +189,49 @@ class Pools:
     def funding(self, uid: str) -> Funding | None:
         """The one :class:`Funding` of ``uid``'s pool when it has more than
         one member this bridge may use, else None (the bot's own applies).
-        Its payments go to the member preferred at the moment."""
+
+        A pool's Funding is that of its id, key **and members**: bots that
+        announce the same id and key without listing these members back
+        (another group claiming the pool) have a Funding of their own, and
+        so does the pool once its members change (a member that left, or
+        joined). Its payments ahead of need go to the member of those
+        members preferred at the moment, never to another bot; its price of
+        a tool is the fixed price every one of them lists (None when they
+        disagree: nothing is paid ahead of need, and a refusal is paid
+        within the price shown at the endpoint called). At most
+        :data:`MAX_FUNDINGS` are kept (the least recently used goes; a call
+        keeps the one it started with)."""
         members = self.members(uid)
         if len(members) < 2:
             return None
         pool = members[0].pool
         assert pool is not None
-        funding = self._funding.get(pool.pool)
+        uids = frozenset(link.uid for link in members)
+        ident = (*pool.pool, uids)
+        funding = self._funding.pop(ident, None)
         if funding is None:
 
+            def current() -> list[BotLink]:
+                return [link for link in self.members(uid) if link.uid in uids]
+
             def payee() -> str:
-                return self._payee(uid)
+                order = self._order(current())
+                return order[0].uid if order else uid
 
             def price_of(tool: str) -> int | None:
-                link = self._link_of(payee())
-                return link.fixed_price(tool) if link is not None else None
+                prices = {link.fixed_price(tool) for link in current()}
+                return prices.pop() if len(prices) == 1 else None
 
             funding = Funding(payee, self._settler, self._settings, price_of, self._spawn)
-            self._funding[pool.pool] = funding
+            while len(self._funding) >= MAX_FUNDINGS:
+                del self._funding[next(iter(self._funding))]
+        self._funding[ident] = funding
         return funding
 
-    def _payee(self, uid: str) -> str:
-        order = self._order(self.members(uid))
-        return order[0].uid if order else uid
+    def is_member(self, uid: str, member: str) -> bool:
+        """True when ``member`` is ``uid`` or one of the members of its
+        pool this bridge may use now (:meth:`members`)."""
+        return member == uid or any(link.uid == member for link in self.members(uid))
 
     def note(self, uid: str) -> list[str]:
         """The uids whose known balance a receipt or refusal of member
