@@ -9,7 +9,8 @@ existing MCP server instead of the example tools, at the prices of
 ``DIR/prices.json``: when that file is missing the upstream is started once,
 its tools are listed into a new ``prices.json`` (each at 0 atoms) and the
 command exits 0; SIGHUP reloads it too (brmcp/gateway). The commands
-``balances``, ``statement UID`` and ``stats`` are read-only reports. Logging
+``balances``, ``statement UID`` and ``stats`` are read-only reports on the
+book the ``store`` of ``brmcp.json`` names (:mod:`brmcp.serve.reports`). Logging
 follows the ``debug``, ``logfile`` and ``maxlogfiles`` keys of
 ``brmcp-serve.conf`` (:mod:`brmcp._ops.botlog`); ``--log-level`` replaces
 ``debug``. The Go reference's single-dash ``-datadir DIR`` (Go's flag
@@ -77,7 +78,8 @@ DESCRIPTION = (
     "over Bison Relay until SIGINT/SIGTERM (SIGHUP reloads brmcp.json and prices.json). It serves "
     "the example tools echo (free) and fortune (10,000 atoms), or, with --upstream/--upstream-url, "
     "sells an MCP server you already have. The first run only writes the config files into "
-    "--datadir, says what to edit, and exits. The COMMANDs are read-only reports on the ledger."
+    "--datadir, says what to edit, and exits. The COMMANDs are read-only reports on the ledger "
+    "(the book the store key of brmcp.json names: brmcp.sqlite3 or a PostgreSQL database)."
 )
 
 #: Go's flag package reads ``-datadir DIR`` and ``-datadir=DIR``; these are

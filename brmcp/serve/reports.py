@@ -1,6 +1,13 @@
 """``brmcp-serve balances``, ``statement <uid>`` and ``stats``: read-only
-reports on the bot's ledger (``<datadir>/brmcp.sqlite3``), safe while the
-bot runs (:mod:`brmcp.server.reports`). Atoms throughout; tips arrive in
+reports on the bot's book, safe while the bot runs
+(:mod:`brmcp.server.reports`). The book is the one the ``store`` key of
+``<datadir>/brmcp.json`` names, read as the daemon reads it
+(:func:`~brmcp.serve.config.load_serve_config`): ``<datadir>/brmcp.sqlite3``
+by default (also when there is no ``brmcp.json``, as for a harness run
+from code), else the PostgreSQL database -- for a pool, the one book its
+members share, so a report covers every member's tips and charges. Each
+report reads one snapshot of the book, and prints the same for the same
+book contents on either backend. Atoms throughout; tips arrive in
 milliatoms and are credited as whole atoms. Tips held for senders not
 allowed (WIRE.md §Payments, "Tips from senders not allowed") are shown in
 every report beside the balances and movements they are not yet part of,
@@ -9,14 +16,15 @@ so the ledger accounts for every atom the wallet received."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..server.reports import balances, held_of, held_totals, ledger_stats, open_readonly, statement
+from ..server.reports import ReportBook, balances, held_of, held_totals, ledger_stats, open_book, statement
 from ..server.store import StoreError
+from ..server.store.url import DEFAULT_STORE, StoreURL, parse_store_url
+from .config import SERVE_CONFIG_FILE, ServeConfigError, load_serve_config
 
-__all__ = ["ReportError", "run_report"]
+__all__ = ["ReportError", "report_store", "run_report"]
 
 
 class ReportError(Exception):
@@ -34,35 +42,56 @@ def _uid(value: str) -> str:
     return uid
 
 
+def report_store(datadir: Path) -> StoreURL:
+    """The book the bot of ``datadir`` keeps: the ``store`` of
+    ``<datadir>/brmcp.json`` as brmcp-serve reads it, ``sqlite:`` when that
+    file does not exist. Raises :class:`ReportError` with the daemon's
+    one-line message (naming the file and key, any password redacted)
+    when the file cannot be read or is invalid."""
+    path = datadir / SERVE_CONFIG_FILE
+    if not path.exists():
+        return parse_store_url(DEFAULT_STORE)
+    try:
+        config = load_serve_config(path)
+    except ServeConfigError as exc:
+        raise ReportError(str(exc)) from None
+    return parse_store_url(config.store)  # validated by the load
+
+
 def run_report(command: str, datadir: Path, uid: str = "", *, as_json: bool = False) -> None:
     """Print report ``command`` (``balances``, ``statement`` or ``stats``)
-    for the ledger in ``datadir``. Raises :class:`ReportError`."""
+    for the book of the bot in ``datadir`` (:func:`report_store`), read in
+    one snapshot. Raises :class:`ReportError` (one line; a PostgreSQL
+    URL's password never in it)."""
+    if command not in ("balances", "statement", "stats"):
+        raise ReportError(f"unknown report {command!r}")
+    peer = _uid(uid) if command == "statement" else ""
     try:
-        conn = open_readonly(datadir)
+        book = open_book(datadir, report_store(datadir))
     except StoreError as exc:
         raise ReportError(str(exc)) from None
     try:
-        if command == "balances":
-            _balances(conn, as_json)
-        elif command == "statement":
-            _statement(conn, _uid(uid), as_json)
-        elif command == "stats":
-            _stats(conn, as_json)
-        else:
-            raise ReportError(f"unknown report {command!r}")
+        with book.snapshot():
+            if command == "balances":
+                _balances(book, as_json)
+            elif command == "statement":
+                _statement(book, peer, as_json)
+            else:
+                _stats(book, as_json)
     except StoreError as exc:
-        raise ReportError(str(exc)) from None
-    except Exception as exc:  # sqlite3.Error while the file changes under us, ...
-        if isinstance(exc, ReportError):
-            raise
-        raise ReportError(f"cannot read the ledger: {exc}") from None
+        raise ReportError(book.scrub(str(exc))) from None
+    except BrokenPipeError:  # the reader of stdout went away: brmcp-serve exits 141
+        raise
+    except Exception as exc:  # a driver error while the book changes under us, ...
+        detail = book.scrub(" ".join(str(exc).split()))
+        raise ReportError(f"cannot read the ledger {book.where}: {detail}") from None
     finally:
-        conn.close()
+        book.close()
 
 
-def _balances(conn: sqlite3.Connection, as_json: bool) -> None:
-    rows = balances(conn)
-    held = held_totals(conn)
+def _balances(book: ReportBook, as_json: bool) -> None:
+    rows = balances(book)
+    held = held_totals(book)
     if as_json:
         print(
             json.dumps(
@@ -89,9 +118,9 @@ def _balances(conn: sqlite3.Connection, as_json: bool) -> None:
         print(f"{len(held)} sender(s), {sum(h.atoms for h in held):,} atoms waiting for the allowlist")
 
 
-def _statement(conn: sqlite3.Connection, uid: str, as_json: bool) -> None:
-    lines = statement(conn, uid)
-    held = held_of(conn, uid)
+def _statement(book: ReportBook, uid: str, as_json: bool) -> None:
+    lines = statement(book, uid)
+    held = held_of(book, uid)
     if as_json:
         waiting = [
             {"ts": h.ts, "tip_seq": h.sequence_id, "amount_matoms": h.amount_matoms, "atoms": h.atoms}
@@ -116,8 +145,8 @@ def _statement(conn: sqlite3.Connection, uid: str, as_json: bool) -> None:
             print(f"{_when(h.ts):<20} {'tip (held)':<16} {tip:<20} {h.atoms:>+12,} {'':>12}")
 
 
-def _stats(conn: sqlite3.Connection, as_json: bool) -> None:
-    stats = ledger_stats(conn)
+def _stats(book: ReportBook, as_json: bool) -> None:
+    stats = ledger_stats(book)
     if as_json:
         print(json.dumps(stats.to_dict()))
         return

@@ -65,10 +65,12 @@ the serializable operations that read a row and write *another* one
 functions decide on, so they are ordered as if they ran before them.
 
 What remains a conflict is real contention: two processes debiting one
-peer at the same instant wait for each other's row lock (a lock taken in
-opposite orders by two batches is a deadlock or a lock wait past the
-executor's ``lock_timeout``, rolled back and run again like a
-serialization failure).
+peer at the same instant wait for each other's row lock (locks taken in
+opposite orders -- by two batches, or by a refunding completion, which
+locks the call's row and then the balance, and a sibling's recovery of
+that call, which locks them the other way round -- are a deadlock or a
+lock wait past the executor's ``lock_timeout``, rolled back and run again
+like a serialization failure; the rerun finds the call settled).
 
 Both functions run wrapped in :class:`.connection.RowLocked`, which tells
 :class:`.executor.PostgresExecutor` to give them a ``READ COMMITTED``
