@@ -26,6 +26,7 @@ from .link import BotLink, LinkError
 from .relay import AgentCall
 from .settings import Settings
 from .settle import Settler, WhileParked
+from .spend import STATUS_PAID, InDoubtSpend
 
 __all__ = [
     "APPROVAL_PROGRESS_INTERVAL",
@@ -93,6 +94,7 @@ class Decider:
         share: Share | None = None,
         deadline: float | None = None,
         covered_ok: bool = True,
+        args_hash: str | None = None,
     ) -> str | Covered | None:
         """Pay for ``refusal`` within the call's hard bound (:mod:`.budget`)
         and the policy (:class:`Settler`). Returns None once a payment was
@@ -107,8 +109,39 @@ class Decider:
         In autopay mode its first payment waits, until ``deadline``, while
         another payment to the bot is in flight, and is then sized by the
         credit known (:meth:`Funding.turn`); :data:`COVERED` when that
-        credit covers the call (only with ``covered_ok``)."""
+        credit covers the call (only with ``covered_ok``).
+
+        A payment in doubt the call counts (``budget.doubt``) is waited for
+        first, until ``deadline`` (:func:`anyio.current_time`; None: the
+        ``tip_wait_secs`` in force): paid, None (ask again on its credit);
+        failed, the call pays as any; still unknown, the reason says what is
+        in doubt and that a retry uses it. ``args_hash``: the call's
+        :func:`~brmcp.bridge.spend.arguments_hash`, recorded with a payment."""
         settings = self._settings()
+        doubt = budget.doubt
+        if doubt is not None and budget.in_doubt:
+            # The call counts a payment whose outcome is not known yet (made
+            # before a restart, or its tip wait ran out): its outcome decides
+            # whether anything is paid now, so wait for it, within the
+            # call's deadline, instead of paying twice or giving up at once.
+            limit = deadline if deadline is not None else anyio.current_time() + settings.tip_wait_secs
+            status = await _outcome(doubt, limit, gone)
+            if status is None:
+                unknown = _in_doubt_text(doubt, tool)
+                log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, unknown)
+                return unknown
+            budget.settle_doubt(status)
+            log.info(
+                "payment of %d atoms in doubt to bot %s for tool %s settled %s",
+                doubt.atoms,
+                self.link.uid[:8],
+                tool,
+                status,
+            )
+            if status == STATUS_PAID:
+                # Its credit is at the bot (or on its way): ask again on it.
+                return None
+            # It failed: nothing was paid for this call; it pays as any call.
         judgement = budget.judge(tool, refusal, settings.per_call_cap_atoms)
         reason = judgement.decline
         no_more = budget.payments and (settings.autopay or budget.payments >= MAX_PAYMENTS)
@@ -116,8 +149,8 @@ class Decider:
             if budget.in_doubt:
                 reason = (
                     f"a payment of {budget.in_doubt} atoms to this bot for {tool} whose outcome is not"
-                    " known yet (see the spend log) counts for this call; nothing more is paid for it"
-                    " until brclient reports that payment's outcome"
+                    " known yet (see the spend log) counts for this call; nothing more is paid for it;"
+                    " a retry of this call once brclient reports that outcome uses it"
                 )
             else:
                 reason = (
@@ -187,6 +220,7 @@ class Decider:
                 asked,
                 gone=gone,
                 call_key=key,
+                args_hash=args_hash,
                 ask=judgement.further,
                 while_parked=self.approval_progress(waiting) if waiting is not None else None,
             )
@@ -231,3 +265,37 @@ class Decider:
                 await self._clock.sleep(APPROVAL_PROGRESS_INTERVAL)
 
         return remind
+
+
+async def _outcome(doubt: InDoubtSpend, deadline: float, gone: anyio.Event | None) -> str | None:
+    """The status (``paid`` or ``failed``) a late tip outcome settles
+    ``doubt`` with, waited for until ``deadline`` (:func:`anyio.current_time`)
+    or until ``gone`` is set; None when it is still unknown then."""
+    if doubt.settled:
+        return doubt.status
+    status: str | None = None
+    with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+        async with anyio.create_task_group() as tg:
+
+            async def settled() -> None:
+                nonlocal status
+                status = await doubt.wait_settled()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(settled)
+            if gone is not None:
+                await gone.wait()
+                tg.cancel_scope.cancel()
+    return status
+
+
+def _in_doubt_text(doubt: InDoubtSpend, tool: str) -> str:
+    """What the agent is told when the call's deadline passes while a payment
+    it counts is still in doubt: what is in doubt, and that a retry uses it."""
+    key = f", callKey {doubt.call_key[:8]}" if doubt.call_key else ""
+    return (
+        f"a payment of {doubt.atoms} atoms to this bot for {tool} (spend log entry of {doubt.ts}{key})"
+        " is still in doubt: brclient has not reported whether its tip landed within this call's"
+        " deadline; nothing more was paid; a retry of this call with the same arguments uses that"
+        " payment (its credit, or the bot's answer to it) instead of paying again"
+    )

@@ -6,8 +6,10 @@ directories): ``/admin/find``, ``/admin/contact/<uid>``,
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
+from ..protocol.toolerrors import internal_error_text
 from ._asgi import read_body, send_json
 from .discovery import (
     KX_TIMEOUT,
@@ -22,6 +24,8 @@ from .discovery import (
 from .settings import is_uid
 
 __all__ = ["discovery_handler"]
+
+log = logging.getLogger("brmcp.bridge")
 
 
 def _uid_arg(body: dict[str, Any], key: str, *, optional: bool = False) -> str | None:
@@ -122,6 +126,9 @@ async def discovery_handler(
             await send_json(send, 200, {"uid": provider, "contact": True})
     except DiscoveryError as exc:
         await send_json(send, exc.status, {"error": str(exc)})
+    except Exception as exc:
+        # Not a refusal of ours: the short text out, the traceback to the log.
+        await send_json(send, 500, {"error": internal_error_text(f"/admin/{route}", exc, log)})
     return True
 
 

@@ -11,11 +11,20 @@ Each copy's timer starts when the copy left this side (its
 copy is sent while the one before it is still waiting to leave (to be
 dialed, or in brclient's PM queue): copies queued behind each other would
 only add to the queue they wait in.
+
+:class:`CallTally` counts what the copies of one logical call did over
+every request of it (each exchange, every pool member, each re-send): the
+copies sent and the answers received, from the call's start. The proxy
+opens it for the call (:func:`tally_call`); :class:`Resender` and the pools
+(:mod:`.pools`) count into the one in force, and the errors that end the
+call quote it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar, cast
 
 import anyio
@@ -29,11 +38,115 @@ from ..transport.router import Router
 from ._linkbase import TRANSPORT_ERROR_CODES, HostOffline, LinkError, LinkSessions, _describe, log
 from .retry import RetryPolicy, RttEstimator
 
-__all__ = ["DeadlineError", "ProgressFn", "Resender", "first_answer"]
+__all__ = [
+    "CallTally",
+    "DeadlineError",
+    "ProgressFn",
+    "Resender",
+    "current_tally",
+    "first_answer",
+    "tally_call",
+]
 
 _T = TypeVar("_T", bound=BaseModel)
 _R = TypeVar("_R")
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+
+
+def _count(number: int, one: str, many: str | None = None) -> str:
+    return f"{number} {one if number == 1 else many or one + 's'}"
+
+
+class CallTally:
+    """What the ``tools/call`` copies of one logical call did, over every
+    request of it: each exchange (a reissue after a payment, a re-send of
+    the same request), every pool member, each "still running at another
+    member" answer. ``started`` is the call's start on
+    :func:`anyio.current_time`; ``sends`` the copies handed to a session
+    per bot uid (in the order first sent to); ``answers`` the replies
+    received per uid, ``still_running`` those of them saying the original
+    still runs at another member (WIRE.md §Pools), and ``asks_due`` when
+    such a member may be asked next (:mod:`.pools`, across requests)."""
+
+    __slots__ = ("answers", "asks_due", "sends", "started", "still_running")
+
+    def __init__(self) -> None:
+        self.started = anyio.current_time()
+        self.sends: dict[str, int] = {}
+        self.answers: dict[str, int] = {}
+        self.still_running: dict[str, int] = {}
+        self.asks_due: dict[str, float] = {}
+
+    def sent(self, uid: str) -> None:
+        """One more copy was handed to a session for bot ``uid``."""
+        self.sends[uid] = self.sends.get(uid, 0) + 1
+
+    def answered(self, uid: str) -> None:
+        """Bot ``uid`` replied to a copy (a result, an error, a refusal)."""
+        self.answers[uid] = self.answers.get(uid, 0) + 1
+
+    def said_still_running(self, uid: str) -> int:
+        """Bot ``uid``'s reply (counted by :meth:`answered`) said the
+        original still runs at another member; returns how many of its
+        replies in this call said so."""
+        self.still_running[uid] = self.still_running.get(uid, 0) + 1
+        return self.still_running[uid]
+
+    @property
+    def copies(self) -> int:
+        """Copies sent to any bot so far."""
+        return sum(self.sends.values())
+
+    def elapsed(self) -> float:
+        """Seconds since the call started."""
+        return anyio.current_time() - self.started
+
+    def describe(self) -> str:
+        """What was sent and answered, for an error that ends the call, e.g.
+        ``66 copies sent to 3 members, each answered that the call is still
+        running at another member (66 answers)``."""
+        if not self.sends:
+            return "no copy could be sent"
+        sent = f"{_count(self.copies, 'copy', 'copies')} sent to {_count(len(self.sends), 'member')}"
+        answers = sum(self.answers.values())
+        if not answers:
+            return f"{sent}, none answered"
+        still = sum(self.still_running.values())
+        what = "that the call is still running at another member"
+        quiet = [uid[:8] for uid in self.sends if not self.answers.get(uid)]
+        if still == answers and not quiet:
+            who = "each answered" if len(self.sends) > 1 else "which answered"
+            return f"{sent}, {who} {what} ({_count(answers, 'answer')})"
+        parts = [f"{still} {what}"] if still else []
+        if answers - still:
+            parts.append(f"{answers - still} to an earlier request of the call")
+        text = f"{sent}; {_count(answers, 'answer')}: {', '.join(parts)}"
+        return f"{text}; no answer from {', '.join(quiet)}" if quiet else text
+
+
+_TALLY: ContextVar[CallTally | None] = ContextVar("brmcp_call_tally", default=None)
+
+
+def current_tally() -> CallTally | None:
+    """The :class:`CallTally` of the logical call running in this context, if any."""
+    return _TALLY.get()
+
+
+@contextmanager
+def tally_call() -> Iterator[CallTally]:
+    """The tally of the logical call running in this context: the one in
+    force, else a new one for the block (a new logical call). Tasks started
+    inside the block count into it too (they copy the context)."""
+    current = _TALLY.get()
+    if current is not None:
+        yield current
+        return
+    tally = CallTally()
+    token = _TALLY.set(tally)
+    try:
+        yield tally
+    finally:
+        _TALLY.reset(token)
 
 
 class _Copy:
@@ -253,6 +366,9 @@ class Resender:
         :class:`LinkError` when the link is closed, and :class:`MCPError`
         for the bot's error."""
         start = anyio.current_time()
+        # Only the copies of a tools/call are the logical call's (a tools/list
+        # refresh spawned meanwhile runs in a copy of this context too).
+        tally = current_tally() if getattr(request, "method", None) == "tools/call" else None
         ttl = self._router.options.ttl
         if deadline is not None:
             ttl = max(0.0, min(ttl, deadline - start))
@@ -296,6 +412,8 @@ class Resender:
             try:
                 async with self._sessions.lease() as (session, gen):
                     sends += 1
+                    if tally is not None:
+                        tally.sent(self.uid)
                     copy.handed()
                     try:
                         reply = await session.send_request(
@@ -304,6 +422,8 @@ class Resender:
                             progress_callback=callback,
                         )
                     except MCPError as exc:
+                        if tally is not None and exc.error.code not in TRANSPORT_ERROR_CODES:
+                            tally.answered(self.uid)
                         if exc.error.code in TRANSPORT_ERROR_CODES:
                             self._sessions.reset(gen)
                             last.append(exc)
@@ -349,6 +469,8 @@ class Resender:
                         )
                         done.set()
                         return
+                    if tally is not None:
+                        tally.answered(self.uid)
                     if not replies and copy.answered(self.rtt):
                         self._on_sample()
                     replies.append(reply)

@@ -254,7 +254,9 @@ def cmd_add(datadir: Path, args: argparse.Namespace) -> None:
         allowed = list(settings.get("allowed_bots") or [])
         changes: dict[str, Any] = {}
         if uid not in {b.lower() for b in allowed}:
-            changes["allowed_bots"] = [*allowed, uid]
+            # A delta, appended to the list in force when the daemon commits
+            # it: an approval committed since the read above is kept.
+            changes["add_allowed_bots"] = [uid]
         if args.per_call_cap is not None:
             changes["per_call_cap_atoms"] = args.per_call_cap
         if args.per_day_cap is not None:

@@ -20,6 +20,11 @@ their own payments. All bodies are JSON.
 | ``GET /admin/bot-requests``, ``POST …/<id>`` | add-bot requests of agents (:mod:`._botrequestroutes`) |
 | ``POST /admin/rate`` | rate a bot at the directories with a kept receipt (:mod:`.rating`) |
 
+A settings change may also carry ``add_allowed_bots`` (uids appended to
+``allowed_bots`` unless there, against the list in force when it commits).
+Changes compose: each is applied to the settings in force under the
+bridge's one settings lock, so two at the same moment both hold.
+
 A ``mode`` other than ``"approval"`` or ``"autopay"`` is refused here (400),
 although loading ``mcpclient.json`` reads any other value as approval (Go's
 rule). Errors are ``{"error": "<reason>"}`` with status 400 (bad input), 404
@@ -33,6 +38,7 @@ large) or 500 (state could not be written).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -56,6 +62,7 @@ from .settings import (
     setting_names,
     settings_from_json,
     unknown_setting_hint,
+    with_allowed,
 )
 from .spend import SpendSummary
 from .ui import TICKET_TTL, UISessions
@@ -63,7 +70,19 @@ from .ui import TICKET_TTL, UISessions
 if TYPE_CHECKING:
     from .settle import Settler
 
-__all__ = ["MAX_ADMIN_BODY_BYTES", "AdminHost", "ConfigSnippet", "admin_handler", "config_snippet"]
+__all__ = [
+    "ADD_ALLOWED_BOTS",
+    "MAX_ADMIN_BODY_BYTES",
+    "AdminHost",
+    "ConfigSnippet",
+    "admin_handler",
+    "config_snippet",
+]
+
+#: The settings change's key that appends uids to ``allowed_bots`` (those not
+#: on it yet) against the list in force when the change commits, instead of
+#: replacing the list with one read earlier (``brmcp-bridge add`` sends it).
+ADD_ALLOWED_BOTS = "add_allowed_bots"
 
 #: Largest accepted admin request body (bytes).
 MAX_ADMIN_BODY_BYTES = 64 * 1024
@@ -100,7 +119,10 @@ class AdminHost(Protocol):
 
     def config_snippet(self, uid: str, base_url: str | None = None) -> ConfigSnippet: ...
 
-    async def _commit_settings(self, candidate: Settings, *, source: str) -> Settings: ...
+    async def _commit_settings(self, change: Callable[[Settings], Settings], *, source: str) -> Settings:
+        """Apply ``change`` to the settings in force under the one settings
+        lock and commit the result (:meth:`~brmcp.bridge.Bridge.update_settings`)."""
+        ...
 
     def _schedule_reconcile(self) -> None: ...
 
@@ -257,20 +279,31 @@ async def _set_settings(bridge: AdminHost, receive: Receive, send: Send) -> None
     if not isinstance(changes, dict):
         await send_json(send, 400, {"error": "body must be a JSON object of settings"})
         return
-    unknown = sorted(set(changes) - set(setting_names()))
+    unknown = sorted(set(changes) - set(setting_names()) - {ADD_ALLOWED_BOTS})
     if unknown:
         await send_json(send, 400, {"error": unknown_setting_hint(unknown[0])})
         return
-    try:
-        check_new_token(changes.get("token"))
-        candidate = settings_from_json(body, base=bridge.settings)
+    adds = changes.get(ADD_ALLOWED_BOTS, [])
+    if not isinstance(adds, list) or not all(isinstance(uid, str) and is_uid(uid) for uid in adds):
+        await send_json(send, 400, {"error": f"{ADD_ALLOWED_BOTS} must be a list of 64-hex uids"})
+        return
+
+    def change(current: Settings) -> Settings:
+        # Applied to the settings in force under the settings lock, so this
+        # change composes with an approval or a reload at the same moment
+        # (the extra key is ignored by the decoder, as unknown keys are).
+        candidate = with_allowed(settings_from_json(body, base=current), adds)
         if changes.get("mode") is not None and candidate.mode not in (MODE_APPROVAL, MODE_AUTOPAY):
             # Loading a file keeps Go's rule (anything else means approval);
             # a change made here is refused instead of silently meaning approval.
             raise SettingsError(
                 f'mode must be "{MODE_APPROVAL}" or "{MODE_AUTOPAY}", not {json.dumps(candidate.mode)}'
             )
-        applied = await bridge._commit_settings(candidate, source="admin API")
+        return candidate
+
+    try:
+        check_new_token(changes.get("token"))
+        applied = await bridge._commit_settings(change, source="admin API")
     except SettingsError as exc:
         await send_json(send, 400, {"error": str(exc)})
         return

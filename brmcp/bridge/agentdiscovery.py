@@ -51,6 +51,7 @@ from mcp.types import (
 )
 from starlette.types import Message, Receive, Scope, Send
 
+from ..protocol.toolerrors import internal_error_text, peer_error_text
 from ._asgi import header_values
 from ._discoveryroutes import _find_args
 from .botrequests import MAX_REASON_CHARS, BotRequestQueue, BotRequestRefused
@@ -257,6 +258,10 @@ class AgentDiscovery:
             return _error(str(exc))
         except DiscoveryError as exc:
             return _error(str(exc))
+        except Exception as exc:
+            # The SDK would send str(exc); an agent gets the short text, the
+            # operator's log the traceback (WIRE.md §Errors).
+            return _error(internal_error_text(params.name[:64], exc, log))
         return _error(f'unknown tool "{params.name[:64]}"; tools: find_tools, provider_details, request_bot')
 
     async def _find(self, arguments: dict[str, Any]) -> CallToolResult:
@@ -284,7 +289,7 @@ class AgentDiscovery:
             except BotRequestRefused as exc:
                 return _error(f"request_bot: {exc}")
             except ValueError as exc:
-                return _error(f"request_bot: {exc}")
+                return _error(f"request_bot: {peer_error_text('request_bot', exc, log)}")
             finally:
                 self._waits.pop(key, None)
             return _answer(answer.to_dict(), answer.text)

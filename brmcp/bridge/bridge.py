@@ -51,6 +51,7 @@ from .settings import (
     mint_token,
     save_settings,
     settings_file_problem,
+    with_allowed,
 )
 from .settle import Payer, Settler
 from .snapshots import BotSnapshot, SnapshotStore
@@ -356,26 +357,49 @@ class Bridge:
         overwritten) or :class:`BridgeError` (write failed) with the prior
         settings still in force; a :class:`BridgeError` from binding the
         listener leaves the new settings applied and persisted."""
-        applied = await self._commit_settings(settings, source="apply_settings")
+        applied = await self._commit_settings(lambda _current: settings, source="apply_settings")
         await self._reconcile()
         return applied
+
+    async def update_settings(self, change: Callable[[Settings], Settings], *, source: str) -> Settings:
+        """Apply ``change`` (the settings in force → the new settings) to the
+        settings current when it holds the bridge's one settings lock, then
+        commit the result as :meth:`apply_settings` does (without touching
+        the listener: call :meth:`apply_settings` or a reload for that).
+        Changes made at the same moment compose: the end state is that of
+        some serial order of them (BRIDGE.md §Settings). ``change`` must not
+        block; returning its argument itself writes nothing. ``source``
+        names the writer in the log. Returns the settings in force. Raises
+        what ``change`` raises, and what :meth:`apply_settings` raises, with
+        the prior settings in force."""
+        return await self._commit_settings(change, source=source)
 
     async def reload_settings(self) -> Settings:
         """Re-read ``mcpclient.json`` (edited by hand or by another process)
         and apply it without rewriting it: no token is minted. Raises
         :class:`BridgeError` for a malformed file (nothing changes)."""
-        loaded = await anyio.to_thread.run_sync(load_settings, self._settings_path)
         async with self._commit_lock:
+            # Read under the lock: a file read before a concurrent commit and
+            # installed after it would undo that commit.
+            loaded = await anyio.to_thread.run_sync(load_settings, self._settings_path)
             self._install(loaded, source=f"reload of {self._settings_path}")
         await self._reconcile()
         return loaded
 
-    async def _commit_settings(self, candidate: Settings, *, source: str) -> Settings:
-        settings = candidate.normalized()
-        settings.validate()
-        if settings.enabled and not settings.token:
-            settings = settings.replace(token=mint_token())
+    async def _commit_settings(self, change: Callable[[Settings], Settings], *, source: str) -> Settings:
+        # The one writer of the settings: every change is read-modify-write
+        # against the settings in force once the lock is held, so two changes
+        # at the same moment cannot each build on a copy taken before the
+        # other's commit (which would silently drop one of them).
         async with self._commit_lock:
+            current = self._settings
+            candidate = change(current)
+            if candidate is current:
+                return current
+            settings = candidate.normalized()
+            settings.validate()
+            if settings.enabled and not settings.token:
+                settings = settings.replace(token=mint_token())
             # A hand edit that fails to load (its reload was refused) holds
             # other changes too: writing the settings in force over it would
             # lose them.
@@ -581,13 +605,8 @@ class Bridge:
         admin API's settings change, which ``brmcp-bridge add`` uses), and
         change nothing else; nothing when it is already there. Raises
         :class:`SettingsFileBroken` or :class:`BridgeError` (nothing changed)."""
-        uid = uid.lower()
-        settings = self._settings
-        allowed = settings.allowed_bots or ()
-        if any(bot.lower() == uid for bot in allowed):
-            return
         await self._commit_settings(
-            settings.replace(allowed_bots=(*allowed, uid)), source="bot request approved"
+            lambda current: with_allowed(current, [uid]), source="bot request approved"
         )
 
     async def bot_contact(self, uid: str) -> bool | None:

@@ -25,9 +25,12 @@ day total and approvals are then applied by :class:`~.settle.Settler`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..protocol.payment import PRICE_ATOMS_KEY, PRICING_DYNAMIC, PRICING_KEY, PaymentRequired
+
+if TYPE_CHECKING:
+    from .spend import InDoubtSpend
 
 __all__ = ["CallBudget", "Judgement", "Listing", "listing_of"]
 
@@ -106,6 +109,9 @@ class CallBudget:
     last_atoms: int = 0
     #: Atoms of a payment in doubt this call counts as its own (0: none).
     in_doubt: int = 0
+    #: That payment's spend entry, whose outcome the call waits for before
+    #: it pays anything more (:meth:`brmcp.bridge.settle.Settler.adopt`).
+    doubt: InDoubtSpend | None = None
     #: The payment counted was confirmed just before the call: its credit
     #: may still be landing at the bot (the call polls for it).
     landing: bool = False
@@ -115,6 +121,17 @@ class CallBudget:
         self.paid_atoms += atoms
         self.payments += 1
         self.last_atoms = atoms
+
+    def settle_doubt(self, status: str) -> None:
+        """The payment in doubt this call counted was settled ``status``
+        (``paid`` or ``failed``): no longer in doubt; a failed one is no
+        longer counted either (nothing was paid for the call)."""
+        if status != "paid" and self.payments:
+            self.paid_atoms -= self.in_doubt
+            self.payments -= 1
+            self.last_atoms = 0
+        self.in_doubt = 0
+        self.doubt = None
 
     def judge(self, tool: str, refusal: PaymentRequired, per_call_cap: int) -> Judgement:
         """What to pay for ``refusal`` to a call of ``tool`` with

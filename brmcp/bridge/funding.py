@@ -462,6 +462,7 @@ class Funding:
         gone: anyio.Event | None = None,
         *,
         call_key: str | None = None,
+        args_hash: str | None = None,
         deadline: float | None = None,
     ) -> Share:
         """The share of a first send of ``tool`` (:class:`Share`): marked
@@ -475,7 +476,7 @@ class Funding:
         began = anyio.current_time()
         while True:
             patient = anyio.current_time() - began < ROUND_PATIENCE
-            decided = self._decide(tool, gone, call_key, patient=patient)
+            decided = self._decide(tool, gone, call_key, patient=patient, args_hash=args_hash)
             if isinstance(decided, Share):
                 return decided
             self.waiting += 1
@@ -507,7 +508,13 @@ class Funding:
                 tg.start_soon(until_set, gone)
 
     def _decide(
-        self, tool: str, gone: anyio.Event | None, call_key: str | None, *, patient: bool = True
+        self,
+        tool: str,
+        gone: anyio.Event | None,
+        call_key: str | None,
+        *,
+        patient: bool = True,
+        args_hash: str | None = None,
     ) -> Share | _Wait:
         """:meth:`alongside`'s decision now, without waiting (``patient``
         False: past :data:`ROUND_PATIENCE`, it no longer waits for a round)."""
@@ -539,7 +546,9 @@ class Funding:
             return self._unmarked(share)
         if self._busy and patient:
             return _WAIT
-        payment = self._start(tool, price, max(0, have), prepay=False, gone=gone, call_key=call_key)
+        payment = self._start(
+            tool, price, max(0, have), prepay=False, gone=gone, call_key=call_key, args_hash=args_hash
+        )
         if payment is None:
             return self._unmarked(share)
         payment.attached = 1
@@ -635,6 +644,7 @@ class Funding:
         prepay: bool,
         gone: anyio.Event | None = None,
         call_key: str | None = None,
+        args_hash: str | None = None,
     ) -> Payment | None:
         amount = price - have
         # A prepayment may wait for the user's approval (it is not on any
@@ -649,7 +659,7 @@ class Funding:
         self._round = payment
         self.started += 1
         refusal = PaymentRequired(tool=tool, price_atoms=price, balance_atoms=have, shortfall_atoms=amount)
-        self._spawn(self._pay, tool, refusal, payment, gone, call_key)
+        self._spawn(self._pay, tool, refusal, payment, gone, call_key, args_hash)
         return payment
 
     async def _pay(
@@ -659,11 +669,18 @@ class Funding:
         payment: Payment,
         gone: anyio.Event | None,
         call_key: str | None = None,
+        args_hash: str | None = None,
     ) -> None:
         reason: str | None = "payment abandoned"
         try:
             reason = await self._settler.settle(
-                self.bot, tool, refusal, gone=gone, prepay=payment.prepay, call_key=call_key
+                self.bot,
+                tool,
+                refusal,
+                gone=gone,
+                prepay=payment.prepay,
+                call_key=call_key,
+                args_hash=args_hash,
             )
         except Exception as exc:
             reason = str(exc) or type(exc).__name__

@@ -78,6 +78,7 @@ from .relay import AgentCall, strip_reserved_meta
 from .settings import Settings
 from .settle import Settler
 from .snapshots import ERA_MODERN
+from .spend import arguments_hash
 
 __all__ = [
     "APPROVAL_PROGRESS_INTERVAL",
@@ -391,7 +392,9 @@ class PaymentLoop:
             try:
                 # Another call's payment to this bot may decide first (one
                 # payment ahead of need at a time): this may wait for its answer.
-                share = alongside.share = await funding.alongside(tool, gone, call_key=key, deadline=deadline)
+                share = alongside.share = await funding.alongside(
+                    tool, gone, call_key=key, args_hash=arguments_hash(arguments), deadline=deadline
+                )
             except TimeoutError:
                 waited = f"waited for the answer to another call's payment to bot {bot[:8]}"
                 raise MCPError(
@@ -572,6 +575,7 @@ class PaymentLoop:
                     share=share,
                     deadline=deadline,
                     covered_ok=covers < _MAX_COVERED,
+                    args_hash=arguments_hash(arguments),
                 )
             deadline += anyio.current_time() - paying
             if isinstance(reason, Covered):

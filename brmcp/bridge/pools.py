@@ -29,7 +29,14 @@ pool:
   recorded outcome, or waits for the original's, and is never charged
   twice (WIRE.md §Pools, the money rule). A member's answer that the
   original still runs at another member is no answer: that member is asked
-  again, under the same key, until the call's deadline.
+  again, under the same key, until the call's deadline, on a backoff
+  (:meth:`Pools.pause_after_still_running`): a member answering so for
+  ever is asked at most :func:`still_running_asks` times in a call.
+* **One callKey.** Every copy of a logical call, to every member, in every
+  request of it, carries the call's one ``brmcp/callKey``; when no member
+  gave a result by the deadline the error counts the copies sent and the
+  answers received over the whole call (:class:`._exchange.CallTally`),
+  and the agent's identical re-send reuses the key (:mod:`.proxy`).
 * **One balance.** A pool has one :class:`.funding.Funding` for every
   member (:meth:`Pools.funding`), that of its id, key and members (bots
   claiming the same id and key without listing these members back are
@@ -51,6 +58,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +67,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent
 
 from ..protocol.pool import STILL_RUNNING_ELSEWHERE
-from ._exchange import DeadlineError, ProgressFn
+from ._exchange import CallTally, DeadlineError, ProgressFn, tally_call
 from ._linkbase import HostOffline, LinkError
 from .funding import Funding
 from .link import BotLink
@@ -72,9 +80,11 @@ __all__ = [
     "FAILOVER_RTOS",
     "MAX_FUNDINGS",
     "PROBE_INTERVAL",
+    "STILL_RUNNING_MAX_PAUSE",
     "STILL_RUNNING_PAUSE",
     "SUSPECT_SECONDS",
     "Pools",
+    "still_running_asks",
 ]
 
 log = logging.getLogger("brmcp.bridge")
@@ -88,9 +98,12 @@ FAILOVER_RTOS = 3
 #: Seconds a member that failed, or stayed silent while a sibling answered,
 #: is tried last (it is tried again after that, or at once when it answers).
 SUSPECT_SECONDS = 60.0
-#: Seconds between two asks of a member that answered that the original
-#: still runs at another member.
+#: Seconds between the first two asks of a member that answered that the
+#: original still runs at another member (the pause doubles after each
+#: such answer in the call, up to :data:`STILL_RUNNING_MAX_PAUSE`).
 STILL_RUNNING_PAUSE = 1.0
+#: Most seconds between two such asks.
+STILL_RUNNING_MAX_PAUSE = 8.0
 #: Most pool Fundings kept (:meth:`Pools.funding`).
 MAX_FUNDINGS = 64
 #: Least seconds between two asks for the tool list of a listed sibling
@@ -128,8 +141,9 @@ class Pools:
         self._settings = settings
         self._spawn = spawn
         self.failover_after = failover_after
-        #: :data:`STILL_RUNNING_PAUSE` (settable).
+        #: :data:`STILL_RUNNING_PAUSE` and :data:`STILL_RUNNING_MAX_PAUSE` (settable).
         self.still_running_pause = STILL_RUNNING_PAUSE
+        self.still_running_max_pause = STILL_RUNNING_MAX_PAUSE
         self._inflight: dict[str, int] = {}
         self._used: dict[str, int] = {}
         self._use = itertools.count(1)
@@ -254,7 +268,29 @@ class Pools:
         return sorted(members, key=rank)
 
     def _wait_before_next(self, link: BotLink) -> float:
+        """Seconds ``link`` may stay silent before the next member is asked too."""
         return max(self.failover_after, FAILOVER_RTOS * link.rtt.rto)
+
+    def pause_after_still_running(self, answers: int) -> float:
+        """Seconds before a member is asked again after its ``answers``-th
+        answer (1, 2, ...) in this call that the original still runs at
+        another member: :attr:`still_running_pause` doubled after each,
+        at most :attr:`still_running_max_pause`.
+
+        The bound: a member that answers so at once, for ever, is asked at
+        most ``still_running_asks(T, still_running_pause,
+        still_running_max_pause)`` times in a call of ``T`` seconds (with
+        the defaults, 1 s doubling to 8 s: 4 asks in the first 7 s, then
+        one per 8 s, 78 over the default 600 s message TTL, where a fixed
+        1 s pause asked 600 times), each ask one copy unless the member
+        also stays silent past its RTO (its re-sends then follow the RTO
+        backoff, :mod:`.retry`). Over ``n`` members that is at most ``n``
+        asks per :attr:`still_running_pause` seconds at first and ``n`` per
+        :attr:`still_running_max_pause` seconds after. The member itself
+        waited for the original before it answered (WIRE.md §Pools, the
+        money rule, case 2), so a pause adds little to an honest wait."""
+        cap = max(self.still_running_max_pause, self.still_running_pause)
+        return float(min(self.still_running_pause * 2.0 ** min(max(answers, 1) - 1, 62), cap))
 
     async def exchange(
         self,
@@ -273,13 +309,36 @@ class Pools:
         :meth:`.BotLink.exchange`. ``call`` is the agent call whose relayed
         traffic a sibling may send. Raises as :meth:`.BotLink.exchange`:
         :class:`HostOffline` at once, the bot's :class:`MCPError` when a
-        member answered one; :class:`DeadlineError` (the sends of every
-        member counted) or :class:`LinkError` when no member answered."""
+        member answered one; :class:`DeadlineError` when no member gave a
+        result by ``deadline`` (without one: the message TTL from now), its
+        text, ``sends`` and ``seconds`` those of the whole logical call (the
+        :class:`.CallTally` in force: every copy to any member, every
+        answer, the time from the call's start), or :class:`LinkError` when
+        every member failed."""
         members = self.members(home.uid)
         if len(members) < 2:
             return await home.exchange(
                 request, CallToolResult, progress=progress, quiet=quiet, deadline=deadline
             ), home
+        with tally_call() as tally:
+            return await self._exchange(members, home, request, progress, quiet, deadline, call, tally)
+
+    async def _exchange(
+        self,
+        members: list[BotLink],
+        home: BotLink,
+        request: Any,
+        progress: ProgressFn | None,
+        quiet: anyio.Event | None,
+        deadline: float | None,
+        call: AgentCall | None,
+        tally: CallTally,
+    ) -> tuple[CallToolResult, BotLink]:
+        """:meth:`exchange` over two or more ``members``, counting into
+        ``tally`` (the logical call's)."""
+        # Without the call's deadline, this request's: the message TTL from
+        # now (a member answering "still running" is never asked past it).
+        end = deadline if deadline is not None else anyio.current_time() + home.ttl
         order = self._order(members)
         answer: list[tuple[CallToolResult, BotLink] | BaseException] = []
         failures: list[LinkError] = []
@@ -295,17 +354,28 @@ class Pools:
             try:
                 with link.relay.lend(call if link is not home else None):
                     while True:
+                        # A member that said the original still runs at
+                        # another member is asked again (same request, same
+                        # callKey) on the backoff, in this request or a later
+                        # one of the call, until the call's deadline.
+                        due = tally.asks_due.get(uid)
+                        if due is not None:
+                            await anyio.sleep(max(0.0, min(due, end) - anyio.current_time()))
+                            if anyio.current_time() >= end:
+                                raise DeadlineError(
+                                    f"bot {uid[:8]} answered that the call still runs at another member "
+                                    "until the call's deadline",
+                                    sends=tally.sends.get(uid, 0),
+                                    seconds=tally.elapsed(),
+                                )
                         result = await link.exchange(
-                            request, CallToolResult, progress=progress, quiet=quiet, deadline=deadline
+                            request, CallToolResult, progress=progress, quiet=quiet, deadline=end
                         )
                         self._suspect.pop(uid, None)
                         if not _still_running_elsewhere(result):
                             break
-                        # The original runs at another member: ask again
-                        # (the member waits for its outcome each time; a
-                        # member that answers so at once is asked once a
-                        # second, until the call's deadline).
-                        await anyio.sleep(self.still_running_pause)
+                        pause = self.pause_after_still_running(tally.said_still_running(uid))
+                        tally.asks_due[uid] = anyio.current_time() + pause
                 if not answer:
                     for other in pending - {uid}:
                         # Silent while a sibling answered: tried last for a while.
@@ -349,15 +419,15 @@ class Pools:
             if isinstance(first, BaseException):
                 raise first
             return first
-        deadlines = [exc for exc in failures if isinstance(exc, DeadlineError)]
-        if deadlines:
-            sends = sum(exc.sends for exc in deadlines)
-            seconds = max(exc.seconds for exc in deadlines)
+        if any(isinstance(exc, DeadlineError) for exc in failures):
+            # What every request of the call sent and heard, to any member,
+            # and the time from the call's start (not this request's).
+            seconds = tally.elapsed()
             names = ", ".join(link.uid[:8] for link in order)
             raise DeadlineError(
-                f"no reply from any member of bot {home.uid[:8]}'s pool ({names}) within {seconds:.0f} s "
-                f"after {sends} send(s)",
-                sends=sends,
+                f"the call's deadline passed {seconds:.0f} s after it started without a result from any "
+                f"member of bot {home.uid[:8]}'s pool ({names}): {tally.describe()}",
+                sends=tally.copies,
                 seconds=seconds,
             )
         raise failures[0]
@@ -370,3 +440,20 @@ def _still_running_elsewhere(result: CallToolResult) -> bool:
         return False
     first = result.content[0]
     return isinstance(first, TextContent) and first.text.startswith(STILL_RUNNING_ELSEWHERE)
+
+
+def still_running_asks(seconds: float, pause: float, cap: float) -> int:
+    """Most asks of one member within ``seconds`` of the first when it
+    answers each at once that the original still runs at another member:
+    one at 0, then one after each pause, the pause ``pause`` doubling up to
+    ``cap`` (seconds). Raises ValueError unless ``0 < pause <= cap``."""
+    if not 0 < pause <= cap:
+        raise ValueError(f"still_running_asks needs 0 < pause <= cap, got {pause!r}, {cap!r}")
+    asks, at, gap = 1, 0.0, pause
+    while gap < cap and at + gap <= seconds:
+        at += gap
+        asks += 1
+        gap = min(gap * 2, cap)
+    if at + gap > seconds:
+        return asks
+    return asks + math.floor((seconds - at) / cap)

@@ -23,7 +23,10 @@ Every local HTTP session for a bot talks to the same low-level
 This module keeps what a logical call is across copies: its callKey (an
 agent's re-send of a call it did not receive reuses the earlier copy's, so
 the bot runs and charges it at most once; BRIDGE.md §Resumability), what
-earlier copies paid, and a payment in doubt it counts as its own.
+earlier copies paid, a payment in doubt it counts as its own, and the
+tally of every copy it sent (:class:`._exchange.CallTally`): a call that
+ended without a result after any copy left keeps its callKey for the
+agent's re-send, whichever request of it sent that copy.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from mcp.types import (
 )
 
 from .._ops.clock import Clock
+from ._exchange import tally_call
 from ._linkbase import HostOffline
 from .budget import CallBudget, Listing, listing_of
 from .funding import Funding
@@ -67,7 +71,7 @@ from .payloop import (
 from .relay import AgentCall, strip_reserved_meta
 from .settings import Settings
 from .settle import InDoubtSpend, Settler
-from .spend import DAY_SECONDS
+from .spend import DAY_SECONDS, arguments_hash
 
 # The payment loop's constants (.payloop) stay importable from here.
 __all__ = [
@@ -251,7 +255,9 @@ class BotProxy:
         started = anyio.current_time()
         outcome = "failed"
         try:
-            with self.link.relay.track(agent) as tracked:
+            # The tally counts every copy of this logical call, to the bot or
+            # any pool member, over every request of it (._exchange.CallTally).
+            with self.link.relay.track(agent) as tracked, tally_call() as tally:
                 await self._await_twins(tool, arguments, tracked)
                 key, earlier, reused = self._call_key(tool, arguments, tracked)
                 if earlier is not None:
@@ -267,16 +273,28 @@ class BotProxy:
                         tool,
                         newer_than=self._clock.now() - self._settings().tip_wait_secs,
                         scheduled_newer_than=self._clock.now() - DAY_SECONDS,
+                        args_hash=arguments_hash(arguments),
                     )
                 )
                 if adopted is not None:
                     # A payment to this bot for this tool whose outcome is not
                     # known yet (made before a restart, or its tip wait ran
                     # out): this call counts it as its own and pays no more
-                    # until brclient tells its outcome.
-                    budget = CallBudget(listing_of(self.link.tool(tool)), in_doubt=adopted.atoms)
+                    # until brclient tells its outcome (it waits for that).
+                    budget = CallBudget(
+                        listing_of(self.link.tool(tool)), in_doubt=adopted.atoms, doubt=adopted
+                    )
                     budget.add(adopted.atoms)
                     reused = True
+                    if adopted.call_key is not None and adopted.args_hash == arguments_hash(arguments):
+                        # The same call (bot, tool, arguments): it takes over
+                        # that payment's callKey, so a bot that held the call
+                        # paid alongside and ran it when the tip landed
+                        # answers this one from its record, charging nothing
+                        # more, instead of a new key paying and running again.
+                        key = adopted.call_key
+                        if tracked is not None:
+                            tracked.call_key = key
                     log.info(
                         "call of %s on bot %s counts a payment of %d atoms in doubt (made %s)",
                         tool,
@@ -296,10 +314,12 @@ class BotProxy:
                     budget = CallBudget(listing_of(self.link.tool(tool)))
                 abandoned = False
                 succeeded = False
+                answered = False
                 try:
                     result = await self._payments.run(
                         tool, arguments, tracked, key, reused=reused, budget=budget
                     )
+                    answered = True
                     succeeded = not result.is_error
                 except anyio.get_cancelled_exc_class():
                     abandoned = True  # the agent cancelled (or its session ended)
@@ -319,8 +339,13 @@ class BotProxy:
                         self._budgets.move_to_end(key)
                         while len(self._budgets) > MAX_RETAINED:
                             self._budgets.popitem(last=False)
+                    # No result reached the agent although a copy of the call
+                    # left (in any request of it, to any member): the bot may
+                    # run it, or still be running it, so the agent's re-send
+                    # keeps this callKey and is never run nor charged again.
+                    unknown = tracked is not None and (tracked.unknown or (not answered and tally.copies > 0))
                     if tracked is not None and (
-                        abandoned or tracked.detached or tracked.gone.is_set() or tracked.unknown
+                        abandoned or tracked.detached or tracked.gone.is_set() or unknown
                     ):
                         self._retain(tracked, key)
                 if tracked is not None:

@@ -30,7 +30,7 @@ import json
 import logging
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ __all__ = [
     "settings_file_warnings",
     "settings_from_json",
     "unknown_setting_hint",
+    "with_allowed",
 ]
 
 log = logging.getLogger("brmcp.bridge")
@@ -267,6 +268,26 @@ def describe_changes(before: Settings, after: Settings) -> str:
         else:
             items.append(f"{key} {json.dumps(old.get(key))}→{json.dumps(new.get(key))}")
     return ", ".join(items)
+
+
+def with_allowed(settings: Settings, uids: Sequence[str]) -> Settings:
+    """``settings`` with each of ``uids`` (64 hex, lowercased) appended to
+    ``allowed_bots`` unless it is there already (case-insensitive), nothing
+    else changed; ``settings`` itself when nothing is added (a commit then
+    writes nothing). A change to apply against the settings in force
+    (:meth:`~brmcp.bridge.Bridge.update_settings`), so that adding a bot
+    composes with other changes made at the same moment."""
+    allowed = settings.allowed_bots or ()
+    have = {bot.lower() for bot in allowed}
+    added: list[str] = []
+    for uid in uids:
+        uid = uid.lower()
+        if uid not in have:
+            have.add(uid)
+            added.append(uid)
+    if not added:
+        return settings
+    return settings.replace(allowed_bots=(*allowed, *added))
 
 
 def setting_names() -> tuple[str, ...]:

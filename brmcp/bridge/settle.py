@@ -311,6 +311,7 @@ class Settler:
         *,
         newer_than: float | None = None,
         scheduled_newer_than: float | None = None,
+        args_hash: str | None = None,
     ) -> InDoubtSpend | None:
         """Claim the oldest in-doubt entry (:meth:`in_doubt`) to ``bot`` for
         ``tool`` that no other call has claimed, for one call: it is marked
@@ -319,14 +320,38 @@ class Settler:
         none, or when every one was written at or before ``newer_than``
         (unix seconds; ``scheduled_newer_than`` for entries the wallet took,
         :func:`payment_scheduled`). The entry stays ``pending`` and counted; claiming
-        it moves no money and writes nothing."""
-        for candidate in self._spend.in_doubt(bot):
+        it moves no money and writes nothing.
+
+        ``args_hash`` (:func:`~brmcp.bridge.spend.arguments_hash` of the
+        call's arguments): an entry recorded with the same hash and a callKey
+        is the same call's payment and is preferred, whatever the tip wait
+        (only ``scheduled_newer_than`` bounds its age): one in doubt, or one
+        an earlier process left pending that a late outcome has settled
+        ``paid`` since (its call may never have been answered; its callKey
+        lets the bot answer it from its record). An entry recorded with
+        another hash paid for other arguments and is never claimed (the bot
+        ran or refused that call, not this one). Entries without a hash
+        (older versions) are claimed by tool alone."""
+        if args_hash is not None:
+            for same in (*self._spend.in_doubt(bot), *self._spend.inherited(bot)):
+                if (
+                    same.tool == tool
+                    and not same.adopted
+                    and same.args_hash == args_hash
+                    and same.call_key is not None
+                    and (scheduled_newer_than is None or same.ts > scheduled_newer_than)
+                ):
+                    same._row.adopted = True
+                    return same
+        candidates = [c for c in self._spend.in_doubt(bot) if c.tool == tool and not c.adopted]
+        for candidate in candidates:
+            if candidate.args_hash is not None and candidate.args_hash != args_hash:
+                continue
             limit = scheduled_newer_than if candidate.scheduled else newer_than
             if limit is not None and candidate.ts <= limit:
                 continue
-            if candidate.tool == tool and not candidate.adopted:
-                candidate._row.adopted = True
-                return candidate
+            candidate._row.adopted = True
+            return candidate
         return None
 
     def release_adopted(self, entry: InDoubtSpend) -> None:
@@ -360,6 +385,7 @@ class Settler:
         call_key: str | None = None,
         ask: bool = False,
         while_parked: WhileParked | None = None,
+        args_hash: str | None = None,
     ) -> str | None:
         """Pay what ``bot`` asked for ``tool``. Returns None once the payment
         is confirmed, else the reason nothing (certain) was paid, as shown
@@ -383,7 +409,9 @@ class Settler:
         completes (its credit stays at the bot) and its spend entry says so.
 
         ``call_key`` (the logical call's ``brmcp/callKey``) is recorded in
-        the spend entry (``"callKey"``), written before the payer runs.
+        the spend entry (``"callKey"``), and ``args_hash`` (the call's
+        :func:`~brmcp.bridge.spend.arguments_hash`) as ``"argsHash"``, both
+        written and fsynced before the payer runs.
         ``ask``: the user must approve this payment even in autopay mode
         (e.g. a further payment for one logical call).
 
@@ -394,7 +422,9 @@ class Settler:
         comes, the wait times out or the agent goes away, before anything
         is paid. What it raises is logged and dropped."""
         amount = refusal.shortfall_atoms if refusal.shortfall_atoms > 0 else refusal.price_atoms
-        reason, attempted = await self._settle(bot, tool, amount, gone, prepay, call_key, ask, while_parked)
+        reason, attempted = await self._settle(
+            bot, tool, amount, gone, prepay, call_key, ask, while_parked, args_hash
+        )
         if reason is not None:
             log.info("payment to bot %s for tool %s (%d atoms) not made: %s", bot, tool, amount, reason)
             if not attempted and self.metrics is not None:
@@ -422,6 +452,7 @@ class Settler:
         call_key: str | None = None,
         ask: bool = False,
         while_parked: WhileParked | None = None,
+        args_hash: str | None = None,
     ) -> tuple[str | None, bool]:
         """The refusal reason (None: paid) and whether the payer ran."""
         if amount <= 0:
@@ -461,7 +492,13 @@ class Settler:
                 if isinstance(gone, AgentGone) and gone.detached:
                     continue  # the connection dropped again: wait for it first
                 ticket = self._spend.launch(
-                    ts=now, bot=bot, tool=tool, atoms=amount, prepay=prepay, call_key=call_key
+                    ts=now,
+                    bot=bot,
+                    tool=tool,
+                    atoms=amount,
+                    prepay=prepay,
+                    call_key=call_key,
+                    args_hash=args_hash,
                 )
                 if approved is not None:
                     self.approvals.note_spend(approved, ticket)

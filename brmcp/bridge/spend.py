@@ -5,10 +5,14 @@ A JSON array of entries, oldest first, each with the keys (in this order)
 ``atoms``, ``status`` (``pending`` | ``paid`` | ``failed``; omitted when
 empty), ``err`` (omitted when empty), then this implementation's additions
 ``prepay`` (``true`` on a prepayment, else omitted) and ``callKey`` (the
-logical call's ``brmcp/callKey``, omitted when unknown). The Go reference
-(karamble/brmcp ``bridge/``) reads the same file and ignores the two added
-keys; entries without a status were written by older versions and count as
-paid.
+logical call's ``brmcp/callKey``, omitted when unknown), ``argsHash`` (the
+sha256 hex of the call's arguments as canonical JSON, :func:`arguments_hash`;
+omitted when unknown) and ``scheduled``. The Go reference (karamble/brmcp
+``bridge/``) reads the same file and ignores the added keys; entries without
+a status were written by older versions and count as paid. The entry, with
+its callKey, tool and argsHash, is on disk (fsynced) before money moves, so
+after a crash the agent's identical call (same bot, tool and argsHash)
+takes over that callKey instead of paying again (BRIDGE.md §Failures).
 
 The rolling day total is the sum of entries with ``ts ≥ now - 86400`` whose
 status is not ``failed``: pending payments count, so a payment whose outcome
@@ -19,6 +23,9 @@ late outcome arrives (:meth:`SpendLog.resolve`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +48,7 @@ __all__ = [
     "SpendEntry",
     "SpendLog",
     "SpendSummary",
+    "arguments_hash",
 ]
 
 #: Marks a ``failed`` entry that older versions wrote for a tip brclient
@@ -68,7 +76,19 @@ _FIELDS: dict[str, _gojson.Kind] = {
     "prepay": "bool",
     "callKey": "string",
     "scheduled": "bool",
+    "argsHash": "string",
 }
+
+
+def arguments_hash(arguments: Mapping[str, Any] | None) -> str:
+    """The ``argsHash`` of a call's ``arguments`` (None counts as ``{}``):
+    the sha256 hex (64 characters) of their canonical JSON (keys sorted, no
+    spaces, non-ASCII kept as UTF-8). Two calls with equal arguments get the
+    same hash whatever the key order the agent sent."""
+    text = json.dumps(
+        dict(arguments or {}), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +116,9 @@ class SpendEntry:
     #: is stored and its outcome will be reported), written
     #: ``"scheduled": true``; False also for entries of older versions.
     scheduled: bool = False
+    #: :func:`arguments_hash` of the call's arguments, written ``"argsHash"``
+    #: (None: entries of older versions and of the Go reference, prepayments).
+    args_hash: str | None = None
 
     @property
     def counts(self) -> bool:
@@ -122,6 +145,8 @@ class SpendEntry:
             out["callKey"] = self.call_key
         if self.scheduled:
             out["scheduled"] = True
+        if self.args_hash is not None:
+            out["argsHash"] = self.args_hash
         return out
 
 
@@ -153,12 +178,16 @@ class _Row:
     ``adopted`` while a call has claimed it (:meth:`SpendLog.in_doubt`);
     ``settled`` is set once :meth:`SpendLog.resolve` decided it."""
 
-    __slots__ = ("adopted", "entry", "live", "settled")
+    __slots__ = ("adopted", "entry", "inherited", "live", "settled")
 
     def __init__(self, entry: SpendEntry, live: bool) -> None:
         self.entry = entry
         self.live = live
         self.adopted = False
+        #: Pending when this process loaded it: an earlier process stopped
+        #: with its payment in flight, and no call of this process has taken
+        #: it over yet (it may have been settled since).
+        self.inherited = not live and entry.status == STATUS_PENDING
         self.settled: anyio.Event | None = None
 
     def settle(self, entry: SpendEntry) -> None:
@@ -210,6 +239,12 @@ class InDoubtSpend:
     @property
     def call_key(self) -> str | None:
         return self._row.entry.call_key
+
+    @property
+    def args_hash(self) -> str | None:
+        """:func:`arguments_hash` of the arguments of the call it paid for
+        (None for entries of older versions and prepayments)."""
+        return self._row.entry.args_hash
 
     @property
     def scheduled(self) -> bool:
@@ -318,6 +353,7 @@ class SpendLog:
                 prepay=item.get("prepay", False),
                 call_key=item.get("callKey") or None,
                 scheduled=item.get("scheduled", False),
+                args_hash=item.get("argsHash") or None,
             )
             for item in raw
         ]
@@ -348,10 +384,12 @@ class SpendLog:
         atoms: int,
         prepay: bool = False,
         call_key: str | None = None,
+        args_hash: str | None = None,
     ) -> SpendTicket:
         """Append a ``pending`` tip entry for a payment this process is about
         to make (``prepay``: a prepayment; ``call_key``: the logical call's
-        ``brmcp/callKey``, recorded as ``"callKey"``); it stays invisible to
+        ``brmcp/callKey``, recorded as ``"callKey"``; ``args_hash``: its
+        :func:`arguments_hash`, recorded as ``"argsHash"``); it stays invisible to
         :meth:`resolve` and :meth:`in_doubt` until :meth:`finish`."""
         row = _Row(
             SpendEntry(
@@ -363,6 +401,7 @@ class SpendLog:
                 status=STATUS_PENDING,
                 prepay=prepay,
                 call_key=call_key,
+                args_hash=args_hash,
             ),
             True,
         )
@@ -439,6 +478,19 @@ class SpendLog:
             InDoubtSpend(r)
             for r in self._rows
             if not r.live and r.entry.status == STATUS_PENDING and r.entry.bot.lower() == wanted
+        ]
+
+    def inherited(self, bot: str) -> list[InDoubtSpend]:
+        """The entries to ``bot`` (case-insensitive) that were ``pending``
+        when this process loaded the log and that have not failed since,
+        oldest first: an earlier process stopped with their payment in
+        flight, so their call may never have been answered, even when a
+        late outcome has settled them ``paid`` since."""
+        wanted = bot.lower()
+        return [
+            InDoubtSpend(r)
+            for r in self._rows
+            if r.inherited and r.entry.status != STATUS_FAILED and r.entry.bot.lower() == wanted
         ]
 
     def prune(self, now: int) -> int:

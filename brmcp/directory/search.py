@@ -53,6 +53,7 @@ import base64
 import binascii
 import json
 import math
+import re
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -488,13 +489,38 @@ def _encode_cursor(key: list[Any]) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+#: The longest cursor accepted, in characters: a key is two or four short
+#: scalars, so anything longer is forged (and a bounded text bounds the work
+#: of decoding it).
+CURSOR_MAX_CHARS = 16384
+#: SQLite INTEGER is a signed 64-bit value; a catalog position is never negative.
+_POS_MAX = 2**63 - 1
+_CURSOR_ALPHABET = re.compile(r"[A-Za-z0-9_-]*")
+
+
+def cursor_refusal(rank: str) -> str:
+    """The refusal text for a cursor this directory did not issue for a
+    ``rank`` search (docs/directory.md §Search): it never quotes the
+    cursor nor says why it failed."""
+    return f"search.cursor: not a nextCursor of a {rank!r} search"
+
+
 def _decode_cursor(rank: str, cursor: str) -> list[Any]:
-    """The sort key after which a page starts. Raises ShapeError when the
-    cursor is not one this directory issued for ``rank``."""
-    bad = ShapeError(f"search.cursor: {cursor[:40]!r} is not a nextCursor of a {rank!r} search")
+    """The sort key after which a page starts. Raises ShapeError saying
+    :func:`cursor_refusal` when the cursor is not one this directory issued
+    for ``rank``: over :data:`CURSOR_MAX_CHARS`, not unpadded URL-safe
+    base64 of UTF-8 JSON, not a flat list ``["catalog", uid, pos]`` or
+    ``["relevance", score, uid, name, pos]`` of exactly those types, a
+    position outside 0..2^63-1 (what SQLite INTEGER holds), a score that is
+    not finite, or a text SQLite cannot store (a lone surrogate)."""
+    bad = ShapeError(cursor_refusal(rank))
+    if len(cursor) > CURSOR_MAX_CHARS or not _CURSOR_ALPHABET.fullmatch(cursor) or len(cursor) % 4 == 1:
+        raise bad
     try:
-        key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (ValueError, binascii.Error):
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        # RecursionError: nesting deeper than the decoder's stack.
+        key = json.loads(raw.decode("utf-8"))
+    except (ValueError, binascii.Error, RecursionError):
         raise bad from None
     if not isinstance(key, list) or not key or key[0] != rank:
         raise bad
@@ -506,8 +532,16 @@ def _decode_cursor(rank: str, cursor: str) -> list[Any]:
         isinstance(item, kind) and not isinstance(item, bool) for item, kind in zip(key, shape, strict=True)
     ):
         raise bad
+    if not 0 <= key[-1] <= _POS_MAX:
+        raise bad
     if rank == RANK_RELEVANCE and not math.isfinite(key[1]):
         raise bad
+    try:
+        for item in key:
+            if isinstance(item, str):
+                item.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad from None
     return key[1:]
 
 

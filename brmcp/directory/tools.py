@@ -36,10 +36,12 @@ when it announced one under that key, its bot ``pool`` (poolinfo.py).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..protocol.payment import PRICE_ATOMS_KEY, PRICING_DYNAMIC, PRICING_KEY
+from ..protocol.toolerrors import peer_error_text
 from ..server import CallContext, Harness
 from . import poolinfo, reputation
 from .pagetools import PAGE_TOOLS, register_pages_tools
@@ -69,6 +71,8 @@ from .types import (
 
 if TYPE_CHECKING:
     from .service import Directory
+
+log = logging.getLogger("brmcp.directory")
 
 __all__ = [
     "EMPTY_SCHEMA",
@@ -322,7 +326,7 @@ def register_public_tools(harness: Harness, directory: Directory) -> None:
         try:
             await suggester.suggest(ctx.peer, wanted.uid)
         except Exception as exc:
-            raise ValueError(f"suggest: {exc or type(exc).__name__}") from None
+            raise ValueError(f"suggest: {peer_error_text('introduce', exc, log)}") from None
         return IntroduceOut(suggested=True, note=INTRODUCE_NOTE).to_json()
 
     async def list_categories(ctx: CallContext, args: dict[str, Any]) -> Any:

@@ -91,6 +91,7 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
+from ..protocol.toolerrors import ToolRefusal, internal_error_text
 from ..server import CallContext, Harness
 from ..server.catalog import MAX_SUBSCRIBED_URI_BYTES, MAX_SUBSCRIPTIONS
 from ..server.context import peer_of
@@ -333,9 +334,11 @@ class Gateway:
                 CallToolRequest(params=params), CallToolResult, progress_callback=progress
             )
         except UpstreamUnavailable as exc:
-            raise RuntimeError(f"{exc}; the charge, if any, is refunded") from None
+            raise ToolRefusal(f"{exc}; the charge, if any, is refunded") from None
         except MCPError as exc:
-            raise RuntimeError(f"upstream error {exc.error.code}: {exc.error.message}") from None
+            # The upstream's own words, passed on; any other exception here is
+            # ours and becomes the harness's internal-error text.
+            raise ToolRefusal(f"upstream error {exc.error.code}: {exc.error.message}") from None
         finally:
             self._inflight.pop(token, None)
         # An upstream cannot forge our keys (receipts, prices) in a result.
@@ -479,7 +482,8 @@ class Gateway:
         except UpstreamUnavailable as exc:
             raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from None
         except Exception as exc:
-            raise MCPError(code=INTERNAL_ERROR, message=f"upstream: {exc}") from None
+            name = str(getattr(request, "method", type(request).__name__))
+            raise MCPError(code=INTERNAL_ERROR, message=internal_error_text(name, exc, log)) from None
 
     async def _subscribe(self, ctx: ServerRequestContext[Any], params: SubscribeRequestParams) -> EmptyResult:
         peer = peer_of(ctx)

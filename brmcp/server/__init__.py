@@ -19,6 +19,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from ..protocol.toolerrors import ToolRefusal
 from .billing import Billing, InsufficientBalance
 from .bot import lock_brclient, run_bot
 from .callkeys import REPLAY_WINDOW, call_key_from_meta
@@ -47,6 +48,7 @@ __all__ = [
     "ResourceSpec",
     "ResourceTemplateSpec",
     "StatementEntry",
+    "ToolRefusal",
     "ToolSpec",
     "call_key_from_meta",
     "lock_brclient",

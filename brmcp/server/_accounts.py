@@ -27,12 +27,14 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import anyio
+
 from ..protocol.units import atoms_from_milliatoms
-from . import store
+from . import _doubt, store
 from ._executor import BatchExecutor, GroupCommitExecutor
 from .billing import Billing, InsufficientBalance
-from .callkeys import KeyClaimedElsewhere
-from .store import HeldTip, JournalEntry, StatementEntry
+from .callkeys import REPLAY_WINDOW, KeyClaimedElsewhere
+from .store import CommitOutcomeUnknown, HeldTip, JournalEntry, StatementEntry
 from .store import journal as calls_journal
 from .store._conn import Connection
 from .store.journal import KeyHolder
@@ -92,6 +94,11 @@ class Accounts:
         #: This process's lease owner id on a shared book (random per start), else None.
         self.owner: str | None = secrets.token_hex(16) if self.shared else None
         self._host = _host_identity() if self.shared else None
+        #: Charges whose commit was lost and not yet resolved, by call id:
+        #: (peer, callKey, atoms); settled before that key is charged again (:mod:`._doubt`).
+        self._unsettled: dict[str, tuple[str, str | None, int]] = {}
+        #: How :mod:`._doubt` waits between reads of the book (seconds).
+        self.resolve_pause: Callable[[float], Any] = anyio.sleep
         if url.kind == "postgresql":
             from .store.postgres import PostgresExecutor
 
@@ -162,6 +169,8 @@ class Accounts:
         if db is None or not self.shared:
             return 0
         await db.run(self._beat_op)
+        if self._unsettled:
+            await self._settle_unsettled(None, None)
         if not self.local:
             return 0
         return await _run_plan(
@@ -347,12 +356,18 @@ class Accounts:
         gc = now >= self._next_gc
         if gc:
             self._next_gc = now + GC_INTERVAL
+        if billing is None and db is not None:
+            await self._settle_unsettled(peer, call_key)
         if billing is None and self.shared:
             assert db is not None
             # One READ COMMITTED transaction deciding on the rows it locks
             # (store/postgres/paidcalls.py): no serialization conflicts
             # between processes charging different callers.
-            charged_shared = await db.run(
+            charged_shared = await self._run_charge(
+                call_id,
+                peer,
+                call_key,
+                atoms,
                 RowLocked(
                     functools.partial(
                         paidcalls.charge,
@@ -365,7 +380,7 @@ class Accounts:
                         owner=owner,
                         gc=gc,
                     )
-                )
+                ),
             )
             if isinstance(charged_shared, KeyHolder):
                 raise KeyClaimedElsewhere(charged_shared)
@@ -390,7 +405,7 @@ class Accounts:
                     owner=owner,
                 )
 
-            charged = await db.run(charge_op)
+            charged = await self._run_charge(call_id, peer, call_key, atoms, charge_op)
             if isinstance(charged, KeyHolder):
                 raise KeyClaimedElsewhere(charged)
             return charged
@@ -464,7 +479,9 @@ class Accounts:
             return external
         refund_spec = (peer, atoms, self.local) if refund else None
         if self.shared:
-            return await db.run(
+            return await self._run_complete(
+                call_id,
+                refund,
                 RowLocked(
                     functools.partial(
                         paidcalls.complete,
@@ -476,9 +493,11 @@ class Accounts:
                         refund=refund_spec,
                         balance_after=external,
                     )
-                )
+                ),
             )
-        return await db.run(
+        return await self._run_complete(
+            call_id,
+            refund,
             lambda c: store.complete(
                 c,
                 call_id=call_id,
@@ -489,8 +508,82 @@ class Accounts:
                 refund=refund_spec,
                 balance_after=external,
                 shared=self.shared,
-            )
+            ),
         )
+
+    async def _run_charge(
+        self,
+        call_id: str,
+        peer: str,
+        call_key: str | None,
+        atoms: int,
+        op: Callable[[Any], tuple[bool, int] | KeyHolder],
+    ) -> tuple[bool, int] | KeyHolder:
+        """Run a built-in ledger charge; a commit whose outcome was lost is
+        resolved from the book (:mod:`._doubt`): charged (True and the
+        balance after), or a :class:`~.store.StoreError` (nothing charged),
+        or :class:`~._doubt.ChargeOutcomeUnknown` (remembered, settled first
+        at the next charge of the key or the next beat)."""
+        assert self._db is not None
+        try:
+            return await self._db.run(op)
+        except CommitOutcomeUnknown as exc:
+            lost = exc
+        ref = f"charge:{call_id}"
+        try:
+            committed, after = await _doubt.resolve(
+                self._db, lambda c: _doubt.movement_balance(c, ref), self.resolve_pause
+            )
+        except _doubt.ChargeOutcomeUnknown:
+            self._unsettled[call_id] = (peer, call_key, atoms)
+            log.error("charge of call %s to %s: outcome unknown, ledger unreachable: %s", call_id, peer, lost)
+            raise
+        if not committed:
+            raise store.StoreError(f"charge of call {call_id} not recorded: {lost}") from None
+        log.warning("charge of call %s to %s: commit lost on the wire, found recorded", call_id, peer)
+        return True, -1 if after is None else after
+
+    async def _settle_unsettled(self, peer: str | None, call_key: str | None) -> None:
+        """Settle the lost charges of ``(peer, call_key)`` (every one when
+        ``peer`` is None) from the book (:func:`._doubt.settle_unknown_charge`).
+        Raises :class:`~._doubt.ChargeOutcomeUnknown` when the book is still
+        out of reach for one of that key (a retry is then answered the same)."""
+        db = self._db
+        for call_id, (owner_peer, key, atoms) in list(self._unsettled.items()):
+            if peer is not None and (owner_peer != peer or key != call_key or key is None):
+                continue
+            now = self._clock()
+            settle = functools.partial(
+                _doubt.settle_unknown_charge,
+                call_id=call_id,
+                peer=owner_peer,
+                call_key=key,
+                atoms=atoms,
+                ts=now,
+                expires=now + REPLAY_WINDOW,
+                local=self.local,
+            )
+            assert db is not None
+            if await _doubt.resolve(db, settle, self.resolve_pause):
+                log.info("lost charge of call %s to %s refunded; the tool did not run", call_id, owner_peer)
+            del self._unsettled[call_id]
+
+    async def _run_complete(self, call_id: str, refund: bool, op: Callable[[Any], int | None]) -> int | None:
+        """Run a completion; one whose commit was lost runs again on a fresh
+        connection (it changes only a call still in flight: never a second
+        refund). After a refund that had landed the balance is read from its
+        audit row."""
+        assert self._db is not None
+        try:
+            return await self._db.run(op)
+        except CommitOutcomeUnknown:
+            pass
+        known = await _doubt.resolve(self._db, op, self.resolve_pause)
+        if known is None and refund:
+            _, known = await _doubt.resolve(
+                self._db, lambda c: _doubt.movement_balance(c, f"refund:{call_id}"), self.resolve_pause
+            )
+        return known
 
     # -- tips ------------------------------------------------------------------------
 

@@ -36,7 +36,9 @@ from ..protocol.receipts import SIGNED_RECEIPT_KEY, args_sha256
 
 if TYPE_CHECKING:
     from ..metrics import ServeMetrics
+from ..protocol.toolerrors import peer_error_text
 from ._accounts import Accounts
+from ._doubt import ChargeOutcomeUnknown
 from ._guard import tool_error, tool_output
 from ._holds import CallerEpochs, HeldCalls
 from ._refusal import DROPPED_TEXT, Refusal, Refused
@@ -232,7 +234,7 @@ class CallPipeline:
         try:
             price = await spec.price_for(base, arguments)
         except Exception as exc:
-            raise Refused(Refusal.price_failed(str(exc) or type(exc).__name__)) from None
+            raise Refused(Refusal.price_failed(peer_error_text(spec.name, exc, log))) from None
         call_id = wire.new_id() + wire.new_id()
         charged = 0
         receipt: Receipt | None = None
@@ -287,7 +289,7 @@ class CallPipeline:
             log.info(
                 "tool %s failed for %s: %s", spec.name, peer, exc, exc_info=log.isEnabledFor(logging.DEBUG)
             )
-            result = tool_error(str(exc) or type(exc).__name__)
+            result = tool_error(peer_error_text(spec.name, exc, log))
             text = None
         except BaseException:
             # Cancelled (the caller gave up): refund and record like a failure.
@@ -356,7 +358,8 @@ class CallPipeline:
             log.error("charge of %s atoms to %s failed: %s", f"{price:,}", peer, exc)
             if self.metrics is not None:
                 self.metrics.errors.labels("ledger").inc()
-            raise Refused(Refusal.ledger_unavailable()) from None
+            unknown = isinstance(exc, ChargeOutcomeUnknown)
+            raise Refused(Refusal.outcome_unknown() if unknown else Refusal.ledger_unavailable()) from None
         if not ok:
             refusal = Refusal.payment_required(tool, price, balance)
             if not quiet:

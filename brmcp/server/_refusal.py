@@ -22,6 +22,7 @@ from enum import StrEnum
 from mcp.types import CallToolResult
 
 from ..protocol.payment import marked_payment_required_result
+from ._doubt import OUTCOME_UNKNOWN_TEXT
 from ._guard import tool_error
 from .callkeys import error_result
 from .ratelimit import RATE_LIMITED_TEXT
@@ -48,6 +49,7 @@ class RefusalReason(StrEnum):
     RATE_LIMITED = "rate limited"
     PRICE_FAILED = "price function failed"
     LEDGER_UNAVAILABLE = "ledger unavailable"
+    OUTCOME_UNKNOWN = "payment outcome unknown"
     CALLER_RESTARTED = "caller restarted"
 
     @property
@@ -95,6 +97,12 @@ class Refusal:
     def ledger_unavailable(cls) -> Refusal:
         """The debit could not be recorded (:data:`LEDGER_UNAVAILABLE_TEXT`)."""
         return cls(RefusalReason.LEDGER_UNAVAILABLE, text=LEDGER_UNAVAILABLE_TEXT)
+
+    @classmethod
+    def outcome_unknown(cls) -> Refusal:
+        """The charge's commit was lost and the book stayed out of reach
+        (:data:`~._doubt.OUTCOME_UNKNOWN_TEXT`; :mod:`._doubt`)."""
+        return cls(RefusalReason.OUTCOME_UNKNOWN, text=OUTCOME_UNKNOWN_TEXT)
 
     @classmethod
     def caller_restarted(cls) -> Refusal:

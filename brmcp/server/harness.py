@@ -30,6 +30,7 @@ import anyio
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     CallToolRequestParams,
     CallToolResult,
@@ -48,6 +49,7 @@ from ..transport.router import Router
 
 if TYPE_CHECKING:
     from ..metrics import ServeMetrics
+from ..protocol.toolerrors import internal_error_text
 from ..transport.sender import PMSender
 from . import store
 from ._accounts import Accounts
@@ -696,6 +698,19 @@ class Harness:
         return ListToolsResult(tools=tools, _meta={CAPABILITIES_META_KEY: stated} | self._list_meta())
 
     async def _on_call_tool(
+        self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
+    ) -> CallToolResult:
+        # The SDK would answer an escaping exception with str(exc) (a JSON-RPC
+        # error); a peer gets the short internal-error text instead (WIRE.md
+        # §Errors). Money is settled inside the pipeline either way.
+        try:
+            return await self._answer_call_tool(ctx, params)
+        except MCPError:
+            raise
+        except Exception as exc:
+            raise MCPError(code=INTERNAL_ERROR, message=internal_error_text(params.name, exc, log)) from None
+
+    async def _answer_call_tool(
         self, ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult:
         peer = peer_of(ctx)

@@ -18,7 +18,14 @@ from typing import Any, Protocol
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
-from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
+from mcp.types import (
+    INTERNAL_ERROR,
+    ErrorData,
+    JSONRPCError,
+    JSONRPCNotification,
+    JSONRPCRequest,
+    JSONRPCResponse,
+)
 
 from .. import wire
 from ._batching import BatchPeers, marked_payload
@@ -49,6 +56,7 @@ class _SendStats(Protocol):
 
     messages_sent: int
     send_failures: int
+    notifications_dropped: int
 
 
 class SessionHost(Protocol):
@@ -181,9 +189,12 @@ class Conn:
     and :attr:`write_stream`. :meth:`close` is idempotent and sends nothing to
     the peer: the protocol has no close frame (WIRE.md §Sessions).
 
-    A failed PM send closes the session; the SDK then sees a transport error
-    (``anyio.BrokenResourceError``, reported by the SDK as "Connection
-    closed") and :attr:`error` holds the :class:`~brmcp.SendError`.
+    A failed PM send of a request or a response closes the session; the SDK
+    then sees a transport error (``anyio.BrokenResourceError``, reported by
+    the SDK as "Connection closed") and :attr:`error` holds the
+    :class:`~brmcp.SendError`. A notification whose PM fails is dropped
+    (``RouterStats.notifications_dropped``) and the session stays open: it
+    is best effort, and losing it must not end a running (paid) call.
     """
 
     __slots__ = (
@@ -193,6 +204,7 @@ class Conn:
         "_inbox_recv",
         "_inbox_send",
         "_meta",
+        "_notification_drop_logged",
         "_pending",
         "_queued",
         "_queued_bytes",
@@ -217,6 +229,7 @@ class Conn:
         self._meta = ServerMessageMetadata(request_context=peer)
         self._closed = False
         self.error: BaseException | None = None
+        self._notification_drop_logged = False
         self.last_activity = now
         # The costs (brmcp.transport._inbox.message_cost) of the messages still in the
         # inbox buffer, oldest first; settled lazily against the buffer's size.
@@ -438,13 +451,24 @@ class Conn:
             # Answered from here on: its parts are the outbox's to hand over
             # (they count there, in Outbox.total_waiting, from this very step).
             self._answered(message.id)
+        # A notification (progress, logging, list_changed, ...) is best
+        # effort: one brclient cannot take is dropped and the session stays
+        # open, so a paid run keeps going and its response still goes out.
+        # Only a request's or a response's failure closes the session.
+        essential = not isinstance(message, JSONRPCNotification)
+        on_error = self._send_failed if essential else self._notification_failed
         sent = False
         try:
             # Only a request whose departure is timed waits for its PM; other
             # writes return once queued (WIRE.md §Batches, "Pacing").
-            await router._outbox.send(self.peer, parts, wait=receipt is not None, on_error=self._send_failed)
+            await router._outbox.send(self.peer, parts, wait=receipt is not None, on_error=on_error)
             sent = True
         except Exception as exc:  # the host's sender may raise anything
+            if not essential:
+                # Counted and logged by _notification_failed (the outbox
+                # called it); the writer, often a tool reporting progress,
+                # carries on as if it had been sent.
+                return
             failure = self._send_failed(exc)
             raise anyio.BrokenResourceError(str(failure)) from failure
         finally:
@@ -467,6 +491,15 @@ class Conn:
         self._router.stats.send_failures += 1
         self.close()
         return failure
+
+    def _notification_failed(self, exc: Exception) -> None:
+        """A PM carrying one of this session's notifications failed: the
+        notification is dropped (``notifications_dropped``), the session
+        stays open. Logged once per session at INFO, then at DEBUG."""
+        self._router.stats.notifications_dropped += 1
+        level = logging.DEBUG if self._notification_drop_logged else logging.INFO
+        self._notification_drop_logged = True
+        log.log(level, "notification to %s dropped (%s); session %s stays open", self.peer, exc, self.sid)
 
     def _make_message(self, message: Any) -> SessionMessage:
         return SessionMessage(message, metadata=self._meta)

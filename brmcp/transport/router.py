@@ -143,7 +143,9 @@ class RouterStats:
     batches_sent: int = 0  #: PMs that carried more than one part
     batches_received: int = 0
     messages_sent: int = 0
-    send_failures: int = 0
+    send_failures: int = 0  #: request/response PMs that failed (each closed its session)
+    #: Notifications whose PM failed: dropped, their session kept open.
+    notifications_dropped: int = 0
     #: Server role: requests delivered to a session whose answer was then written.
     requests_answered: int = 0
     #: PMs a host left in brclient unread because intake had stopped (the

@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 
 from brmcp.bridge import ADMIN_TOKEN_FILE
+from brmcp.bridge.spend import arguments_hash
 from tests.kit.bridge import BOT, START, TOKEN, bridge_env, call, fixture_settings, until
 
 
@@ -130,6 +131,8 @@ async def test_approvals_and_spend(tmp_path: Path) -> None:
             # The entry names the logical call's callKey (32 hex; the Go reference ignores the key).
             key = spend["entries"][0].pop("callKey")
             assert re.fullmatch(r"[0-9a-f]{32}", key)
+            # ... and the hash of its arguments, so a retry after a crash adopts the payment.
+            assert spend["entries"][0].pop("argsHash") == arguments_hash({"text": "x"})
             assert spend == {
                 "entries": [
                     {"ts": START, "bot": BOT, "tool": "paid", "rail": "tip", "atoms": 500, "status": "paid"}

@@ -21,7 +21,11 @@ The bot answers a call marked as paid alongside at once (its hold is off),
 so it runs a paid call only when a bridge reissues it after the tip's
 confirmation; a bot that holds the call runs it when the tip lands even if
 the bridge died meanwhile (BRIDGE.md §Failures, "A crash while a bot holds
-a call paid alongside").
+a call paid alongside"). Two more tests kill the daemon right after TipUser:
+one with a bot that holds the call (the restarted daemon's identical retry
+takes over the spend entry's callKey and is answered from the bot's record),
+one with a tip that lands seconds after the restart (the retry waits for it
+and runs on its credit); both are booked exactly once.
 
 The rules, from the fake brclient's records and the bot's ledger, to the atom:
 
@@ -60,7 +64,7 @@ import pytest
 
 from brmcp.bridge.daemon import resolve_listen
 from brmcp.bridge.runtime import read_runtime
-from brmcp.bridge.spend import SPEND_FILE
+from brmcp.bridge.spend import SPEND_FILE, arguments_hash
 from brmcp.testing.fakebr import KIND_TIP_PROGRESS, TipFailure
 from tests.bridge.test_daemon import TOKEN, bridge_settings, prepare_bridge_dir
 from tests.kit.serve import ServeEnv, serve_network, until
@@ -376,3 +380,125 @@ async def test_sigkill_at_random_points_of_a_payment_never_pays_twice_for_one_ca
             # at the bot paid for that call), and at least once at each kind.
             assert daemon.starts == 1 + sum(c.killed for c in calls), report
             assert {c.phase for c in calls if c.killed} >= {"before", "during", "after"}, report
+
+
+# -- a kill while a payment made alongside is in flight -------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _one_bot(
+    tmp_path: Path, *, hold_seconds: float
+) -> AsyncIterator[tuple[ServeEnv, Daemon, list[int]]]:
+    """The bot (its pay-alongside hold ``hold_seconds``; 0: off), alice's
+    daemon started on a fresh data directory, and the amounts (milliatoms)
+    of the tips alice's brclient completed."""
+    async with serve_network(tmp_path) as env:
+        env.app.harness.config.hold_seconds = hold_seconds
+        router = env.app.harness.router
+        assert router is not None
+        router.options = dataclasses.replace(router.options, max_sessions_per_peer=None)
+        completed: list[int] = []
+        emit = env.alice.emit_tip_progress
+
+        def recording(to_uid: str, amount_matoms: int, **kwargs: Any) -> Any:
+            event = emit(to_uid, amount_matoms, **kwargs)
+            if kwargs.get("completed"):
+                completed.append(amount_matoms)
+            return event
+
+        env.alice.emit_tip_progress = recording  # type: ignore[method-assign]
+        datadir = tmp_path / "bridge"
+        prepare_bridge_dir(datadir, env.alice, bridge_settings(env.bot.uid, tip_wait_secs=TIP_WAIT))
+        (tmp_path / "locks").mkdir()
+        daemon = Daemon(datadir, resolve_listen("127.0.0.1:0"), tmp_path)
+        try:
+            await daemon.start()
+            yield env, daemon, completed
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await daemon.stop()
+
+
+async def _kill_after_tip_user(env: ServeEnv, daemon: Daemon, url: str, *, held: bool) -> None:
+    """The agent's first attempt; the daemon is killed as soon as brclient
+    took its TipUser (and, with ``held``, the bot holds the marked call),
+    before the tip's confirmation."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_attempt, url)
+        await env.alice.wait_for(lambda: _tip_requests(env) == 1)
+        if held:
+            holds = env.app.harness._pipeline.held
+            await until(lambda: holds.holds == 1, 30)
+        await daemon.kill()
+        tg.cancel_scope.cancel()
+
+
+async def _books(env: ServeEnv, daemon: Daemon, completed: list[int]) -> None:
+    """Exact to the atom: one TipUser and one completed tip of the price in
+    the wallet; one paid spend entry naming the call's tool, callKey and
+    arguments hash; at the bot one tip credited and one charge, balance 0."""
+    assert _tip_requests(env) == 1
+    assert completed == [PRICE * 1000]
+    await until(lambda: [e.get("status") for e in _spend(daemon.datadir)] == ["paid"], 30)
+    (entry,) = _spend(daemon.datadir)
+    assert (entry["bot"], entry["tool"], entry["atoms"]) == (env.bot.uid, "fortune", PRICE)
+    assert len(entry["callKey"]) == 32
+    assert entry["argsHash"] == arguments_hash({})
+    statement = await env.app.harness.statement(env.alice.uid)
+    assert sorted((e.kind, e.atoms) for e in statement) == [("charge", -PRICE), ("tip", PRICE)]
+    assert await env.app.harness.balance(env.alice.uid) == 0
+
+
+async def test_a_kill_while_the_bot_holds_a_call_paid_alongside_answers_the_retry_from_its_record(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL after TipUser, before the confirmation, with the bot holding
+    the call paid alongside: the tip lands while the bridge is down and the
+    bot runs the held call (for nobody) and charges it. The restarted
+    bridge gives the agent's identical retry that payment's callKey (from
+    the spend entry's tool and arguments hash), so the bot answers it from
+    its record: one tip, one charge, one run, the result delivered."""
+    with anyio.fail_after(240):
+        async with _one_bot(tmp_path, hold_seconds=30) as (env, daemon, completed):
+            url = f"{daemon.url}/mcp/{env.bot.uid}"
+            env.alice.fail_next_tip(TipFailure(attempts=0, delay=1.0))
+            await _kill_after_tip_user(env, daemon, url, held=True)
+            # The held call ran and was charged while the bridge was down.
+            await until(lambda: len(completed) == 1, 30)
+            harness = env.app.harness
+
+            async def charged() -> bool:
+                return any(e.kind == "charge" for e in await harness.statement(env.alice.uid))
+
+            await until(charged, 30)
+            await daemon.start()
+            answer = await _attempt(url)
+            assert answer is not None
+            result = answer.get("result")
+            assert isinstance(result, dict), answer
+            assert not result.get("isError"), answer
+            await _books(env, daemon, completed)
+            assert env.app.harness._pipeline.held.holds == 1
+
+
+async def test_a_retry_after_a_restart_waits_for_the_tip_in_flight_and_runs_on_its_credit(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL after TipUser, before the confirmation; the tip lands seconds
+    after the restart, while the agent's identical retry is under way (the
+    bot holds nothing, so it refuses until the credit is there). The retry
+    waits, within its deadline, for brclient's outcome and then runs on
+    that credit: one tip, one charge, the result delivered."""
+    with anyio.fail_after(240):
+        async with _one_bot(tmp_path, hold_seconds=0) as (env, daemon, completed):
+            url = f"{daemon.url}/mcp/{env.bot.uid}"
+            env.alice.fail_next_tip(TipFailure(attempts=0, delay=12.0))
+            await _kill_after_tip_user(env, daemon, url, held=False)
+            await daemon.start()
+            assert completed == []  # the tip is still in flight when the retry starts
+            answer = await _attempt(url)
+            assert answer is not None
+            result = answer.get("result")
+            assert isinstance(result, dict), answer
+            assert not result.get("isError"), answer
+            await _books(env, daemon, completed)

@@ -15,6 +15,7 @@ from mcp.types import CallToolResult
 
 from brmcp import parse_payment_required
 from brmcp.bridge import ManualClock
+from brmcp.bridge.spend import arguments_hash
 from tests.kit import pm_messages
 from tests.kit.bridge import (
     BOT,
@@ -52,6 +53,8 @@ async def test_autopay_happy_path(tmp_path: Path) -> None:
             (entry,) = [e.to_dict() for e in log.entries]
             # The logical call's callKey is recorded with the payment made alongside it.
             assert len(entry.pop("callKey")) == 32
+            # ... and the hash of its arguments, which a retry after a crash matches.
+            assert entry.pop("argsHash") == arguments_hash({"text": "hi"})
             assert entry == {
                 "ts": START,
                 "bot": BOT,
@@ -405,24 +408,28 @@ async def test_resolve_spend_late_failure(tmp_path: Path) -> None:
             bridge_env(tmp_path, settings=settings, spend_entries=[_entry(START - 5, 500, "pending")]) as env,
             env.session() as session,
         ):
-            blocked = await call(session, "paid", {"text": "x"})
-            # The pending payment's outcome is unknown: this call counts it as
-            # its own and pays nothing more (it also fills the daily cap).
-            assert texts(blocked)[-1] == (
-                f"{NAME}: payment not made: a payment of 500 atoms to this bot for paid whose outcome is"
-                " not known yet (see the spend log) counts for this call; nothing more is paid for it until"
-                " brclient reports that payment's outcome"
-            )
-            assert env.payer.calls == []
+            # The pending payment's outcome is unknown: a call for this tool
+            # waits for it (within its deadline) rather than paying again, and
+            # pays anew once brclient reports that the tip failed.
             assert not await env.bridge.resolve_spend(CLIENT, 500, "no route")
             assert not await env.bridge.resolve_spend(BOT, 499, "no route")
-            assert await env.bridge.resolve_spend(BOT.upper(), 500, "no route")
-            (entry,) = env.bridge.spend_log().entries
-            assert (entry.status, entry.err) == ("failed", "no route")
-            assert env.bridge.spend_log().day_total_atoms == 0
-            assert not await env.bridge.resolve_spend(BOT, 500, "no route")
-            ok = await call(session, "paid", {"text": "x"})
+            results: list[Any] = []
+
+            async def agent() -> None:
+                results.append(await call(session, "paid", {"text": "x"}))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(agent)
+                await anyio.wait_all_tasks_blocked()
+                assert env.payer.calls == []
+                assert await env.bridge.resolve_spend(BOT.upper(), 500, "no route")
+            (ok,) = results
             assert ok.structured_content == {"n": 1}
+            assert env.payer.calls == [(BOT, 500)]
+            assert not await env.bridge.resolve_spend(BOT, 500, "no route")
+            failed = [e for e in env.bridge.spend_log().entries if e.status == "failed"]
+            assert [(e.atoms, e.err) for e in failed] == [(500, "no route")]
+            assert env.bridge.spend_log().day_total_atoms == 500
         reloaded = env.new_bridge().spend_log()
         assert [e.status for e in reloaded.entries] == ["failed", "paid"]
         assert reloaded.day_total_atoms == 500

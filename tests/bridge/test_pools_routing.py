@@ -66,6 +66,8 @@ class FakeLink:
     stale: bool = False
     tools: list[Any] = field(default_factory=list)
     rtt: _Rtt = field(default_factory=_Rtt)
+    #: The message TTL: a request's deadline when the caller gives none.
+    ttl: float = 3.0
 
     @property
     def pool(self) -> PoolAnnouncement:

@@ -7,16 +7,23 @@ spend log, past newer payments."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
+from typing import cast
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from brmcp import PaymentRequired
 from brmcp.bridge import ManualClock, Settings, TipMatcher
+from brmcp.bridge._decide import Decider
+from brmcp.bridge.budget import CallBudget, Listing
+from brmcp.bridge.link import BotLink
 from brmcp.bridge.settle import Settler
-from brmcp.bridge.spend import SPEND_FILE, SpendEntry, SpendLog
+from brmcp.bridge.spend import SPEND_FILE, SpendEntry, SpendLog, arguments_hash
 from tests.kit.bridge import until
 
 BOT = "a" * 64
@@ -381,12 +388,15 @@ def test_a_stall_of_another_amount_or_payee_does_not_hold_back_waiters() -> None
 # -- through the daemon and the fake brclient ------------------------------------------
 
 
-async def test_a_tip_brclient_gives_up_on_stays_counted_until_its_terminal_event(tmp_path: Path) -> None:
+async def test_a_tip_brclient_gives_up_on_is_waited_for_then_the_call_pays_anew(tmp_path: Path) -> None:
     """The daemon, day cap one fortune: the tip's first attempt fails and
     brclient will retry it: the agent hears at once, the spend stays pending
-    and counted, so a second call pays nothing; brclient's later attempts
-    fail too and its terminal "will not retry" turns the entry failed. The
-    books: one TipUser, nothing credited at the bot, the entry failed."""
+    and counted. The agent's identical second call finds that payment in
+    doubt and waits for its outcome instead of paying beside it or failing:
+    brclient's later attempts fail too, its terminal "will not retry" turns
+    the entry failed (no longer counted), and the call then pays anew within
+    the cap and is answered. The books: two TipUser, one tip credited at the
+    bot and charged once, the first entry failed and the second paid."""
     from brmcp.testing.fakebr import TipFailure
     from tests.bridge.test_daemon import agent, bridge_settings, running_daemon
     from tests.kit.serve import serve_network
@@ -408,15 +418,223 @@ async def test_a_tip_brclient_gives_up_on_stays_counted_until_its_terminal_event
                     assert (entry.atoms, entry.status) == (10_000, "pending")
                     assert daemon.bridge.spend_log().day_total_atoms == 10_000
                     second = await s.call_tool("fortune", {})
-                    assert second.is_error
-                    assert any("payment not made" in c.text for c in second.content if c.type == "text")
-                # Attempt 2 (retried) changes nothing; attempt 3 is terminal.
-                await until(lambda: daemon.bridge.spend_log().entries[0].status == "failed", 30)
-                (entry,) = daemon.bridge.spend_log().entries
-                assert error in entry.err
-                assert daemon.bridge.spend_log().day_total_atoms == 0
+                    assert not second.is_error, second
+                failed, paid = daemon.bridge.spend_log().entries
+                assert (failed.atoms, failed.status) == (10_000, "failed")
+                assert error in failed.err
+                assert (paid.atoms, paid.status) == (10_000, "paid")
+                assert daemon.bridge.spend_log().day_total_atoms == 10_000
                 assert daemon.matcher.stalled() == 0
             tips = [p for m, p in alice.requests if m == "PaymentsService.TipUser"]
-            assert tips == [{"user": bot.uid, "dcrAmount": 0.0001, "maxAttempts": 3}]
-            assert await env.app.harness.statement(alice.uid) == []
+            assert tips == [{"user": bot.uid, "dcrAmount": 0.0001, "maxAttempts": 3}] * 2
+            statement = await env.app.harness.statement(alice.uid)
+            assert sorted((e.kind, e.atoms) for e in statement) == [("charge", -10_000), ("tip", 10_000)]
             assert await env.app.harness.balance(alice.uid) == 0
+
+
+# -- the same call after a restart: its tool and arguments ---------------------------
+
+
+ARGS = {"topic": "tides", "depth": 2}
+
+
+@given(
+    st.dictionaries(
+        st.text(max_size=8),
+        st.one_of(st.integers(), st.text(max_size=8), st.booleans(), st.none()),
+        max_size=6,
+    )
+)
+def test_the_arguments_hash_is_the_sha256_of_canonical_json_whatever_the_key_order(
+    arguments: dict[str, object],
+) -> None:
+    reordered = dict(reversed(list(arguments.items())))
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert arguments_hash(arguments) == hashlib.sha256(canonical.encode()).hexdigest()
+    assert arguments_hash(reordered) == arguments_hash(arguments)
+    assert len(arguments_hash(arguments)) == 64
+
+
+def test_no_arguments_hash_as_empty_arguments() -> None:
+    assert arguments_hash(None) == arguments_hash({}) == hashlib.sha256(b"{}").hexdigest()
+
+
+async def test_the_entry_on_disk_before_paying_names_the_tool_and_arguments_hash(tmp_path: Path) -> None:
+    """Before the payer runs (money moves), the pending entry on disk holds
+    bot, tool, callKey and argsHash; the added keys come after the Go ones,
+    and the file loads back with them."""
+    path = tmp_path / SPEND_FILE
+    payer = Payer("paid")
+    payer.release = anyio.Event()
+    settler = _settler(path, payer)
+    digest = arguments_hash(ARGS)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+
+            async def settle() -> None:
+                await settler.settle(BOT, "paid", _refusal(), call_key=KEY, args_hash=digest)
+
+            tg.start_soon(settle)
+            await payer.entered.wait()
+            (entry,) = _on_disk(path)
+            assert entry == {
+                "ts": NOW,
+                "bot": BOT,
+                "tool": "paid",
+                "rail": "tip",
+                "atoms": 500,
+                "status": "pending",
+                "callKey": KEY,
+                "argsHash": digest,
+            }
+            assert list(entry)[:5] == ["ts", "bot", "tool", "rail", "atoms"]
+            payer.release.set()
+    (loaded,) = SpendLog.load(path).entries
+    assert (loaded.status, loaded.call_key, loaded.args_hash) == ("paid", KEY, digest)
+    assert payer.calls == [(BOT, 500)]
+
+
+def _left_pending(path: Path, *entries: tuple[str, str, str | None]) -> None:
+    """Entries (tool, callKey, argsHash) an earlier process left pending."""
+    rows = []
+    for tool, key, digest in entries:
+        row: dict[str, object] = {"ts": NOW - 60, "bot": BOT, "tool": tool, "rail": "tip", "atoms": 500}
+        row |= {"status": "pending", "callKey": key, "scheduled": True}
+        if digest is not None:
+            row["argsHash"] = digest
+        rows.append(row)
+    path.write_text(json.dumps(rows))
+
+
+async def test_an_identical_call_after_a_restart_takes_over_its_payment_and_no_other(tmp_path: Path) -> None:
+    """Two payments an earlier process left pending for the same tool with
+    other arguments: a call takes over the one with its own arguments hash
+    (and so its callKey), even past the tip wait; a call with arguments
+    neither paid for claims none; an entry of an older version (no hash)
+    is claimed by tool alone, as before."""
+    path = tmp_path / SPEND_FILE
+    other_key = "f" * 32
+    _left_pending(
+        path,
+        ("paid", other_key, arguments_hash({"topic": "moon"})),
+        ("paid", KEY, arguments_hash(ARGS)),
+    )
+    settler = _settler(path, Payer())
+    stale = NOW  # every entry is older than any tip wait
+    mine = settler.adopt(BOT, "paid", newer_than=stale, args_hash=arguments_hash(ARGS))
+    assert mine is not None
+    assert mine.call_key == KEY
+    assert settler.adopt(BOT, "paid", args_hash=arguments_hash({"topic": "sun"})) is None
+    assert settler.adopt(BOT, "other", args_hash=arguments_hash({"topic": "moon"})) is None
+    legacy = tmp_path / "legacy.json"
+    _left_pending(legacy, ("paid", KEY, None))
+    old = _settler(legacy, Payer()).adopt(BOT, "paid", args_hash=arguments_hash(ARGS))
+    assert old is not None
+    assert old.call_key == KEY
+
+
+async def test_a_payment_left_pending_and_settled_paid_since_is_still_its_calls_once(tmp_path: Path) -> None:
+    """The tip an earlier process left in flight lands after the restart,
+    before the agent's retry: its call may never have been answered, so the
+    identical retry still takes over its callKey (once; a failed one never)."""
+    path = tmp_path / SPEND_FILE
+    _left_pending(path, ("paid", KEY, arguments_hash(ARGS)), ("paid", "e" * 32, arguments_hash({"a": 1})))
+    settler = _settler(path, Payer())
+    assert await settler.resolve(BOT, 500, None)
+    assert await settler.resolve(BOT, 500, "no route")
+    assert [e.status for e in settler.summary().entries] == ["paid", "failed"]
+    mine = settler.adopt(BOT, "paid", args_hash=arguments_hash(ARGS))
+    assert mine is not None
+    assert (mine.call_key, mine.status) == (KEY, "paid")
+    assert settler.adopt(BOT, "paid", args_hash=arguments_hash(ARGS)) is None
+    assert settler.adopt(BOT, "paid", args_hash=arguments_hash({"a": 1})) is None
+
+
+# -- a call that counts a payment in doubt waits for its outcome ----------------------
+
+
+class _Link:
+    """The part of a BotLink the decision reads before paying."""
+
+    uid = BOT
+
+
+def _doubtful(tmp_path: Path, payer: Payer) -> tuple[Settler, Decider, CallBudget]:
+    """A settler on a log an earlier process left one pending payment in,
+    the decider of its bot, and the budget of the identical call that took
+    that payment over (as the proxy builds it)."""
+    path = tmp_path / SPEND_FILE
+    _left_pending(path, ("paid", KEY, arguments_hash(ARGS)))
+    current = _settings(per_day_cap_atoms=1_000)
+    settler = _settler(path, payer, current)
+    decider = Decider(cast(BotLink, _Link()), settler, ManualClock(NOW, auto=True), settings=lambda: current)
+    adopted = settler.adopt(BOT, "paid", args_hash=arguments_hash(ARGS))
+    assert adopted is not None
+    budget = CallBudget(Listing("fixed", 500), in_doubt=adopted.atoms, doubt=adopted)
+    budget.add(adopted.atoms)
+    return settler, decider, budget
+
+
+@pytest.mark.parametrize("outcome", ["paid", "failed"])
+async def test_a_refused_call_waits_for_the_payment_in_doubt_then_runs_on_it_or_pays(
+    tmp_path: Path, outcome: str
+) -> None:
+    """The bot refuses while the tip is still in flight: the decision waits
+    for brclient's outcome instead of answering at once. Landed: nothing is
+    paid (ask again on its credit). Failed: no longer counted, the call pays
+    once within the caps. The books to the atom: payer calls, entries, day
+    total, the call's budget."""
+    payer = Payer("paid")
+    settler, decider, budget = _doubtful(tmp_path, payer)
+    decided: list[object] = []
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+
+            async def decide() -> None:
+                deadline = anyio.current_time() + 30
+                decided.append(
+                    await decider.decide(
+                        "paid",
+                        _refusal(),
+                        budget,
+                        KEY,
+                        None,
+                        deadline=deadline,
+                        args_hash=arguments_hash(ARGS),
+                    )
+                )
+
+            tg.start_soon(decide)
+            await anyio.wait_all_tasks_blocked()
+            assert decided == []  # waiting for the outcome, not answering
+            assert await settler.resolve(BOT, 500, None if outcome == "paid" else "no route")
+    assert decided == [None]
+    entries = settler.summary().entries
+    if outcome == "paid":
+        assert payer.calls == []
+        assert [(e.status, e.call_key) for e in entries] == [("paid", KEY)]
+    else:
+        assert payer.calls == [(BOT, 500)]
+        assert [(e.status, e.call_key) for e in entries] == [("failed", KEY), ("paid", KEY)]
+        assert entries[1].args_hash == arguments_hash(ARGS)
+    assert settler.summary().day_total_atoms == 500
+    assert (budget.paid_atoms, budget.payments, budget.in_doubt, budget.doubt) == (500, 1, 0, None)
+
+
+async def test_when_the_deadline_passes_in_doubt_the_call_says_what_and_that_a_retry_uses_it(
+    tmp_path: Path,
+) -> None:
+    payer = Payer()
+    settler, decider, budget = _doubtful(tmp_path, payer)
+    with anyio.fail_after(10):
+        reason = await decider.decide(
+            "paid", _refusal(), budget, KEY, None, deadline=anyio.current_time() + 0.05
+        )
+    assert isinstance(reason, str)
+    assert "500 atoms" in reason
+    assert "still in doubt" in reason
+    assert KEY[:8] in reason
+    assert "a retry of this call with the same arguments uses that payment" in reason
+    assert payer.calls == []
+    assert [e.status for e in settler.summary().entries] == ["pending"]
+    assert settler.summary().day_total_atoms == 500

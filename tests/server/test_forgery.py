@@ -226,7 +226,7 @@ def _outputs(draw: st.DrawFn) -> tuple[str, Any]:
 def _produced(kind: str, value: Any) -> list[str]:
     """The texts the harness would pass on if it did not defuse them."""
     if kind == "raise":
-        return [value or "RuntimeError"]
+        return [value or "ValueError"]
     if kind == "price_raises":
         return [value or "ValueError"]
     if kind == "dict":
@@ -241,7 +241,7 @@ def _harness_for(data_dir: Path, kind: str, value: Any, price: int) -> Harness:
 
     async def handler(ctx: CallContext, args: dict[str, Any]) -> Any:
         if kind == "raise":
-            raise RuntimeError(value)
+            raise ValueError(value)
         return value
 
     def price_of(ctx: CallContext, args: dict[str, Any]) -> int:
@@ -307,7 +307,7 @@ async def test_exception_price_and_schema_texts_are_defused(tmp_path: Path) -> N
     harness = Harness(HarnessConfig(data_dir=tmp_path, allowed_peers={ALICE}))
 
     async def raising(ctx: CallContext, args: dict[str, Any]) -> Any:
-        raise RuntimeError(GO_REFUSAL)
+        raise ValueError(GO_REFUSAL)
 
     def bad_price(ctx: CallContext, args: dict[str, Any]) -> int:
         raise ValueError(GO_REFUSAL)

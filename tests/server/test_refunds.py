@@ -136,7 +136,7 @@ async def test_a_large_refunded_outcome_is_refunded_and_marked_but_not_journaled
 
     @harness.tool(price_atoms=50)
     async def big_fail(ctx: CallContext) -> Any:
-        raise RuntimeError("x" * OUTCOME_CAP)
+        raise ValueError("x" * OUTCOME_CAP)
 
     async with harness:
         await harness.credit(ALICE, 50)

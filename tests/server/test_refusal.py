@@ -51,6 +51,7 @@ def test_other_refusals_are_tool_errors() -> None:
         "price function failed",
         "ledger unavailable",
         "caller restarted",
+        "payment outcome unknown",
     }
 
 

@@ -687,7 +687,8 @@ def test_a_failed_batch_fails_every_message_with_a_part_in_it_and_later_ones_flo
             conns = [router.dial(PEER) for _ in range(3)]
             _announce(router, conns[0], 1_000_000)
             assert router.batch_limit(PEER) == 1_000_000
-            note = JSONRPCNotification(jsonrpc="2.0", method="notifications/progress", params={"n": 1})
+            # Requests, not notifications: a notification's failed PM only drops it.
+            note = JSONRPCRequest(jsonrpc="2.0", id=7, method="ping", params={"n": 1})
             # The first PM leaves alone; the next two, queued behind the
             # pacing, share the batch that fails.
             await conns[0].write_stream.send(SessionMessage(note))
@@ -741,7 +742,8 @@ def test_a_router_exiting_with_parts_queued_drains_for_a_bound_then_fails_the_re
         router = Router(brclient)
         async with router:
             conn = router.dial(PEER)
-            note = JSONRPCNotification(jsonrpc="2.0", method="notifications/progress", params={"n": 1})
+            # Requests, not notifications: a notification's failed PM only drops it.
+            note = JSONRPCRequest(jsonrpc="2.0", id=7, method="ping", params={"n": 1})
             # One part per PM (no announcement): 100 intervals of work.
             for _ in range(100):
                 await conn.write_stream.send(SessionMessage(note))
@@ -769,7 +771,8 @@ def test_a_router_left_by_cancellation_reports_what_was_still_queued() -> None:
         with anyio.move_on_after(INTERVAL / 2):
             async with router:
                 conn = router.dial(PEER)
-                note = JSONRPCNotification(jsonrpc="2.0", method="notifications/progress", params={"n": 1})
+                # Requests, not notifications: a notification's failed PM only drops it.
+                note = JSONRPCRequest(jsonrpc="2.0", id=7, method="ping", params={"n": 1})
                 for _ in range(10):
                     await conn.write_stream.send(SessionMessage(note))
                 await anyio.sleep_forever()
@@ -795,7 +798,8 @@ def test_a_router_exits_in_bounded_time_while_its_sender_blocks_forever() -> Non
         with anyio.fail_after(60):
             async with router:
                 conns = [router.dial(PEER), router.dial(OTHER)]
-                note = JSONRPCNotification(jsonrpc="2.0", method="notifications/progress", params={"n": 1})
+                # Requests, not notifications: a notification's failed PM only drops it.
+                note = JSONRPCRequest(jsonrpc="2.0", id=7, method="ping", params={"n": 1})
                 for _ in range(10):
                     for conn in conns:
                         await conn.write_stream.send(SessionMessage(note))

@@ -20,6 +20,7 @@ __all__ = [
     "MAX_INT63",
     "TIP_MEMORY",
     "BalanceLimitError",
+    "CommitOutcomeUnknown",
     "HeldTip",
     "JournalEntry",
     "StatementEntry",
@@ -41,6 +42,13 @@ MAX_INT63 = (1 << 63) - 1
 class StoreError(Exception):
     """The database cannot be opened or used (corrupt, unreadable, newer
     schema). Start-up stops; nothing is reset silently."""
+
+
+class CommitOutcomeUnknown(StoreError):
+    """The connection failed after ``COMMIT`` was sent: the transaction may
+    or may not be durable. Raised by the PostgreSQL executor for every
+    operation of that transaction; the caller reads the database again
+    (a fresh connection) before it answers, never guessing either way."""
 
 
 class BalanceLimitError(ValueError):

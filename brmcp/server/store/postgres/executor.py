@@ -21,7 +21,9 @@ round trip where they follow each other (``BEGIN ...; SAVEPOINT op``,
 ``RELEASE SAVEPOINT op; SAVEPOINT op``, ``RELEASE SAVEPOINT op; COMMIT``).
 A lost connection fails the batch's operations with
 :class:`~..records.StoreError` and is reopened for the next batch; when it
-was lost during ``COMMIT`` the outcome is unknown, and the unique movement
+was lost during ``COMMIT`` the outcome is unknown: the operations fail with
+:class:`~..records.CommitOutcomeUnknown` (the paid-call path then reads the
+journal again, :mod:`brmcp.server._doubt`), and the unique movement
 refs, tip keys and call ids make any later repeat of those movements fail
 instead of applying twice (the journal's start-up recovery settles the
 calls).
@@ -35,7 +37,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..._executor import BatchExecutor, Slot
-from ..records import StoreError
+from ..records import CommitOutcomeUnknown, StoreError
 from ..url import StoreURL
 from .connection import PgConnection, RowLocked, is_retryable
 from .driver import psycopg
@@ -152,13 +154,16 @@ class PostgresExecutor(BatchExecutor[PgConnection]):
                 break
             except _Broken as exc:
                 self._drop()
-                error = StoreError(
-                    f"PostgreSQL store {self._url.redacted()}: connection lost"
-                    + (" during COMMIT (outcome unknown)" if exc.during_commit else "")
-                    + f": {self._url.scrub(str(exc))}"
-                )
+                detail = f": {self._url.scrub(str(exc))}"
                 if exc.during_commit:
+                    # Never rerun: the first run may be durable. The caller
+                    # resolves it from the database (CommitOutcomeUnknown).
+                    error = CommitOutcomeUnknown(
+                        f"PostgreSQL store {self._url.redacted()}: connection lost during COMMIT "
+                        f"(outcome unknown){detail}"
+                    )
                     break
+                error = StoreError(f"PostgreSQL store {self._url.redacted()}: connection lost{detail}")
                 continue
             error = None  # a serialization conflict: run the batch again
             self.retries += 1
