@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -25,7 +26,17 @@ import anyio
 from brmcp import wire
 from brmcp.testing import uid
 
-__all__ = ["ALICE", "BOB", "BOT", "CLIENT", "OTHER_BOT", "pm_messages", "pm_parts", "until"]
+__all__ = [
+    "ALICE",
+    "BOB",
+    "BOT",
+    "CLIENT",
+    "OTHER_BOT",
+    "is_internal_error",
+    "pm_messages",
+    "pm_parts",
+    "until",
+]
 
 #: The bot (a harness) in every stack.
 BOT = uid(1)
@@ -69,3 +80,17 @@ def pm_messages(text: str) -> list[dict[str, object]]:
             if isinstance(value, dict):
                 out.append(value)
     return out
+
+
+def is_internal_error(tool: str, text: str) -> bool:
+    """Whether ``text`` is the short error a peer gets for an unexpected
+    exception in ``tool`` (brmcp/protocol/toolerrors.py): the exception's own
+    text never leaves the bot, only an 8-hex ref to the operator's log line."""
+    return (
+        re.fullmatch(
+            rf"internal error in tool {re.escape(tool)}; the operator's log has the details"
+            r" \(ref [0-9a-f]{8}\)",
+            text,
+        )
+        is not None
+    )

@@ -5,7 +5,6 @@ Billing store (the Go reference's ``Billing``, karamble/brmcp
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from brmcp.server import Billing, Harness, HarnessConfig, HarnessError, InsufficientBalance
+from tests.kit import is_internal_error
 from tests.kit.harness import (
     ALICE,
     MALLORY,
@@ -28,19 +28,6 @@ from tests.kit.harness import (
 )
 
 INTERRUPTED = "call interrupted by a server restart; the charge was refunded"
-
-
-def _internal(tool: str, text: str) -> bool:
-    """Whether ``text`` is the short error a peer gets for an unexpected
-    exception in ``tool`` (its own text never leaves the bot)."""
-    return (
-        re.fullmatch(
-            rf"internal error in tool {re.escape(tool)}; the operator's log has the details"
-            r" \(ref [0-9a-f]{8}\)",
-            text,
-        )
-        is not None
-    )
 
 
 class MemoryBilling:
@@ -93,7 +80,7 @@ async def test_custom_billing_without_data_dir_creates_no_database(
         first = ok_text(await call(s, "paid", key="memory-key-001"))
         # callKey replay still works, in memory.
         assert ok_text(await call(s, "paid", key="memory-key-001")) == first
-        assert _internal("failing", err_text(await call(s, "failing")))
+        assert is_internal_error("failing", err_text(await call(s, "failing")))
         assert await harness.balance(ALICE) == 700
         # Tips are de-duplicated in memory and credited through the store.
         assert await harness.credit_tip(ALICE, 3000, 9) == 3

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,7 +17,7 @@ from pydantic import Field
 from brmcp import parse_payment_required, wire
 from brmcp.server import RATE_LIMITED_TEXT, CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric
-from tests.kit import until
+from tests.kit import is_internal_error, until
 from tests.kit.harness import (
     ADMIN,
     ALICE,
@@ -32,19 +31,6 @@ from tests.kit.harness import (
     served,
     standard_harness,
 )
-
-
-def _internal(tool: str, text: str) -> bool:
-    """Whether ``text`` is the short error a peer gets for an unexpected
-    exception in ``tool`` (its own text never leaves the bot)."""
-    return (
-        re.fullmatch(
-            rf"internal error in tool {re.escape(tool)}; the operator's log has the details"
-            r" \(ref [0-9a-f]{8}\)",
-            text,
-        )
-        is not None
-    )
 
 
 async def test_tools_list_advertises_prices_in_meta(tmp_path: Path) -> None:
@@ -113,7 +99,7 @@ async def test_failing_handler_is_error_and_refunded(tmp_path: Path) -> None:
     async with served(harness) as srv, srv.client(ALICE) as s:
         await harness.credit(ALICE, 500)
         result = await call(s, "failing")
-        assert _internal("failing", err_text(result))
+        assert is_internal_error("failing", err_text(result))
         assert result.structured_content is None
         assert runs.n == 1
         assert await harness.balance(ALICE) == 500
@@ -178,9 +164,9 @@ async def test_price_function_errors_are_tool_errors_without_charge(tmp_path: Pa
     async with served(harness) as srv, srv.client(ALICE) as s:
         await harness.credit(ALICE, 100)
         key = "price-key-0001"
-        assert _internal("quoted", err_text(await call(s, "quoted", key=key)))
+        assert is_internal_error("quoted", err_text(await call(s, "quoted", key=key)))
         mode["value"] = "silent"
-        assert _internal("quoted", err_text(await call(s, "quoted", key=key)))
+        assert is_internal_error("quoted", err_text(await call(s, "quoted", key=key)))
         mode["value"] = "text"
         assert err_text(await call(s, "quoted", key=key)) == (
             "price function returned str, not an integer number of atoms"
@@ -318,8 +304,8 @@ async def test_handler_exceptions_leak_only_their_message(tmp_path: Path) -> Non
         await harness.credit(ALICE, 100)
         texts = [err_text(await call(s, "fragile", {"kind": k})) for k in ("value", "empty", "not-json")]
         assert texts[0] == f"upstream refused ({len(secret)})"
-        assert _internal("fragile", texts[1])
-        assert _internal("fragile", texts[2])
+        assert is_internal_error("fragile", texts[1])
+        assert is_internal_error("fragile", texts[2])
         for text in texts:
             assert "Traceback" not in text
             assert secret not in text

@@ -5,7 +5,6 @@ lost refund, a charge for an answer the caller never gets).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +14,8 @@ import pytest
 
 from brmcp import RouterOptions
 from brmcp.server import CallContext, Harness, HarnessConfig
-from tests.kit import until
+from tests.kit import is_internal_error, until
 from tests.kit.harness import ALICE, call, err_text, served
-
-
-def _internal(tool: str, text: str) -> bool:
-    """Whether ``text`` is the short error a peer gets for an unexpected
-    exception in ``tool`` (its own text never leaves the bot)."""
-    return (
-        re.fullmatch(
-            rf"internal error in tool {re.escape(tool)}; the operator's log has the details"
-            r" \(ref [0-9a-f]{8}\)",
-            text,
-        )
-        is not None
-    )
 
 
 def _unserializable_harness(data_dir: Path, runs: list[str]) -> Harness:
@@ -59,7 +45,7 @@ async def test_unserializable_paid_result_is_refunded_and_replayed(tmp_path: Pat
         async with served(harness) as srv, srv.client(ALICE) as s:
             await harness.credit(ALICE, 1_000)
             first = await call(s, "odd", key="hostile-key-0001")
-            assert _internal("odd", err_text(first))
+            assert is_internal_error("odd", err_text(first))
             assert await harness.balance(ALICE) == 1_000
             again = await call(s, "odd", key="hostile-key-0001")
             assert again.is_error
