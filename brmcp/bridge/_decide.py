@@ -26,7 +26,7 @@ from .link import BotLink, LinkError
 from .relay import AgentCall
 from .settings import Settings
 from .settle import Settler, WhileParked
-from .spend import STATUS_PAID, InDoubtSpend
+from .spend import DAY_SECONDS, STATUS_FAILED, STATUS_PAID, InDoubtSpend
 
 __all__ = [
     "APPROVAL_PROGRESS_INTERVAL",
@@ -124,20 +124,46 @@ class Decider:
             # before a restart, or its tip wait ran out): its outcome decides
             # whether anything is paid now, so wait for it, within the
             # call's deadline, instead of paying twice or giving up at once.
-            limit = deadline if deadline is not None else anyio.current_time() + settings.tip_wait_secs
+            # It counts only for as long as it blocks a second payment
+            # (BRIDGE.md §The hard bound): a day once the wallet took it,
+            # else tip_wait_secs from when it was made, since a tip whose
+            # TipUser never returned may never have left and nothing may
+            # ever report it.
+            window = DAY_SECONDS if doubt.scheduled else settings.tip_wait_secs
+            left = doubt.ts + window - self._clock.now()
+            moment = anyio.current_time()
+            own = deadline if deadline is not None else moment + settings.tip_wait_secs
+            limit = min(own, moment + max(0.0, left))
             status = await _outcome(doubt, limit, gone)
-            if status is None:
+            if status is None and doubt.ts + window > self._clock.now():
                 unknown = _in_doubt_text(doubt, tool)
                 log.info("payment to bot %s for tool %s not made: %s", self.link.uid[:8], tool, unknown)
                 return unknown
-            budget.settle_doubt(status)
-            log.info(
-                "payment of %d atoms in doubt to bot %s for tool %s settled %s",
-                doubt.atoms,
-                self.link.uid[:8],
-                tool,
-                status,
-            )
+            if status is None:
+                # Its window ran out with no outcome: it no longer blocks a
+                # payment. The entry stays pending (and in the day's total)
+                # until a late outcome settles it; this call pays as any,
+                # under the callKey it took over, so a late tip is credit at
+                # the bot, never a second run.
+                log.info(
+                    "payment of %d atoms to bot %s for tool %s (spend log entry of %d) still in doubt"
+                    " after %d s; it no longer blocks this call",
+                    doubt.atoms,
+                    self.link.uid[:8],
+                    tool,
+                    doubt.ts,
+                    window,
+                )
+                budget.settle_doubt(STATUS_FAILED)
+            else:
+                budget.settle_doubt(status)
+                log.info(
+                    "payment of %d atoms in doubt to bot %s for tool %s settled %s",
+                    doubt.atoms,
+                    self.link.uid[:8],
+                    tool,
+                    status,
+                )
             if status == STATUS_PAID:
                 # Its credit is at the bot (or on its way): ask again on it.
                 return None

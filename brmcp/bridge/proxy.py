@@ -54,6 +54,7 @@ from mcp.types import (
 )
 
 from .._ops.clock import Clock
+from ..protocol.payment import REFUSAL_KEY
 from ._exchange import tally_call
 from ._linkbase import HostOffline
 from .budget import CallBudget, Listing, listing_of
@@ -71,7 +72,7 @@ from .payloop import (
 from .relay import AgentCall, strip_reserved_meta
 from .settings import Settings
 from .settle import InDoubtSpend, Settler
-from .spend import DAY_SECONDS, arguments_hash
+from .spend import BOT_REPLAY_SECONDS, DAY_SECONDS, STATUS_PAID, arguments_hash
 
 # The payment loop's constants (.payloop) stay importable from here.
 __all__ = [
@@ -274,17 +275,30 @@ class BotProxy:
                         newer_than=self._clock.now() - self._settings().tip_wait_secs,
                         scheduled_newer_than=self._clock.now() - DAY_SECONDS,
                         args_hash=arguments_hash(arguments),
+                        paid_newer_than=self._clock.now() - BOT_REPLAY_SECONDS,
                     )
                 )
+                confirmed = False
                 if adopted is not None:
                     # A payment to this bot for this tool whose outcome is not
                     # known yet (made before a restart, or its tip wait ran
                     # out): this call counts it as its own and pays no more
                     # until brclient tells its outcome (it waits for that).
-                    budget = CallBudget(
-                        listing_of(self.link.tool(tool)), in_doubt=adopted.atoms, doubt=adopted
-                    )
-                    budget.add(adopted.atoms)
+                    confirmed = adopted.status == STATUS_PAID
+                    if confirmed:
+                        # Confirmed already (an earlier process died between
+                        # its payment and the result): its credit went to
+                        # the bot, where any call may have used it since.
+                        # The call takes over its callKey (below) but counts
+                        # nothing: the bot answers from its record, or runs
+                        # on credit left, and asks for payment only when
+                        # none is (then this call pays as any, once).
+                        budget = CallBudget(listing_of(self.link.tool(tool)))
+                    else:
+                        budget = CallBudget(
+                            listing_of(self.link.tool(tool)), in_doubt=adopted.atoms, doubt=adopted
+                        )
+                        budget.add(adopted.atoms)
                     reused = True
                     if adopted.call_key is not None and adopted.args_hash == arguments_hash(arguments):
                         # The same call (bot, tool, arguments): it takes over
@@ -296,10 +310,11 @@ class BotProxy:
                         if tracked is not None:
                             tracked.call_key = key
                     log.info(
-                        "call of %s on bot %s counts a payment of %d atoms in doubt (made %s)",
+                        "call of %s on bot %s takes over a payment of %d atoms %s (made %s)",
                         tool,
                         self.link.uid[:8],
                         adopted.atoms,
+                        "confirmed before a restart, counting nothing" if confirmed else "in doubt",
                         adopted.ts,
                     )
                 landed = self._landing.pop(tool, None) if adopted is None and not reused else None
@@ -321,6 +336,23 @@ class BotProxy:
                     )
                     answered = True
                     succeeded = not result.is_error
+                    # The bot's own outcome under this key: a result, or a
+                    # tool error it keeps (a refunded failure); not a
+                    # payment refusal, after which the key has no outcome.
+                    final = succeeded or REFUSAL_KEY not in (result.meta or {})
+                    if final and not (tracked is not None and (tracked.detached or tracked.gone.is_set())):
+                        # Answered (to an agent still there) under this key:
+                        # a later identical call is a new call, never this
+                        # one's retry, so no spend entry of this key (nor
+                        # the adopted one) is taken over again, even while
+                        # its tip is still in doubt; else the bot would
+                        # answer that call with this stored outcome (a
+                        # result uncharged, or that call's refunded failure
+                        # again and again). Written before it leaves.
+                        with anyio.CancelScope(shield=True):
+                            if adopted is not None:
+                                await self._settler.mark_answered(adopted)
+                            await self._settler.mark_call_answered(key)
                 except anyio.get_cancelled_exc_class():
                     abandoned = True  # the agent cancelled (or its session ended)
                     raise
@@ -331,7 +363,10 @@ class BotProxy:
                 finally:
                     if adopted is not None and not succeeded:
                         self._settler.release_adopted(adopted)
-                        self._landing[tool] = adopted
+                        if not confirmed:
+                            # Counted while in doubt: once confirmed, its
+                            # credit may still be on its way to the bot.
+                            self._landing[tool] = adopted
                         while len(self._landing) > MAX_RETAINED:
                             self._landing.pop(next(iter(self._landing)))
                     if budget.payments:

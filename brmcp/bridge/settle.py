@@ -312,6 +312,7 @@ class Settler:
         newer_than: float | None = None,
         scheduled_newer_than: float | None = None,
         args_hash: str | None = None,
+        paid_newer_than: float | None = None,
     ) -> InDoubtSpend | None:
         """Claim the oldest in-doubt entry (:meth:`in_doubt`) to ``bot`` for
         ``tool`` that no other call has claimed, for one call: it is marked
@@ -324,26 +325,40 @@ class Settler:
 
         ``args_hash`` (:func:`~brmcp.bridge.spend.arguments_hash` of the
         call's arguments): an entry recorded with the same hash and a callKey
-        is the same call's payment and is preferred, whatever the tip wait
+        is the same call's payment and is preferred (the newest such), whatever the tip wait
         (only ``scheduled_newer_than`` bounds its age): one in doubt, or one
         an earlier process left pending that a late outcome has settled
         ``paid`` since (its call may never have been answered; its callKey
         lets the bot answer it from its record). An entry recorded with
         another hash paid for other arguments and is never claimed (the bot
         ran or refused that call, not this one). Entries without a hash
-        (older versions) are claimed by tool alone."""
+        (older versions) are claimed by tool alone. An entry whose adopting
+        call was answered (:meth:`mark_answered`) is never claimed again: a
+        later identical call is a new call, and taking over that callKey
+        would answer it with the earlier call's stored result. An entry an
+        earlier process left ``paid`` and unanswered (:meth:`SpendLog.inherited`)
+        is claimed only when written after ``paid_newer_than`` (the bot's
+        replay window: past it the bot no longer holds that call's outcome)."""
         if args_hash is not None:
-            for same in (*self._spend.in_doubt(bot), *self._spend.inherited(bot)):
+            # The newest first: an agent's retry follows the call it
+            # repeats, and an older entry of the same arguments belongs to
+            # an earlier call (answered, or given up on) as often as not.
+            same_calls = dict.fromkeys((*self._spend.in_doubt(bot), *self._spend.inherited(bot)))
+            for same in sorted(same_calls, key=lambda e: e.ts, reverse=True):
                 if (
                     same.tool == tool
                     and not same.adopted
+                    and not same.answered
                     and same.args_hash == args_hash
                     and same.call_key is not None
                     and (scheduled_newer_than is None or same.ts > scheduled_newer_than)
+                    and (paid_newer_than is None or same.status != STATUS_PAID or same.ts > paid_newer_than)
                 ):
                     same._row.adopted = True
                     return same
-        candidates = [c for c in self._spend.in_doubt(bot) if c.tool == tool and not c.adopted]
+        candidates = [
+            c for c in self._spend.in_doubt(bot) if c.tool == tool and not c.adopted and not c.answered
+        ]
         for candidate in candidates:
             if candidate.args_hash is not None and candidate.args_hash != args_hash:
                 continue
@@ -353,6 +368,37 @@ class Settler:
             candidate._row.adopted = True
             return candidate
         return None
+
+    async def mark_answered(self, entry: InDoubtSpend) -> None:
+        """The call that adopted ``entry`` was answered under its callKey:
+        record it (:meth:`SpendLog.mark_answered`, persisted), so no later
+        identical call, in this process or after a restart, takes that
+        callKey over and is answered with that call's stored result. The
+        entry stays pending (and in the day's total) until its own outcome.
+        A write that fails is logged; the mark is written with the next
+        change."""
+        async with self._lock:
+            if self._spend.mark_answered(entry):
+                try:
+                    await self._persist()
+                except BridgeError as exc:
+                    log.warning("spend log not written after an answered call: %s", exc)
+
+    async def mark_call_answered(self, call_key: str) -> None:
+        """The logical call ``call_key`` was answered with its result: mark
+        every spend entry paid under that callKey
+        (:meth:`SpendLog.mark_key_answered`, persisted) so that none is
+        taken over by a later identical call, in this process or after a
+        restart, even while its own tip is still in doubt (the bot would
+        answer that call with this one's stored result, charging nothing).
+        A write that fails is logged; the mark is written with the next
+        change."""
+        async with self._lock:
+            if self._spend.mark_key_answered(call_key):
+                try:
+                    await self._persist()
+                except BridgeError as exc:
+                    log.warning("spend log not written after an answered call: %s", exc)
 
     def release_adopted(self, entry: InDoubtSpend) -> None:
         """Let another call adopt ``entry`` again (idempotent)."""

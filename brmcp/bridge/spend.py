@@ -7,7 +7,10 @@ empty), ``err`` (omitted when empty), then this implementation's additions
 ``prepay`` (``true`` on a prepayment, else omitted) and ``callKey`` (the
 logical call's ``brmcp/callKey``, omitted when unknown), ``argsHash`` (the
 sha256 hex of the call's arguments as canonical JSON, :func:`arguments_hash`;
-omitted when unknown) and ``scheduled``. The Go reference (karamble/brmcp
+omitted when unknown), ``scheduled`` and ``answered`` (``true`` once the
+call that took the entry over after a restart or an expired tip wait was
+answered under its callKey: the entry is then never taken over again).
+The Go reference (karamble/brmcp
 ``bridge/``) reads the same file and ignores the added keys; entries without
 a status were written by older versions and count as paid. The entry, with
 its callKey, tool and argsHash, is on disk (fsynced) before money moves, so
@@ -37,6 +40,7 @@ from ._files import read_text, write_atomic
 from .errors import BridgeError
 
 __all__ = [
+    "BOT_REPLAY_SECONDS",
     "DAY_SECONDS",
     "PRUNE_THRESHOLD",
     "SPEND_FILE",
@@ -62,6 +66,9 @@ STATUS_PAID = "paid"
 STATUS_FAILED = "failed"
 #: Length of the rolling spending window in seconds.
 DAY_SECONDS = 24 * 60 * 60
+#: How long a bot replays a call's outcome to its callKey (WIRE.md §callKey):
+#: an unanswered paid entry older than this is not taken over after a restart.
+BOT_REPLAY_SECONDS = 30 * 60
 #: The log is pruned only while it holds more entries than this.
 PRUNE_THRESHOLD = 1000
 
@@ -77,6 +84,7 @@ _FIELDS: dict[str, _gojson.Kind] = {
     "callKey": "string",
     "scheduled": "bool",
     "argsHash": "string",
+    "answered": "bool",
 }
 
 
@@ -119,6 +127,11 @@ class SpendEntry:
     #: :func:`arguments_hash` of the call's arguments, written ``"argsHash"``
     #: (None: entries of older versions and of the Go reference, prepayments).
     args_hash: str | None = None
+    #: The call that took this entry over (:meth:`SpendLog.mark_answered`)
+    #: was answered under its callKey, written ``"answered": true``: a later
+    #: identical call is a new call, not a retry of that one, so the entry
+    #: is never taken over again (its own outcome still settles it).
+    answered: bool = False
 
     @property
     def counts(self) -> bool:
@@ -147,6 +160,8 @@ class SpendEntry:
             out["scheduled"] = True
         if self.args_hash is not None:
             out["argsHash"] = self.args_hash
+        if self.answered:
+            out["answered"] = True
         return out
 
 
@@ -184,10 +199,17 @@ class _Row:
         self.entry = entry
         self.live = live
         self.adopted = False
-        #: Pending when this process loaded it: an earlier process stopped
-        #: with its payment in flight, and no call of this process has taken
-        #: it over yet (it may have been settled since).
-        self.inherited = not live and entry.status == STATUS_PENDING
+        #: An earlier process left it with its call not known answered:
+        #: pending (its payment was in flight; it may have been settled
+        #: since), or paid for a call of known tool and arguments (the
+        #: process may have died before the result reached the agent); and
+        #: no call of this process has taken it over yet.
+        known_call = entry.call_key is not None and entry.args_hash is not None
+        self.inherited = (
+            not live
+            and not entry.answered
+            and (entry.status == STATUS_PENDING or (entry.status == STATUS_PAID and known_call))
+        )
         self.settled: anyio.Event | None = None
 
     def settle(self, entry: SpendEntry) -> None:
@@ -245,6 +267,11 @@ class InDoubtSpend:
         """:func:`arguments_hash` of the arguments of the call it paid for
         (None for entries of older versions and prepayments)."""
         return self._row.entry.args_hash
+
+    @property
+    def answered(self) -> bool:
+        """The call that took the entry over was answered (:attr:`SpendEntry.answered`)."""
+        return self._row.entry.answered
 
     @property
     def scheduled(self) -> bool:
@@ -354,6 +381,7 @@ class SpendLog:
                 call_key=item.get("callKey") or None,
                 scheduled=item.get("scheduled", False),
                 args_hash=item.get("argsHash") or None,
+                answered=item.get("answered", False),
             )
             for item in raw
         ]
@@ -461,6 +489,38 @@ class SpendLog:
             row.settle(dataclasses.replace(row.entry, status=STATUS_FAILED, err=err))
         return True
 
+    def mark_answered(self, entry: InDoubtSpend) -> bool:
+        """Record that the call which took ``entry`` over was answered under
+        its callKey (:attr:`SpendEntry.answered`): it is no longer inherited
+        and is never taken over again. Returns False when it already was
+        (nothing to write)."""
+        row = entry._row
+        row.inherited = False
+        if row.entry.answered:
+            return False
+        row.entry = dataclasses.replace(row.entry, answered=True)
+        return True
+
+    def mark_key_answered(self, call_key: str) -> bool:
+        """Record that the logical call ``call_key`` (32 hex) was answered
+        with its result: no entry paid under that callKey, to any bot (a
+        pool's members too), is taken over again, in this process or after
+        a restart. Each one gets :attr:`SpendEntry.answered` on disk: one
+        still ``pending`` (brclient has not confirmed its tip, although the
+        bot already ran the call paid alongside), and a ``paid`` one, which
+        a restarted process would otherwise take for a call that died
+        between its payment and its result. Returns True when an entry
+        changed (the log must be written)."""
+        changed = False
+        for row in self._rows:
+            if row.entry.call_key != call_key:
+                continue
+            row.inherited = False
+            if row.entry.status != STATUS_FAILED and not row.entry.answered:
+                row.entry = dataclasses.replace(row.entry, answered=True)
+                changed = True
+        return changed
+
     def paying(self, payee: str, atoms: int) -> bool:
         """True while this process is making a payment of exactly ``atoms``
         to ``payee`` (case-insensitive): a late outcome for it may come
@@ -481,11 +541,13 @@ class SpendLog:
         ]
 
     def inherited(self, bot: str) -> list[InDoubtSpend]:
-        """The entries to ``bot`` (case-insensitive) that were ``pending``
-        when this process loaded the log and that have not failed since,
-        oldest first: an earlier process stopped with their payment in
-        flight, so their call may never have been answered, even when a
-        late outcome has settled them ``paid`` since."""
+        """The entries to ``bot`` (case-insensitive) an earlier process left
+        without knowing their call answered, that have not failed since,
+        oldest first: ``pending`` when this process loaded the log (their
+        payment was in flight; a late outcome may have settled them
+        ``paid`` since), or ``paid`` with a callKey and argsHash but not
+        ``answered`` (the process stopped between the payment and the
+        result)."""
         wanted = bot.lower()
         return [
             InDoubtSpend(r)

@@ -67,10 +67,16 @@ class TipPayer:
 
     ``pay`` returns once the tip completed and raises
     :class:`TipPaymentError` when brclient refused it or the tip failed for
-    good. If the connection drops after ``TipUser`` was sent, the tip may
-    have been scheduled: ``pay`` keeps waiting for its outcome (the progress
-    stream resumes after the reconnect) until the bridge's tip wait cancels
-    it, which leaves the spend pending and counted, never paid twice.
+    good. If the connection drops after ``TipUser`` was sent, brclient may
+    have stored the tip or dropped the request: ``pay`` keeps waiting for
+    its outcome (the progress stream resumes after the reconnect) until the
+    bridge's tip wait cancels it, which leaves the spend pending and
+    counted. It reports the payment as taken by the wallet
+    (:func:`~.settle.payment_scheduled`) only once a progress event for the
+    tip comes, so a tip brclient never took blocks a retry of the tool for
+    ``tip_wait_secs`` from the payment, not a day (BRIDGE.md §Failures); a
+    retry then pays under the callKey it takes over, so a tip that lands
+    after all is credit at the bot, never a second run.
 
     ``max_attempts``: TipUser's ``maxAttempts`` (≥ 1, else ValueError);
     ``reconnect_wait``: seconds a payment waits for a clientrpc connection
@@ -123,6 +129,7 @@ class TipPayer:
             raise TipPaymentError("brclient not connected")
         waiter = self._matcher.expect(payee, milliatoms_from_atoms(atoms))
         tip.stage = "taking"
+        reply_lost = False
         try:
             try:
                 await self._client.tip_user(payee, atoms_to_dcr(atoms), self._max_attempts)
@@ -131,7 +138,11 @@ class TipPayer:
             except RPCError as exc:
                 raise TipPaymentError(f"tip: {exc}") from None
             except ClientrpcConnectionLost as exc:
-                payment_scheduled()  # it may have been stored: count it as existing
+                # brclient may have stored the tip or dropped the request with
+                # the connection: not known to be taken, so the doubt blocks the
+                # tool for tip_wait_secs only (BRIDGE.md §Failures), unless a
+                # progress event for it (after the reconnect) shows it exists.
+                reply_lost = True
                 log.warning(
                     "tip of %d atoms to %s: outcome unknown (%s); waiting for its progress", atoms, payee, exc
                 )
@@ -139,6 +150,8 @@ class TipPayer:
                 payment_scheduled()  # stored by brclient: it survives restarts
             tip.stage = "outcome"
             error = await waiter.wait()
+            if reply_lost:
+                payment_scheduled()  # an event for it came: brclient has it
         finally:
             waiter.cancel()
         if waiter.stalled:

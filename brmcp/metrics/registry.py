@@ -95,6 +95,11 @@ class _RouterCollector(Collector):
         yield CounterMetricFamily(
             f"{p}_send_failures", "PMs that could not be sent", value=stats.send_failures
         )
+        yield CounterMetricFamily(
+            f"{p}_notifications_dropped",
+            "Notifications whose PM could not be sent (dropped; their session kept open)",
+            value=stats.notifications_dropped,
+        )
         dropped = CounterMetricFamily(f"{p}_pms_dropped", "Inbound PMs dropped, by reason", labels=["reason"])
         for name in (
             "denied",

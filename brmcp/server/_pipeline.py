@@ -42,6 +42,8 @@ from ._doubt import ChargeOutcomeUnknown
 from ._guard import tool_error, tool_output
 from ._holds import CallerEpochs, HeldCalls
 from ._refusal import DROPPED_TEXT, Refusal, Refused
+from ._runs import Runs
+from ._withheld import withhold
 from .callkeys import (
     REPLAY_WINDOW,
     CallKeyRegistry,
@@ -83,7 +85,9 @@ class CallPipeline:
     registry (``calls``); ``clock`` gives unix seconds for journal expiry.
     ``metrics`` (a :class:`brmcp.metrics.ServeMetrics` or None) is set
     through ``Harness.metrics``. The pay-alongside hold is :attr:`held`
-    (:class:`._holds.HeldCalls`)."""
+    (:class:`._holds.HeldCalls`); keyed calls run in :attr:`runs`
+    (:class:`._runs.Runs`, the harness's task group), so the loss of the
+    session they came on does not cancel them."""
 
     def __init__(
         self,
@@ -102,6 +106,8 @@ class CallPipeline:
         self.metrics: ServeMetrics | None = None
         #: The calls held for a pay-alongside credit, and the caller epochs.
         self.held = HeldCalls(config, calls)
+        #: Where keyed calls run: the harness's task group while it serves.
+        self.runs = Runs()
         self.executions = 0  #: handler invocations (for tests and metrics)
 
     @property
@@ -160,6 +166,38 @@ class CallPipeline:
             claim, duplicate = self._calls.claim(peer, call_key)
             if duplicate:
                 return await self._calls.wait(claim)
+        work = functools.partial(
+            self._run, peer, spec, arguments, prepared, call_key, claim, request, alongside, epoch
+        )
+        if claim is None:
+            return await work()
+        # A keyed call's run is the harness's: the loss of this session does
+        # not cancel it, and a retry with the key gets its kept outcome.
+        keyed = claim
+        return await self.runs.run(
+            work,
+            tool=spec.name,
+            peer=peer,
+            call_key=call_key,
+            request_id=getattr(request, "request_id", None),
+            settled=lambda: keyed.outcome or keyed.refused,
+        )
+
+    async def _run(
+        self,
+        peer: str,
+        spec: ToolSpec,
+        arguments: dict[str, Any],
+        prepared: dict[str, Any],
+        call_key: str | None,
+        claim: Claim | None,
+        request: Any,
+        alongside: int,
+        epoch: str | None,
+    ) -> CallToolResult:
+        """One call from its claimed key (or none) to its answer: execution
+        (:meth:`_execute`), a refusal rendered, a key held elsewhere, the
+        claim released when the call is abandoned before it ran; metrics."""
         started = anyio.current_time()
         outcome = "ok"
         try:
@@ -413,7 +451,8 @@ class CallPipeline:
         caller gets: ``result``, with ``brmcp/refundedAtoms`` and
         ``brmcp/balanceAtoms`` (the balance after the refund) in its
         ``_meta`` once a refund committed (WIRE.md §Receipts); the outcome
-        kept for replay is that same result."""
+        kept for replay is that same result. A successful charged result
+        whose completion cannot be journaled is withheld (:func:`._withheld.withhold`)."""
         if charged <= 0 and claim is None:
             return result  # a free unkeyed call: nothing to journal or replay
         if text is None:
@@ -434,22 +473,31 @@ class CallPipeline:
                 outcome = refunded_outcome if claim is not None and fits else None
             else:
                 outcome = text if len(text.encode()) <= OUTCOME_CAP else None
+            complete = functools.partial(
+                self._accounts.complete,
+                call_id=call_id,
+                peer=peer,
+                atoms=charged,
+                keyed=claim is not None,
+                outcome_json=outcome,
+                refund=failed,
+            )
             try:
-                balance = await self._accounts.complete(
-                    call_id=call_id,
-                    peer=peer,
-                    atoms=charged,
-                    keyed=claim is not None,
-                    expires=self._clock() + REPLAY_WINDOW,
-                    outcome_json=outcome,
-                    refund=failed,
-                )
+                balance = await complete(expires=self._clock() + REPLAY_WINDOW)
             except Exception as exc:
                 # The journal row stays 'charged': the next start refunds it
-                # exactly once. The caller still gets its result.
+                # exactly once.
                 log.error("could not journal completion of call %s for %s: %s", call_id, peer, exc)
                 if self.metrics is not None:
                     self.metrics.errors.labels("ledger").inc()
+                if not failed:
+                    # A result is delivered only once its charge is on the
+                    # book as done: delivered now, the next start would
+                    # refund a result the caller has. A keyed one is kept
+                    # for the same callKey's retry, which journals it first.
+                    return withhold(
+                        self._calls, call_id, peer, claim, charged, result, text, tool, complete, self._clock
+                    )
             else:
                 if failed:
                     result = _with_refund(result, charged, balance)

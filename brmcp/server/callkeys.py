@@ -144,9 +144,13 @@ def error_result(text: str) -> CallToolResult:
 class Claim:
     """One claimed key. ``outcome`` is set when the original finished;
     ``refusal`` (the reason) when it was refused before running, with
-    ``refused`` the answer the original got when there was one."""
+    ``refused`` the answer the original got when there was one; ``pending``
+    while the original's result is ready but its completion could not be
+    journaled (:meth:`CallKeyRegistry.hold`): a duplicate calls it, which
+    journals the completion and answers the result, or says it is still
+    kept."""
 
-    __slots__ = ("event", "expires", "key", "outcome", "refusal", "refused", "size")
+    __slots__ = ("event", "expires", "key", "outcome", "pending", "refusal", "refused", "size")
 
     def __init__(self, key: tuple[str, str]) -> None:
         self.key = key
@@ -154,6 +158,7 @@ class Claim:
         self.outcome: CallToolResult | None = None
         self.refusal: str | None = None
         self.refused: CallToolResult | None = None
+        self.pending: Callable[[], Awaitable[CallToolResult]] | None = None
         self.expires = float("inf")
         self.size = 0
 
@@ -233,8 +238,9 @@ class CallKeyRegistry:
         duplicates; replayable until now + window, or until ``expires``
         (unix seconds: an outcome another process recorded keeps its own
         window)."""
-        if self._claims.get(claim.key) is not claim or claim.finished:
+        if self._claims.get(claim.key) is not claim or (claim.finished and claim.pending is None):
             return
+        claim.pending = None
         claim.outcome = outcome  # for the duplicates waiting right now
         claim.size = size
         claim.expires = self._clock() + self.window if expires is None else expires
@@ -244,6 +250,17 @@ class CallKeyRegistry:
         self._remember(claim.key, claim.expires, outcome_json.encode(), size)
         claim.event.set()
         self._enforce_memory()
+
+    def hold(self, claim: Claim, pending: Callable[[], Awaitable[CallToolResult]]) -> None:
+        """The original's result is ready but its completion could not be
+        journaled: the key stays claimed (it never runs again), and every
+        duplicate, waiting now or later, gets ``pending()`` (which journals
+        the completion and then :meth:`finish` es the claim, or answers that
+        the result is still kept)."""
+        if self._claims.get(claim.key) is not claim:
+            return
+        claim.pending = pending
+        claim.event.set()
 
     def release(self, claim: Claim, reason: str, answer: CallToolResult | None = None) -> None:
         """Forget a claim refused before execution and wake duplicates.
@@ -275,6 +292,8 @@ class CallKeyRegistry:
         await claim.event.wait()
         if claim.outcome is not None:
             return claim.outcome
+        if claim.pending is not None:
+            return await claim.pending()
         if claim.refused is not None:
             return claim.refused.model_copy(deep=True)
         reason = claim.refusal or "refused"

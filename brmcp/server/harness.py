@@ -11,6 +11,7 @@ owned by the harness: :mod:`.config` (:class:`HarnessConfig`,
 execution and settlement; the pay-alongside hold is :mod:`._holds`),
 :mod:`.catalog` (resources, prompts and completions: the harness's
 catalog methods delegate to its :class:`~.catalog.Catalog`),
+:mod:`._runs` (the harness's own tasks: keyed calls' runs, the lease beat),
 :mod:`.firstcontact` and :mod:`._accounts`. Every name once defined here is
 still importable from here.
 """
@@ -18,6 +19,7 @@ still importable from here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sqlite3
 import time
@@ -56,6 +58,7 @@ from ._accounts import Accounts
 from ._guard import tool_error
 from ._pipeline import OUTCOME_CAP, CallPipeline, outcome_json_for_error, response_overhead
 from ._received_tips import ReceivedTips
+from ._runs import CURRENT_SESSION, SessionWatch, heartbeat
 from ._toolset import Toolset
 from ._tracing import span_only_when_traced
 from .callkeys import REPLAY_WINDOW, CallKeyRegistry, call_key_from_meta
@@ -458,10 +461,16 @@ class Harness:
         self._load_journal(recovered)
         if self._accounts.shared:
             # A shared book (WIRE.md §Pools): this process's lease beats
-            # while it serves; the task ends with the harness.
-            beats = await self._stack.enter_async_context(anyio.create_task_group())
-            self._stack.callback(beats.cancel_scope.cancel)
-            beats.start_soon(self._heartbeat)
+            # while it serves; the task ends with the harness. (Only then a
+            # task group here: harnesses entered one inside another's life
+            # and left in any order must not nest cancel scopes.)
+            tasks = await self._stack.enter_async_context(anyio.create_task_group())
+            self._stack.callback(tasks.cancel_scope.cancel)
+            timer = self.config.timer
+            beat = functools.partial(self._accounts.heartbeat, REPLAY_WINDOW, outcome_json_for_error)
+            tasks.start_soon(
+                heartbeat, beat, anyio.sleep if timer is None else timer.sleep, HEARTBEAT_INTERVAL
+            )
         try:
             await self.release_held_tips()
         except Exception as exc:  # they stay held: credited at the sender's next contact or start
@@ -476,31 +485,13 @@ class Harness:
     ) -> bool | None:
         stack, self._stack = self._stack, None
         self._router = None
+        self._pipeline.runs.stop()  # the sessions closed from here on are ended, not lost
         try:
             if stack is not None:
                 return await stack.__aexit__(exc_type, exc_val, exc_tb)
             return None
         finally:
             self._accounts.close()
-
-    async def _heartbeat(self) -> None:
-        """Beat this process's lease on the shared book every
-        :data:`.store.journal.HEARTBEAT_INTERVAL` seconds on the config's
-        ``timer`` (first at once), recovering calls of siblings found dead;
-        a failed beat is logged and tried again at the next."""
-        timer = self.config.timer
-        while True:
-            try:
-                refunded = await self._accounts.heartbeat(REPLAY_WINDOW, outcome_json_for_error)
-            except Exception as exc:
-                log.error("lease beat on the shared book failed: %s", exc)
-            else:
-                if refunded:
-                    log.warning("refunded %d calls of pool members that died", refunded)
-            if timer is None:
-                await anyio.sleep(HEARTBEAT_INTERVAL)
-            else:
-                await timer.sleep(HEARTBEAT_INTERVAL)
 
     async def start(self, sender: PMSender) -> Router:
         """Start serving: returns the server-role Router (owned by this
@@ -511,7 +502,12 @@ class Harness:
         if self._router is not None:
             raise RuntimeError("harness already started")
         router = Router(sender, accept=self._accept, allow=self._admit, options=self.config.router_options)
+        # Keyed calls' runs go in the router's task group, beside the
+        # sessions (not inside one): a lost session does not cancel them,
+        # and they end with the router (cancelled, refunded, journaled).
+        self._stack.callback(self._pipeline.runs.bind, None)
         await self._stack.enter_async_context(router)
+        self._pipeline.runs.bind(router.task_group)
         self._router = router
         return router
 
@@ -541,11 +537,20 @@ class Harness:
         options = server.create_initialization_options(self._notifications())
         # First contact in one round trip (WIRE.md §Eras): a marked
         # initialize is answered with the modern versions and the tools.
-        tap = FirstContactTap(conn.read_stream, conn.write_stream, lambda: self._first_contact(conn.peer))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(close_abandoned_offer, tap, conn, self.config.timer)
-            await server.run(tap.read_stream, tap.write_stream, options)
-            tg.cancel_scope.cancel()
+        # Its request handlers see the session (CURRENT_SESSION): whether it
+        # was lost or the peer cancelled decides a keyed run's fate (._runs).
+        watch = SessionWatch(conn)
+        token = CURRENT_SESSION.set(watch)
+        tap = FirstContactTap(
+            watch.watch(conn.read_stream), conn.write_stream, lambda: self._first_contact(conn.peer)
+        )
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(close_abandoned_offer, tap, conn, self.config.timer)
+                await server.run(tap.read_stream, tap.write_stream, options)
+                tg.cancel_scope.cancel()
+        finally:
+            CURRENT_SESSION.reset(token)
 
     def _first_contact(self, peer: str) -> dict[str, Any]:
         """The ``_meta`` entries of a marked ``initialize`` answer for ``peer``;

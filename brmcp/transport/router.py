@@ -231,6 +231,13 @@ class Router:
         self._tg.start_soon(fn, *args, name="brmcp-router-outbox")
         return True
 
+    @property
+    def task_group(self) -> anyio.abc.TaskGroup | None:
+        """The task group the sessions run in while the router is entered
+        (None before and after): work that must outlive one session, but not
+        the router, starts here."""
+        return None if self._exiting else self._tg
+
     # -- lifecycle -----------------------------------------------------------
 
     async def __aenter__(self) -> Router:

@@ -133,6 +133,8 @@ async def test_approvals_and_spend(tmp_path: Path) -> None:
             assert re.fullmatch(r"[0-9a-f]{32}", key)
             # ... and the hash of its arguments, so a retry after a crash adopts the payment.
             assert spend["entries"][0].pop("argsHash") == arguments_hash({"text": "x"})
+            # ... and that its call was answered (never taken over again).
+            assert spend["entries"][0].pop("answered") is True
             assert spend == {
                 "entries": [
                     {"ts": START, "bot": BOT, "tool": "paid", "rail": "tip", "atoms": 500, "status": "paid"}

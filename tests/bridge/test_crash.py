@@ -421,11 +421,13 @@ async def _one_bot(
 
 async def _kill_after_tip_user(env: ServeEnv, daemon: Daemon, url: str, *, held: bool) -> None:
     """The agent's first attempt; the daemon is killed as soon as brclient
-    took its TipUser (and, with ``held``, the bot holds the marked call),
-    before the tip's confirmation."""
+    took its TipUser (its reply came and the spend entry says so on disk:
+    ``"scheduled": true``; and, with ``held``, the bot holds the marked
+    call), before the tip's confirmation."""
     async with anyio.create_task_group() as tg:
         tg.start_soon(_attempt, url)
         await env.alice.wait_for(lambda: _tip_requests(env) == 1)
+        await until(lambda: any(e.get("scheduled") for e in _spend(daemon.datadir)), 30)
         if held:
             holds = env.app.harness._pipeline.held
             await until(lambda: holds.holds == 1, 30)

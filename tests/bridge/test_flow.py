@@ -55,6 +55,8 @@ async def test_autopay_happy_path(tmp_path: Path) -> None:
             assert len(entry.pop("callKey")) == 32
             # ... and the hash of its arguments, which a retry after a crash matches.
             assert entry.pop("argsHash") == arguments_hash({"text": "hi"})
+            # ... and that its call was answered: no later identical call takes it over.
+            assert entry.pop("answered") is True
             assert entry == {
                 "ts": START,
                 "bot": BOT,

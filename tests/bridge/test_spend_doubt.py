@@ -494,12 +494,15 @@ async def test_the_entry_on_disk_before_paying_names_the_tool_and_arguments_hash
     assert payer.calls == [(BOT, 500)]
 
 
-def _left_pending(path: Path, *entries: tuple[str, str, str | None]) -> None:
-    """Entries (tool, callKey, argsHash) an earlier process left pending."""
+def _left_pending(path: Path, *entries: tuple[str, str, str | None], scheduled: bool = True) -> None:
+    """Entries (tool, callKey, argsHash) an earlier process left pending, 60 s
+    ago; ``scheduled``: brclient had taken their tips."""
     rows = []
     for tool, key, digest in entries:
         row: dict[str, object] = {"ts": NOW - 60, "bot": BOT, "tool": tool, "rail": "tip", "atoms": 500}
-        row |= {"status": "pending", "callKey": key, "scheduled": True}
+        row |= {"status": "pending", "callKey": key}
+        if scheduled:
+            row["scheduled"] = True
         if digest is not None:
             row["argsHash"] = digest
         rows.append(row)
@@ -638,3 +641,132 @@ async def test_when_the_deadline_passes_in_doubt_the_call_says_what_and_that_a_r
     assert payer.calls == []
     assert [e.status for e in settler.summary().entries] == ["pending"]
     assert settler.summary().day_total_atoms == 500
+
+
+async def test_an_answered_takeover_is_never_taken_over_again_nor_after_a_restart(tmp_path: Path) -> None:
+    """A call that took over an entry left pending was answered under its
+    callKey: the next identical call is a new call, so it must not take
+    that callKey over (the bot would answer it with the first call's stored
+    result, uncharged); the mark is on disk, so a restarted bridge agrees.
+    The entry itself stays pending and counted until its own outcome."""
+    path = tmp_path / SPEND_FILE
+    _left_pending(path, ("paid", KEY, arguments_hash(ARGS)))
+    settler = _settler(path, Payer())
+    first = settler.adopt(BOT, "paid", args_hash=arguments_hash(ARGS))
+    assert first is not None
+    await settler.mark_answered(first)
+    settler.release_adopted(first)
+    assert settler.adopt(BOT, "paid", args_hash=arguments_hash(ARGS)) is None
+    assert settler.adopt(BOT, "paid") is None
+    assert [(e["status"], e.get("answered")) for e in _on_disk(path)] == [("pending", True)]
+    restarted = _settler(path, Payer())
+    assert restarted.adopt(BOT, "paid", args_hash=arguments_hash(ARGS)) is None
+    assert restarted.summary().day_total_atoms == 500
+    assert [d.call_key for d in restarted.in_doubt(BOT)] == [KEY]
+    assert await restarted.resolve(BOT, 500, None)
+    assert [(e.status, e.answered) for e in restarted.summary().entries] == [("paid", True)]
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+async def test_a_payment_in_doubt_blocks_a_call_only_within_its_window(
+    tmp_path: Path, scheduled: bool
+) -> None:
+    """An entry left pending 60 s ago whose TipUser never returned (not
+    scheduled) blocks a second payment for tip_wait_secs (5 s) only: the
+    call taking it over does not wait its whole deadline for an outcome that
+    nothing may ever report; it pays, once, under the same callKey. One the
+    wallet took blocks for a day: the call waits until its deadline and is
+    told what is in doubt, paying nothing."""
+    path = tmp_path / SPEND_FILE
+    _left_pending(path, ("paid", KEY, arguments_hash(ARGS)), scheduled=scheduled)
+    current = _settings(per_day_cap_atoms=1_000)
+    payer = Payer("paid")
+    settler = _settler(path, payer, current)
+    decider = Decider(cast(BotLink, _Link()), settler, ManualClock(NOW, auto=True), settings=lambda: current)
+    adopted = settler.adopt(BOT, "paid", args_hash=arguments_hash(ARGS))
+    assert adopted is not None
+    budget = CallBudget(Listing("fixed", 500), in_doubt=adopted.atoms, doubt=adopted)
+    budget.add(adopted.atoms)
+    started = anyio.current_time()
+    with anyio.fail_after(10):
+        reason = await decider.decide(
+            "paid", _refusal(), budget, KEY, None, deadline=started + 0.5, args_hash=arguments_hash(ARGS)
+        )
+    entries = settler.summary().entries
+    if scheduled:
+        assert isinstance(reason, str)
+        assert "still in doubt" in reason
+        assert anyio.current_time() - started >= 0.5
+        assert payer.calls == []
+        assert [e.status for e in entries] == ["pending"]
+        assert settler.summary().day_total_atoms == 500
+    else:
+        assert reason is None
+        assert anyio.current_time() - started < 0.5
+        assert payer.calls == [(BOT, 500)]
+        assert [(e.status, e.call_key) for e in entries] == [("pending", KEY), ("paid", KEY)]
+        # Both count in the day until the first one's outcome arrives.
+        assert settler.summary().day_total_atoms == 1_000
+        assert (budget.paid_atoms, budget.payments, budget.in_doubt) == (500, 1, 0)
+
+
+def _left_paid(path: Path, *entries: tuple[str, int, bool]) -> None:
+    """Entries (callKey, age in s, answered) an earlier process left ``paid``
+    for ``paid`` with :data:`ARGS`."""
+    rows = []
+    for key, age, answered in entries:
+        row: dict[str, object] = {"ts": NOW - age, "bot": BOT, "tool": "paid", "rail": "tip", "atoms": 500}
+        row |= {"status": "paid", "callKey": key, "scheduled": True, "argsHash": arguments_hash(ARGS)}
+        if answered:
+            row["answered"] = True
+        rows.append(row)
+    path.write_text(json.dumps(rows))
+
+
+async def test_a_payment_whose_process_died_before_the_result_is_its_identical_calls_once(
+    tmp_path: Path,
+) -> None:
+    """The bridge was killed after its payment was confirmed and written
+    ``paid``, before the bot's result reached the agent: the restarted
+    bridge gives the identical retry that payment (and its callKey, so the
+    bot answers from its record instead of running and charging again),
+    once. A paid entry whose call was answered, or one older than the bot's
+    replay window, is never taken over; nor is one without an argsHash."""
+    path = tmp_path / SPEND_FILE
+    answered_key, old_key = "a" * 32, "b" * 32
+    _left_paid(path, (answered_key, 60, True), (old_key, 31 * 60, False), (KEY, 60, False))
+    settler = _settler(path, Payer())
+    recent = NOW - 30 * 60
+    mine = settler.adopt(BOT, "paid", args_hash=arguments_hash(ARGS), paid_newer_than=recent)
+    assert mine is not None
+    assert (mine.call_key, mine.status) == (KEY, "paid")
+    assert settler.adopt(BOT, "paid", args_hash=arguments_hash(ARGS), paid_newer_than=recent) is None
+    # Answered under that key now: written, so a second restart agrees.
+    await settler.mark_call_answered(KEY)
+    restarted = _settler(path, Payer())
+    assert restarted.adopt(BOT, "paid", args_hash=arguments_hash(ARGS), paid_newer_than=recent) is None
+    assert [e.get("answered") for e in _on_disk(path)] == [True, None, True]
+    legacy = tmp_path / "legacy.json"
+    row = {"ts": NOW - 60, "bot": BOT, "tool": "paid", "rail": "tip", "atoms": 500, "status": "paid"}
+    legacy.write_text(json.dumps([row]))
+    assert _settler(legacy, Payer()).adopt(BOT, "paid", args_hash=arguments_hash(ARGS)) is None
+
+
+async def test_the_newest_entry_of_the_same_call_is_taken_over_first(tmp_path: Path) -> None:
+    """Two entries left pending for the same tool and arguments: the agent's
+    retry repeats the latest call, so the newest entry (and its callKey) is
+    taken over first; the older one only by the next identical call."""
+    path = tmp_path / SPEND_FILE
+    older, newer = "c" * 32, "d" * 32
+    rows = []
+    for key, age in ((older, 120), (newer, 30)):
+        row: dict[str, object] = {"ts": NOW - age, "bot": BOT, "tool": "paid", "rail": "tip", "atoms": 500}
+        row |= {"status": "pending", "callKey": key, "scheduled": True, "argsHash": arguments_hash(ARGS)}
+        rows.append(row)
+    path.write_text(json.dumps(rows))
+    settler = _settler(path, Payer())
+    first = settler.adopt(BOT, "paid", args_hash=arguments_hash(ARGS))
+    second = settler.adopt(BOT, "paid", args_hash=arguments_hash(ARGS))
+    assert first is not None
+    assert second is not None
+    assert (first.call_key, second.call_key) == (newer, older)

@@ -11,24 +11,18 @@ nothing was refunded or run twice.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import pytest
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolRequest, CallToolRequestParams, CallToolResult, TextContent
 
-from brmcp.bridge import ManualClock
-from brmcp.server import CallContext, Harness
+from brmcp.server import CallContext
 from brmcp.testing import Fabric
 from tests.kit import BOT, CLIENT, until
-from tests.kit.bridge import NAME, START, TOKEN, TestPayer, bridge_stack, build_harness, fixture_settings
+from tests.kit.slowbot import SlowBotWorld, agent_session, slow_bot_world
 
 #: The slow tool's price in atoms (what the measured case charged).
 PRICE = 2_500
@@ -55,42 +49,6 @@ class _Slow:
         return {"done": self.runs, "text": args.get("text")}
 
 
-@dataclass
-class _World:
-    fabric: Fabric
-    harness: Harness
-    payer: TestPayer
-    url: str
-
-
-@asynccontextmanager
-async def _world(tmp_path: Path, slow: _Slow) -> AsyncIterator[_World]:
-    payer = TestPayer()
-    harness = build_harness(tmp_path / "bot", {})
-    harness.add_tool(
-        "slow", slow, description="A slow paid tool", input_schema={"type": "object"}, price_atoms=PRICE
-    )
-    payer.harness = harness
-    clock = ManualClock(START, auto=True)
-    async with bridge_stack(
-        tmp_path, payer, bot=harness, settings=fixture_settings(), name=NAME, clock=clock
-    ) as built:
-        address = built.bridge.listen_address
-        assert address is not None
-        yield _World(built.fabric, harness, payer, f"http://{address[0]}:{address[1]}/mcp/{BOT}")
-
-
-@asynccontextmanager
-async def _agent(url: str) -> AsyncIterator[ClientSession]:
-    async with (
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as http,
-        streamable_http_client(url, http_client=http) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        yield session
-
-
 def _request(text: str) -> CallToolRequest:
     params = CallToolRequestParams.model_validate(
         {"name": "slow", "arguments": {"text": text}, "_meta": {"progressToken": "agent-progress-1"}}
@@ -109,7 +67,7 @@ def _brclient_back(fabric: Fabric) -> None:
     fabric.set_online(BOT)
 
 
-async def _books(world: _World) -> None:
+async def _books(world: SlowBotWorld) -> None:
     """Charged exactly once, to the atom: one tip of the price from the
     wallet, credited once and charged once at the bot, nothing refunded."""
     assert world.payer.calls == [(BOT, PRICE)]
@@ -131,7 +89,7 @@ async def test_a_paid_call_with_progress_survives_the_bots_brclient_going_away(
     tmp_path: Path, finish_while_away: bool
 ) -> None:
     slow = _Slow(report=anyio.Event(), finish=anyio.Event())
-    async with _world(tmp_path, slow) as world, _agent(world.url) as agent:
+    async with slow_bot_world(tmp_path, slow, price=PRICE) as world, agent_session(world.url) as agent:
         router = world.harness.router
         assert router is not None
         outcome: list[CallToolResult] = []

@@ -207,12 +207,16 @@ async def test_bridge_files_match_after_the_same_operations(tmp_path: Path, gore
     go = await _bridge_run("go", tmp_path, goref_binary)
     py = await _bridge_run("py", tmp_path, goref_binary)
     assert py["mcpclient.json"] == go["mcpclient.json"]
-    # Our entries may also name their logical call's callKey (the last key,
-    # which the Go reference ignores when it reads the file); the rest is
-    # byte-identical.
-    keys = [e["callKey"] for e in json.loads(py["mcpspend.json"]) if "callKey" in e]
-    assert all(re.fullmatch(r"[0-9a-f]{32}", k) for k in keys)
-    assert re.sub(rb',\n    "callKey": "[0-9a-f]{32}"', b"", py["mcpspend.json"]) == go["mcpspend.json"]
+    # Our entries may also carry callKey, argsHash and answered (keys after
+    # Go's own, which the Go reference ignores when it reads the file); the
+    # rest is byte-identical.
+    ours = json.loads(py["mcpspend.json"])
+    assert all(re.fullmatch(r"[0-9a-f]{32}", e["callKey"]) for e in ours if "callKey" in e)
+    assert all(re.fullmatch(r"[0-9a-f]{64}", e["argsHash"]) for e in ours if "argsHash" in e)
+    assert any("argsHash" in e for e in ours)
+    ours_only = rb',\n    "(callKey|argsHash)": "[0-9a-f]+"|,\n    "answered": true'
+    stripped = re.sub(ours_only, b"", py["mcpspend.json"])
+    assert stripped == go["mcpspend.json"]
     spend = json.loads(go["mcpspend.json"])
     assert [(e["tool"], e["atoms"], e["status"]) for e in spend] == [
         ("fortune", FORTUNE_PRICE, "paid"),

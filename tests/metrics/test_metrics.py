@@ -153,3 +153,25 @@ def test_cli_refuses_a_non_loopback_metrics_address(
     err = capsys.readouterr().err
     assert err.startswith("brmcp-bridge: --metrics: ")
     assert "loopback" in err
+
+
+@pytest.mark.parametrize("kind", [ServeMetrics, BridgeMetrics])
+def test_dropped_notifications_are_exported_with_the_pm_counts(
+    kind: type[ServeMetrics | BridgeMetrics],
+) -> None:
+    """A notification whose PM could not be sent is dropped, its session kept
+    (RouterStats.notifications_dropped): the operator sees how many, read
+    from the router at scrape time."""
+    from types import SimpleNamespace
+
+    from brmcp.transport.router import RouterStats
+
+    stats = RouterStats(send_failures=1, notifications_dropped=3)
+    router = SimpleNamespace(session_count=2, assembler=SimpleNamespace(buffered_bytes=0), stats=stats)
+    metrics = kind()
+    metrics.watch_router(lambda: router)  # type: ignore[arg-type,return-value]
+    prefix = "brmcp_serve" if kind is ServeMetrics else "brmcp_bridge"
+    assert _value(metrics, f"{prefix}_notifications_dropped_total") == 3
+    assert _value(metrics, f"{prefix}_send_failures_total") == 1
+    stats.notifications_dropped += 1
+    assert _value(metrics, f"{prefix}_notifications_dropped_total") == 4

@@ -126,3 +126,44 @@ async def test_retained_outcomes_add_no_gc_tracked_objects() -> None:
     # Kept as pydantic objects this would be ~10 per outcome (20,000 here).
     assert grown < 500, grown
     assert len(registry) == 2000
+
+
+async def test_a_held_result_is_fetched_by_each_duplicate_until_it_is_finished() -> None:
+    """An original whose completion could not be journaled holds its key:
+    the duplicates waiting and the later ones each call the pending fetch
+    (which says the result is still kept) until one finishes the claim;
+    from then on every duplicate replays that result and the key never runs
+    again."""
+    registry = CallKeyRegistry(clock=lambda: 1000.0)
+    original, _ = registry.claim(PEER, "key-00000009")
+    waiting, duplicate = registry.claim(PEER, "key-00000009")
+    assert duplicate
+    kept = to_result({"n": 1})
+    recorded = {"ok": False}
+    fetches: list[str] = []
+
+    async def fetch() -> CallToolResult:
+        fetches.append("fetch")
+        if not recorded["ok"]:
+            return error_result("kept")
+        registry.finish(original, kept, 10)
+        return kept
+
+    answers: list[CallToolResult] = []
+    async with anyio.create_task_group() as tg:
+
+        async def duplicate_call() -> None:
+            answers.append(await registry.wait(waiting))
+
+        tg.start_soon(duplicate_call)
+        await anyio.wait_all_tasks_blocked()
+        registry.hold(original, fetch)
+    assert [text(a) for a in answers] == ["kept"]
+    again, duplicate = registry.claim(PEER, "key-00000009")
+    assert duplicate
+    recorded["ok"] = True
+    assert (await registry.wait(again)).structured_content == {"n": 1}
+    replay, duplicate = registry.claim(PEER, "key-00000009")
+    assert duplicate
+    assert (await registry.wait(replay)).structured_content == {"n": 1}
+    assert fetches == ["fetch", "fetch"]

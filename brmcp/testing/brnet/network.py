@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -39,6 +40,8 @@ from .build import brnet_binary
 __all__ = ["BrNet", "BrNetError", "BrNetUser", "mediated_kx"]
 
 READY_PREFIX = "brnet ready "
+#: What brnet keeps across restarts in its root (uids, KX, ports).
+STATE_FILE = "brnet-state.json"
 
 
 class BrNetError(RuntimeError):
@@ -217,7 +220,24 @@ class BrNet:
 
     def start(self) -> BrNet:
         """Start brnet and wait for its ready line (at most ``startup_timeout``
-        seconds, not counting the build). Raises :class:`BrNetError`."""
+        seconds, not counting the build). Raises :class:`BrNetError`.
+
+        brnet picks free ports on a fresh root and binds them a moment later;
+        another process may take one in between ("address already in use").
+        A first start that fails so is tried again (at most three times) on
+        an emptied root, where brnet picks new ports; a restart keeps its
+        ports (the daemons' configs name them) and is not retried."""
+        fresh = not (self.root / STATE_FILE).exists()
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except BrNetError as exc:
+                if not fresh or attempt == 2 or "address already in use" not in str(exc):
+                    raise
+                shutil.rmtree(self.root, ignore_errors=True)
+        raise AssertionError("the loop returns or raises")
+
+    def _start_once(self) -> BrNet:
         if self.running:
             raise BrNetError("brnet is already running")
         cmd = self.command()

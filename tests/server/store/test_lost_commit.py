@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from mcp.types import CallToolResult
 
@@ -192,6 +192,11 @@ async def _run(
     committed=st.booleans(),
     unreachable=st.booleans(),
 )
+# A completion whose COMMIT never landed, with the book then unreachable: the
+# result is withheld (a next start refunds the charge) and kept for the same
+# callKey's retry, which journals it first.
+@example(calls=[("k-a", False)], at=1, committed=False, unreachable=True)
+@example(calls=[("k-a", False), ("k-b", False)], at=1, committed=True, unreachable=True)
 def test_a_lost_commit_is_resolved_from_the_book(
     postgres_server: Any,
     monkeypatch: pytest.MonkeyPatch,
@@ -260,5 +265,49 @@ def test_a_lost_charge_commit_answers_what_the_book_holds(
     url = postgres_server.create_database()
     try:
         anyio.run(_first_charge, url, committed, down, monkeypatch)
+    finally:
+        postgres_server.drop_database(url)
+
+
+async def _unkeyed_completion(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    harness = Harness(
+        HarnessConfig(store=url, allowed_peers={ALICE}, calls_per_minute=10**6, timer=ManualClock())
+    )
+    runs: list[str | None] = []
+
+    @harness.tool(price_atoms=PRICE, description="Paid work")
+    async def work(ctx: CallContext) -> dict[str, Any]:
+        runs.append(ctx.call_key)
+        return {"ok": True}
+
+    spec = next(t for t in harness.tools() if t.name == "work")
+    async with harness:
+        await harness.credit(ALICE, CREDIT)
+        # The charge commits; the completion's COMMIT never lands and the
+        # server stays out of reach.
+        plan = WirePlan(1, False, True)
+        lose_a_commit(harness, plan, monkeypatch)
+        answer = await harness.call(ALICE, spec, {}, {}, None)
+        plan.down = False  # the server is back before this process stops
+    assert runs == [None]
+    assert answer.is_error
+    assert "not delivered" in text_of(answer)
+    assert f"the {PRICE} atoms charged are refunded when the bot next starts" in text_of(answer)
+    assert not answer.meta or "brmcp/chargedAtoms" not in answer.meta
+    # The next start refunds it, once: the caller paid nothing for a result it never got.
+    for _ in range(2):
+        async with Harness(HarnessConfig(store=url, allowed_peers={ALICE}, timer=ManualClock())) as again:
+            assert await again.balance(ALICE) == CREDIT
+    assert rows(url, "SELECT state FROM calls WHERE state <> 'done'") == []
+    moves = rows(url, "SELECT kind, atoms FROM movements ORDER BY id")
+    assert moves == [("credit", CREDIT), ("charge", -PRICE), ("recovery_refund", PRICE)]
+
+
+def test_an_unkeyed_result_whose_completion_is_lost_is_not_delivered(
+    postgres_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = postgres_server.create_database()
+    try:
+        anyio.run(_unkeyed_completion, url, monkeypatch)
     finally:
         postgres_server.drop_database(url)
