@@ -20,7 +20,6 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from types import TracebackType
 from typing import Any
 
 import anyio
@@ -31,6 +30,7 @@ from mcp.types import CallToolResult, JSONRPCNotification
 
 from ..transport.conn import Conn
 from ..transport.sender import SendError
+from ._observed import ObservedRead
 from .callkeys import error_result
 
 __all__ = ["CURRENT_SESSION", "Runs", "SessionWatch", "heartbeat"]
@@ -54,9 +54,9 @@ class SessionWatch:
         self.conn = conn
         self._cancelled: OrderedDict[int | str, None] = OrderedDict()
 
-    def watch(self, stream: ReadStream[SessionMessage | Exception]) -> _WatchedRead:
+    def watch(self, stream: ReadStream[SessionMessage | Exception]) -> ObservedRead:
         """``stream`` (the session's inbound messages), noting each peer cancel."""
-        return _WatchedRead(self, stream)
+        return ObservedRead(stream, self._inbound)
 
     def cancelled(self, request_id: Any) -> bool:
         """True when the peer sent ``notifications/cancelled`` for ``request_id``."""
@@ -88,45 +88,6 @@ class SessionWatch:
 #: The session whose request the current task serves (set for the life of
 #: each served session: its request handlers inherit it).
 CURRENT_SESSION: ContextVar[SessionWatch | None] = ContextVar("brmcp_session", default=None)
-
-
-class _WatchedRead:
-    """A session's read stream, passing each item to its :class:`SessionWatch`
-    before the MCP SDK sees it (so a cancel is noted before it takes effect)."""
-
-    __slots__ = ("_stream", "_watch")
-
-    def __init__(self, watch: SessionWatch, stream: ReadStream[SessionMessage | Exception]) -> None:
-        self._watch = watch
-        self._stream = stream
-
-    async def receive(self) -> SessionMessage | Exception:
-        item = await self._stream.receive()
-        self._watch._inbound(item)
-        return item
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-    def __aiter__(self) -> _WatchedRead:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> _WatchedRead:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 class _Run:

@@ -45,6 +45,7 @@ from mcp.types import JSONRPCRequest, JSONRPCResponse
 from .._ops.clock import Clock
 from ..protocol.eras import LIST_TOOLS_KEY, MODERN_VERSIONS_KEY, TOOLS_KEY
 from ..transport.conn import Conn
+from ._observed import ObservedRead
 from ._timer import wait_event
 
 __all__ = [
@@ -87,8 +88,8 @@ class FirstContactTap:
         self.heard = anyio.Event()
 
     @property
-    def read_stream(self) -> _TapRead:
-        return _TapRead(self)
+    def read_stream(self) -> ObservedRead:
+        return ObservedRead(self._read, self._inbound)
 
     @property
     def write_stream(self) -> _TapWrite:
@@ -125,41 +126,6 @@ class FirstContactTap:
         answer = JSONRPCResponse(jsonrpc="2.0", id=message.id, result={**result, "_meta": merged})
         self.offered.set()
         return SessionMessage(message=answer, metadata=item.metadata)
-
-
-class _TapRead:
-    __slots__ = ("_tap",)
-
-    def __init__(self, tap: FirstContactTap) -> None:
-        self._tap = tap
-
-    async def receive(self) -> SessionMessage | Exception:
-        item = await self._tap._read.receive()
-        self._tap._inbound(item)
-        return item
-
-    async def aclose(self) -> None:
-        await self._tap._read.aclose()
-
-    def __aiter__(self) -> _TapRead:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> _TapRead:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 class _TapWrite:
