@@ -113,16 +113,25 @@ def test_fakebr_removes_what_it_made_when_a_port_is_taken_after_the_check(
 
     monkeypatch.setattr(cli, "_check_ports", lambda host, first, count: None)
     datadir = tmp_path / "br"
-    with _held_port() as port:
-        argv = ["--datadir", str(datadir), "--users", "bot,alice", "--port", str(port - 1)]
-        assert cli.main(argv) == 1
-        assert capsys.readouterr().err.splitlines() == [f"brmcp-fakebr: {_taken(port, '--port')}"]
-        assert not datadir.exists()
-        # A data directory that was there before keeps what it had.
-        datadir.mkdir()
-        (datadir / "notes.txt").write_text("mine")
-        assert cli.main(argv) == 1
-        assert sorted(p.name for p in datadir.iterdir()) == ["notes.txt"]
+    # The port below the held one must be free for the first listener; a
+    # process beside this test (a parallel worker) may take it meanwhile, so
+    # a try whose first port was the taken one is made again on another.
+    for _ in range(5):
+        with _held_port() as port:
+            argv = ["--datadir", str(datadir), "--users", "bot,alice", "--port", str(port - 1)]
+            assert cli.main(argv) == 1
+            said = capsys.readouterr().err.splitlines()
+            if said == [f"brmcp-fakebr: {_taken(port - 1, '--port')}"]:
+                continue
+            assert said == [f"brmcp-fakebr: {_taken(port, '--port')}"]
+            assert not datadir.exists()
+            # A data directory that was there before keeps what it had.
+            datadir.mkdir()
+            (datadir / "notes.txt").write_text("mine")
+            assert cli.main(argv) == 1
+            assert sorted(p.name for p in datadir.iterdir()) == ["notes.txt"]
+            return
+    pytest.fail("the port below a held one was taken by another process five times")
 
 
 def test_the_demo_on_a_taken_port_is_one_line(tmp_path: Path) -> None:
