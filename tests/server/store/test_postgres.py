@@ -67,6 +67,49 @@ def test_concurrent_first_connections_create_one_schema(postgres_url: str) -> No
             ex.close()
 
 
+def test_a_connection_waits_out_a_slow_schema_creation_elsewhere(postgres_url: str) -> None:
+    """Another process holding the schema lock longer than the row-lock
+    timeout (DDL on a loaded server) delays a new connection; it does not
+    fail it."""
+    import time
+
+    import psycopg
+
+    from brmcp.server.store.postgres.executor import LOCK_TIMEOUT_MS
+    from brmcp.server.store.postgres.schema import ADVISORY_LOCK
+
+    holder = psycopg.connect(postgres_url, autocommit=True)
+    holder.execute("BEGIN")
+    holder.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK,))
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(_open_or_error(postgres_url)))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not raw_sql(
+            postgres_url, "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ):
+            assert time.monotonic() < deadline, "the new connection never waited for the schema lock"
+            time.sleep(0.01)
+        # PostgreSQL's own timer is what is under test, so real time passes here.
+        time.sleep(3 * LOCK_TIMEOUT_MS / 1000)
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    thread.join(30)
+    assert len(result) == 1
+    opened = result[0]
+    assert isinstance(opened, PostgresExecutor), opened
+    opened.close()
+
+
+def _open_or_error(url: str) -> PostgresExecutor | BaseException:
+    try:
+        return executor(url)
+    except BaseException as exc:
+        return exc
+
+
 def test_a_foreign_database_is_refused_untouched(postgres_url: str) -> None:
     raw_sql(postgres_url, "CREATE TABLE balances (who TEXT)")
     with pytest.raises(StoreError, match="not a brmcp database") as info:

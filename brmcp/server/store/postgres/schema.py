@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ADVISORY_LOCK", "POOL_DDL", "POSTGRES_SCHEMA", "TABLES", "ensure_schema"]
 
+#: Milliseconds a connection waits for another's schema creation to finish.
+SCHEMA_LOCK_TIMEOUT_MS = 60_000
 #: The advisory lock key the schema creation holds (a constant of the
 #: application, ``'brmcp'`` in ASCII).
 ADVISORY_LOCK = 0x62726D6370
@@ -89,6 +91,10 @@ def ensure_schema(raw: psycopg.Connection[Any], where: str) -> None:
     holding other tables of these names (nothing is written then)."""
     raw.execute("BEGIN")
     try:
+        # The connection's short lock_timeout is for row locks between
+        # batches; waiting for another process's schema creation (DDL, slow
+        # on a loaded server) is expected, so this transaction waits longer.
+        raw.execute(f"SET LOCAL lock_timeout = {int(SCHEMA_LOCK_TIMEOUT_MS)}")
         raw.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK,))
         present = {
             str(row[0])
