@@ -19,19 +19,25 @@ from the Go reference.
 * :class:`Clock`, :class:`SystemClock`, :class:`ManualClock`, :func:`go_duration`.
 """
 
+from brmcp._ops.listener import ListenerLimits
+from brmcp.bridge._bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN, Bridge, BridgeConfig
+from brmcp.bridge.admin import ConfigSnippet
+from brmcp.bridge.base import (
+    MODE_APPROVAL,
+    MODE_AUTOPAY,
+    SETTINGS_FILE,
+    BridgeError,
+    Settings,
+    SettingsError,
+    SettingsFileBroken,
+)
+from brmcp.bridge.daemon import BridgeDaemon
+from brmcp.bridge.links import RetryPolicy
+from brmcp.bridge.pay import SPEND_FILE, Payer, PendingPayment, SpendEntry, SpendSummary
+from brmcp.clientrpc.tipmatcher import TipMatcher, TipWaiter
+from brmcp.clientrpc.tippayer import TipPayer, TipPaymentError
+
 from .._ops.clock import Clock, ManualClock, SystemClock, go_duration
-from .admin import ConfigSnippet
-from .approvals import PendingPayment
-from .bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN, Bridge, BridgeConfig
-from .daemon import BridgeDaemon
-from .errors import BridgeError, SettingsError, SettingsFileBroken
-from .listener import ListenerLimits
-from .retry import RetryPolicy
-from .settings import MODE_APPROVAL, MODE_AUTOPAY, SETTINGS_FILE, Settings
-from .settle import Payer
-from .spend import SPEND_FILE, SpendEntry, SpendSummary
-from .tipmatcher import TipMatcher, TipWaiter
-from .tippayer import TipPayer, TipPaymentError
 
 __all__ = [
     "ADMIN_TOKEN_FILE",

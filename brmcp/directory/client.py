@@ -4,7 +4,7 @@ router, crawl its ``tools/list``, and make paid calls under a hard bound
 
 A paid call is one logical call under one ``brmcp/callKey``: at most one
 transport retry on a fresh session, and at most one payment, judged as the
-bridge judges a refusal (:class:`brmcp.bridge.budget.CallBudget` against the
+bridge judges a refusal (:class:`brmcp.bridge.pay._budget.CallBudget` against the
 tool's listing in the crawled catalog) and capped at ``cap`` atoms. Before
 money moves the payment is written to the spend journal and, for a test, the
 atoms are debited from the provider's escrow, in one transaction
@@ -35,9 +35,10 @@ from mcp.types import (
     Tool,
 )
 
+from brmcp.bridge.pay import CallBudget, Listing, listing_of
+
 from .._ops import gojson
 from .._ops.clock import Clock
-from ..bridge.budget import CallBudget, Listing, listing_of
 from ..protocol.payment import CALL_KEY, parse_payment_required
 from ..transport.conn import Conn
 from ..transport.router import Router

@@ -26,8 +26,9 @@ from typing import Any, Protocol
 
 import anyio.abc
 
+from brmcp.bridge.pay import Listing
+
 from .._ops.clock import Clock
-from ..bridge.budget import Listing
 from .client import CallError, ProviderClient, listing_in, result_json, result_text
 from .pages import PagesRefused, SnapshotMirror, verify_manifest
 from .pipeline import new_call_key

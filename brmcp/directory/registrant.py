@@ -43,9 +43,10 @@ import mcp.types as types
 from mcp import ClientSession
 from mcp.client.session import IncomingMessage, MessageHandlerFnT
 
+from brmcp.clientrpc.tipmatcher import TipMatcher
+from brmcp.clientrpc.tippayer import TipPayer
+
 from .._ops.clock import Clock, SystemClock
-from ..bridge.tipmatcher import TipMatcher
-from ..bridge.tippayer import TipPayer
 from ..clientrpc import Client, TipProgressEvent
 from ..server import CallContext, Harness
 from ..transport.router import Router

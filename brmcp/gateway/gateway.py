@@ -91,12 +91,11 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
+from brmcp.server import RATE_LIMITED_TEXT
+from brmcp.server.catalog import MAX_SUBSCRIBED_URI_BYTES, MAX_SUBSCRIPTIONS, Handler, peer_of
+
 from ..protocol.toolerrors import ToolRefusal, internal_error_text
 from ..server import CallContext, Harness
-from ..server.catalog import MAX_SUBSCRIBED_URI_BYTES, MAX_SUBSCRIPTIONS
-from ..server.context import peer_of
-from ..server.ratelimit import RATE_LIMITED_TEXT
-from ..server.tools import Handler
 from .config import CALLER_UID_KEY, UpstreamConfig, UpstreamConfigError
 from .prices import PriceError, PriceTable, unlisted_text
 from .tools import strip_reserved, tool_specs

@@ -18,7 +18,8 @@ from typing import Any
 
 from mcp.types import Tool
 
-from ..server.tools import Handler, ToolSpec
+from brmcp.server.catalog import Handler, ToolSpec
+
 from .prices import PriceTable
 
 __all__ = ["UpstreamToolSpec", "strip_reserved", "tool_specs"]

@@ -12,7 +12,7 @@ import anyio.abc
 from prometheus_client import CollectorRegistry, make_asgi_app
 from starlette.types import Receive, Scope, Send
 
-from ..bridge.listener import OwnedListener, parse_listen_address
+from brmcp._ops.listener import OwnedListener, parse_listen_address
 
 __all__ = [
     "MetricsEndpoint",

@@ -1,6 +1,6 @@
 """The ``_meta`` keys of brmcp's era extensions, shared by both roles
 (WIRE.md §Eras). Plain constants: the harness side is
-:mod:`brmcp.server.firstcontact`, the bridge side :mod:`brmcp.bridge.link`."""
+:mod:`brmcp.server.firstcontact`, the bridge side :mod:`brmcp.bridge.links._link`."""
 
 from __future__ import annotations
 

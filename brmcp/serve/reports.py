@@ -1,6 +1,6 @@
 """``brmcp-serve balances``, ``statement <uid>`` and ``stats``: read-only
 reports on the bot's book, safe while the bot runs
-(:mod:`brmcp.server.reports`). The book is the one the ``store`` key of
+(:mod:`brmcp.server.store.reports`). The book is the one the ``store`` key of
 ``<datadir>/brmcp.json`` names, read as the daemon reads it
 (:func:`~brmcp.serve.config.load_serve_config`): ``<datadir>/brmcp.sqlite3``
 by default (also when there is no ``brmcp.json``, as for a harness run
@@ -19,7 +19,16 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..server.reports import ReportBook, balances, held_of, held_totals, ledger_stats, open_book, statement
+from brmcp.server.store.reports import (
+    ReportBook,
+    balances,
+    held_of,
+    held_totals,
+    ledger_stats,
+    open_book,
+    statement,
+)
+
 from ..server.store import StoreError
 from ..server.store.url import DEFAULT_STORE, StoreURL, parse_store_url
 from .config import SERVE_CONFIG_FILE, ServeConfigError, load_serve_config

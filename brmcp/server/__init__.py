@@ -19,17 +19,22 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from brmcp.server.calls import REPLAY_WINDOW, call_key_from_meta
+from brmcp.server.catalog import (
+    CallContext,
+    CompletionSpec,
+    PeerContext,
+    PromptSpec,
+    ResourceSpec,
+    ResourceTemplateSpec,
+    ToolSpec,
+)
+
 from ..protocol.toolerrors import ToolRefusal
 from .billing import Billing, InsufficientBalance
 from .bot import lock_brclient, run_bot
-from .callkeys import REPLAY_WINDOW, call_key_from_meta
-from .completions import CompletionSpec
-from .context import CallContext, PeerContext
 from .harness import OUTCOME_CAP, RATE_LIMITED_TEXT, Harness, HarnessConfig, HarnessError
-from .prompts import PromptSpec
-from .resources import ResourceSpec, ResourceTemplateSpec
 from .store import HeldTip, StatementEntry
-from .tools import ToolSpec
 
 __all__ = [
     "OUTCOME_CAP",

@@ -42,11 +42,11 @@ from mcp.shared._stream_protocols import ReadStream, WriteStream
 from mcp.shared.message import SessionMessage
 from mcp.types import JSONRPCRequest, JSONRPCResponse
 
+from brmcp.server.calls import ObservedRead, wait_event
+
 from .._ops.clock import Clock
 from ..protocol.eras import LIST_TOOLS_KEY, MODERN_VERSIONS_KEY, TOOLS_KEY
 from ..transport.conn import Conn
-from ._observed import ObservedRead
-from ._timer import wait_event
 
 __all__ = [
     "LIST_TOOLS_KEY",

@@ -51,36 +51,53 @@ from ..transport.router import Router
 
 if TYPE_CHECKING:
     from ..metrics import ServeMetrics
-from ..protocol.toolerrors import internal_error_text
-from ..transport.sender import PMSender
-from . import store
-from ._accounts import Accounts
-from ._guard import tool_error
-from ._pipeline import OUTCOME_CAP, CallPipeline, outcome_json_for_error, response_overhead
-from ._received_tips import ReceivedTips
-from ._runs import CURRENT_SESSION, SessionWatch, heartbeat
-from ._toolset import Toolset
-from ._tracing import span_only_when_traced
-from .callkeys import REPLAY_WINDOW, CallKeyRegistry, call_key_from_meta
-from .catalog import Catalog, SessionState
-from .completions import Completer, CompletionFields
-from .config import HOLD_SECONDS, MAX_HELD_CALLS, HarnessConfig, HarnessError
-from .context import peer_of
-from .firstcontact import MODERN_VERSIONS_KEY, OFFER_LINGER, TOOLS_KEY, FirstContactTap, close_abandoned_offer
-from .pool import pool_meta
-from .prompts import PromptFields, PromptHandler, PromptSpec
-from .ratelimit import RATE_LIMITED_TEXT, RateLimiter
-from .resources import (
+from brmcp.server.calls import (
+    CURRENT_SESSION,
+    OUTCOME_CAP,
+    REPLAY_WINDOW,
+    Accounts,
+    CallKeyRegistry,
+    CallPipeline,
+    ReceivedTips,
+    SessionWatch,
+    call_key_from_meta,
+    heartbeat,
+    outcome_json_for_error,
+    response_overhead,
+    tool_error,
+)
+from brmcp.server.catalog import (
+    Catalog,
+    Completer,
+    CompletionFields,
+    Handler,
+    PromptFields,
+    PromptHandler,
+    PromptSpec,
     ResourceFields,
     ResourceHandler,
     ResourceSpec,
     ResourceTemplateFields,
     ResourceTemplateSpec,
+    SessionState,
     TemplateHandler,
+    ToolArgumentError,
+    ToolFields,
+    Toolset,
+    ToolSpec,
+    peer_of,
 )
+from brmcp.server.ratelimit import RATE_LIMITED_TEXT, RateLimiter
+
+from ..protocol.toolerrors import internal_error_text
+from ..transport.sender import PMSender
+from . import store
+from ._tracing import span_only_when_traced
+from .config import HOLD_SECONDS, MAX_HELD_CALLS, HarnessConfig, HarnessError
+from .firstcontact import MODERN_VERSIONS_KEY, OFFER_LINGER, TOOLS_KEY, FirstContactTap, close_abandoned_offer
+from .pool import pool_meta
 from .store import HeldTip, JournalEntry, StatementEntry, StoreError
 from .store.journal import HEARTBEAT_INTERVAL
-from .tools import Handler, ToolArgumentError, ToolFields, ToolSpec
 
 __all__ = [
     "HOLD_SECONDS",
@@ -109,7 +126,7 @@ class Harness:
     also free resources, resource templates, prompts and completions
     (:meth:`resource`, :meth:`resource_template`, :meth:`prompt`,
     :meth:`completion` and their ``add_*`` forms, delegated to the harness's
-    :class:`~.catalog.Catalog`; brmcp/server/catalog.py).
+    :class:`~.catalog.Catalog`; brmcp/server/catalog/_catalog.py).
 
     Construction opens (or creates) the database and reconciles it: every
     paid call interrupted by a crash is refunded exactly once, and completed
@@ -323,7 +340,7 @@ class Harness:
         """The registered tools, in registration order."""
         return self._tools.specs()
 
-    # -- the free catalog: delegated to the harness's Catalog (brmcp/server/catalog.py) --
+    # -- the free catalog: delegated to the harness's Catalog (brmcp/server/catalog/_catalog.py) --
 
     def resource(
         self, uri: str, *, name: str | None = None, **fields: Unpack[ResourceFields]

@@ -22,9 +22,9 @@ import anyio.to_thread
 import httpx2
 import pytest
 
-from brmcp.bridge import http as bridge_http
-from brmcp.bridge.approvals import PendingPayment, withdrawn_text
-from brmcp.bridge.relay import AgentCall
+import brmcp.bridge.agent._http as bridge_http
+from brmcp.bridge.links import AgentCall
+from brmcp.bridge.pay import PendingPayment, withdrawn_text
 from tests.kit.bridge import BOT, CLIENT, INIT, TOKEN, Env, auth, bridge_env, call, fixture_settings, until
 
 APPROVAL = fixture_settings(mode="approval", approval_timeout_secs=600)

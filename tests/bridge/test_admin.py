@@ -1,4 +1,4 @@
-"""The local admin surface the daemon's CLI talks to (brmcp/bridge/admin.py)."""
+"""The local admin surface the daemon's CLI talks to (brmcp/bridge/admin/_routes.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 
 from brmcp.bridge import ADMIN_TOKEN_FILE
-from brmcp.bridge.spend import arguments_hash
+from brmcp.bridge.pay import arguments_hash
 from tests.kit.bridge import BOT, START, TOKEN, bridge_env, call, fixture_settings, until
 
 

@@ -1,5 +1,5 @@
 """The bridge relays the bot's in-call traffic to the calling agent
-(brmcp/bridge/relay.py): progress, log messages, sampling and elicitation;
+(brmcp/bridge/links/_relay.py): progress, log messages, sampling and elicitation;
 and the conformance stack's bearer proxy keeps the real gate in force.
 
 Runs the conformance fixture bot (tests/conformance/) with the Python SDK
@@ -41,7 +41,7 @@ from mcp.types import (
     TextContent,
 )
 
-from brmcp.bridge.relay import Relay
+from brmcp.bridge.links import Relay
 from tests.conformance.fixture import PRICES
 from tests.conformance.stack import BOT, CLIENT, Stack, conformance_stack
 

@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp.types import CallToolResult
 
-from brmcp.bridge import ManualClock, payloop
-from brmcp.bridge.settle import Settler
-from brmcp.bridge.spend import SPEND_FILE, STATUS_PENDING, SpendLog, arguments_hash
+import brmcp.bridge.pay._payloop as payloop
+from brmcp.bridge import ManualClock
+from brmcp.bridge.pay import SPEND_FILE, STATUS_PENDING, Settler, SpendLog, arguments_hash
 from tests.kit import BOT, CLIENT
 from tests.kit.bridge import START, Env, TestPayer, bridge_env, call, fixture_settings, until
 

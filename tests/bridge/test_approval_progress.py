@@ -1,7 +1,7 @@
 """While a payment waits for the user's approval, an agent that asked for
 progress hears from the bridge every APPROVAL_PROGRESS_INTERVAL seconds, so
 clients that restart their request timeout on progress keep waiting
-(brmcp/bridge/_decide.py ``Decider.approval_progress``; BRIDGE.md "Agent timeouts").
+(brmcp/bridge/pay/_decide.py ``Decider.approval_progress``; BRIDGE.md "Agent timeouts").
 
 Uses the shared bridge fixture (tests/kit/bridge.py) in approval mode
 with a manual clock: time moves only when the test advances it.
@@ -15,8 +15,7 @@ from typing import Any
 import anyio
 from mcp.types import CallToolRequest, CallToolRequestParams, CallToolResult, ProgressNotification
 
-from brmcp.bridge.approvals import PendingPayment
-from brmcp.bridge.payloop import APPROVAL_PROGRESS_INTERVAL, APPROVAL_PROGRESS_STEP
+from brmcp.bridge.pay import APPROVAL_PROGRESS_INTERVAL, APPROVAL_PROGRESS_STEP, PendingPayment
 from brmcp.protocol.payment import PaymentRequired
 from tests.kit.bridge import BOT, bridge_env, fixture_settings, until
 

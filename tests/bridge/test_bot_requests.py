@@ -1,7 +1,7 @@
 """Agents discover, users decide: the bridge's own endpoint ``/mcp/discover``
-(brmcp/bridge/agentdiscovery.py), the parked add-bot requests
-(brmcp/bridge/botrequests.py), their admin routes
-(brmcp/bridge/_botrequestroutes.py) and the ``approvals`` command (BRIDGE.md
+(brmcp/bridge/agent/_discover.py), the parked add-bot requests
+(brmcp/bridge/find/_botrequests.py), their admin routes
+(brmcp/bridge/admin/_botrequestroutes.py) and the ``approvals`` command (BRIDGE.md
 §Finding bots through directories).
 
 A fake directory (a harness at DIR serving ``search``, ``get_provider`` and
@@ -30,9 +30,9 @@ from mcp import ClientSession
 from mcp.types import CallToolResult
 
 from brmcp.bridge import Bridge, BridgeConfig, ManualClock, Settings, cli
-from brmcp.bridge.botrequests import MAX_PENDING, RequestEnded
-from brmcp.bridge.runtime import write_runtime
-from brmcp.bridge.settings import load_settings
+from brmcp.bridge.base import load_settings
+from brmcp.bridge.daemon import write_runtime
+from brmcp.bridge.find import MAX_PENDING, RequestEnded
 from brmcp.server import CallContext, Harness, HarnessConfig
 from tests.kit import CLIENT, until
 from tests.kit.bridge import INIT, TOKEN, Stack, auth, bridge_stack, call, joined

@@ -20,7 +20,7 @@ import pytest
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
-from brmcp.bridge.snapshots import SNAPSHOT_DIR
+from brmcp.bridge.links import SNAPSHOT_DIR
 from brmcp.server import CallContext, Harness, HarnessConfig
 from tests.kit.bridge import BOT, CLIENT, Env, bridge_env, call, joined, until
 
@@ -149,7 +149,7 @@ async def test_agent_that_only_lists_sees_a_restarted_bots_tools(
     still learns the restarted bot's tools: a snapshot older than
     SNAPSHOT_MAX_AGE is served and checked in the background, and the agent
     gets notifications/tools/list_changed when it differed."""
-    import brmcp.bridge._toolsnap as toolsnap_module  # where the tools snapshot reads them
+    import brmcp.bridge.links._toolsnap as toolsnap_module  # where the tools snapshot reads them
 
     monkeypatch.setattr(toolsnap_module, "SNAPSHOT_MAX_AGE", 3600.0)
     monkeypatch.setattr(toolsnap_module, "REFRESH_DELAY", 0.01)

@@ -32,33 +32,32 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server, ServerRequestContext
 
 from brmcp.bridge import Bridge, ManualClock
-from brmcp.bridge._linkbase import (
+from brmcp.bridge.links import (
+    LIST_CHANGED_BURST,
+    LIST_CHANGED_RATE,
+    MAX_RELAYED_BYTES,
+    MAX_SNAPSHOT_BYTES,
     MAX_TOOL_BYTES,
     MAX_TOOL_LIST_BYTES,
     MAX_TOOL_PAGES,
     MAX_TOOLS,
-    LinkError,
-    RateGate,
-    ToolListTooLarge,
-    json_bytes,
-)
-from brmcp.bridge._toolsnap import RELIST_INTERVAL
-from brmcp.bridge.link import BotLink
-from brmcp.bridge.relay import MAX_RELAYED_BYTES, RELAY_BURST, RELAY_RATE, Relay
-from brmcp.bridge.snapshots import (
-    MAX_SNAPSHOT_BYTES,
+    RELAY_BURST,
+    RELAY_RATE,
+    RELIST_INTERVAL,
     SNAPSHOT_DIR,
-    BotSnapshot,
-    ListedTools,
-    SnapshotStore,
-    SnapshotTooLarge,
-)
-from brmcp.bridge.subscriptions import (
-    LIST_CHANGED_BURST,
-    LIST_CHANGED_RATE,
     UPDATES_BURST,
     UPDATES_RATE,
+    BotLink,
+    BotSnapshot,
+    LinkError,
+    ListedTools,
+    RateGate,
+    Relay,
+    SnapshotStore,
+    SnapshotTooLarge,
     Subscriptions,
+    ToolListTooLarge,
+    json_bytes,
 )
 from brmcp.protocol.eras import MODERN_VERSIONS_KEY, TOOLS_KEY
 from brmcp.protocol.payment import MARKS_REFUSALS_KEY

@@ -1,4 +1,4 @@
-"""The hard bound of one logical call (brmcp/bridge/budget.py, BRIDGE.md
+"""The hard bound of one logical call (brmcp/bridge/pay/_budget.py, BRIDGE.md
 §The hard bound): what a refusal can make the bridge pay."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mcp.types import Tool
 
-from brmcp.bridge.budget import CallBudget, Listing, listing_of
+from brmcp.bridge.pay import CallBudget, Listing, listing_of
 from brmcp.protocol.payment import PRICE_ATOMS_KEY, PRICING_DYNAMIC, PRICING_KEY, PaymentRequired
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from brmcp.bridge import Settings
+from brmcp.bridge.base import load_settings
 from brmcp.bridge.cli import main
-from brmcp.bridge.runtime import RUNTIME_FILE, _process_started, runtime_stale_reason
-from brmcp.bridge.settings import load_settings
+from brmcp.bridge.daemon._runtime import RUNTIME_FILE, process_started, runtime_stale_reason
 
 BOT = "ab" * 32
 OTHER_DATADIR = "if the daemon runs with another data directory, add --datadir DIR to this command"
@@ -205,10 +205,10 @@ def test_runtime_stale_reason() -> None:
     assert runtime_stale_reason({"pid": gone}) == f"process {gone} is gone"
 
 
-@pytest.mark.skipif(_process_started(os.getpid()) is None, reason="no /proc start times on this system")
+@pytest.mark.skipif(process_started(os.getpid()) is None, reason="no /proc start times on this system")
 def test_a_reused_pid_is_recognised(tmp_path: Path) -> None:
     me = os.getpid()
-    started = _process_started(me)
+    started = process_started(me)
     assert isinstance(started, int)
     assert runtime_stale_reason({"pid": me, "started": started}) is None
     record = {"pid": me, "started": started + 1, "url": "http://127.0.0.1:1", "sighup": True}

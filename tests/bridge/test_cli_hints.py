@@ -15,8 +15,8 @@ import anyio
 import pytest
 
 from brmcp.bridge import BridgeError
-from brmcp.bridge.runtime import RUNTIME_FILE
-from brmcp.bridge.settings import setting_names
+from brmcp.bridge.base import setting_names
+from brmcp.bridge.daemon import RUNTIME_FILE
 from tests.bridge.test_daemon import bridge_settings, running_daemon
 from tests.kit.serve import serve_network
 

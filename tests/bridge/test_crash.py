@@ -62,9 +62,8 @@ import anyio.abc
 import httpx2
 import pytest
 
-from brmcp.bridge.daemon import resolve_listen
-from brmcp.bridge.runtime import read_runtime
-from brmcp.bridge.spend import SPEND_FILE, arguments_hash
+from brmcp.bridge.daemon import read_runtime, resolve_listen
+from brmcp.bridge.pay import SPEND_FILE, arguments_hash
 from brmcp.testing.fakebr import KIND_TIP_PROGRESS, TipFailure
 from tests.bridge.test_daemon import TOKEN, bridge_settings, prepare_bridge_dir
 from tests.kit.serve import ServeEnv, serve_network, until

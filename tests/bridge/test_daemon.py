@@ -30,9 +30,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from brmcp.bridge import BridgeDaemon, BridgeError, Settings, TipMatcher, TipPayer, TipPaymentError
 from brmcp.bridge.cli import main
-from brmcp.bridge.daemon import resolve_listen
-from brmcp.bridge.link import no_answer_hint
-from brmcp.bridge.runtime import RUNTIME_FILE, read_runtime
+from brmcp.bridge.daemon import RUNTIME_FILE, read_runtime, resolve_listen
+from brmcp.bridge.links import no_answer_hint
 from brmcp.clientrpc import write_bot_config
 from brmcp.testing.fakebr import KIND_PM, KIND_TIP_PROGRESS, FakeBRClient, TipFailure, ensure_brclient_certs
 from tests.kit.clientrpc import FAST, fake_network

@@ -1,5 +1,5 @@
-"""Finding bots through directories (brmcp/bridge/discovery.py, the ``find``
-and ``add`` commands in brmcp/bridge/_findcli.py; BRIDGE.md §Finding bots
+"""Finding bots through directories (brmcp/bridge/find/_discovery.py, the ``find``
+and ``add`` commands in brmcp/bridge/cli/_findcli.py; BRIDGE.md §Finding bots
 through directories): two real directories (brmcp.directory) with listed
 providers on the in-memory fabric, a bridge whose ``directories`` setting
 names them, the CLI against the bridge's admin surface, the spending policy
@@ -25,10 +25,10 @@ from mcp import ClientSession
 
 from brmcp import ManualClock
 from brmcp.bridge import Bridge, Settings, cli
-from brmcp.bridge._settingsedit import parse_pairs
-from brmcp.bridge.discovery import ClientrpcContacts
-from brmcp.bridge.errors import SettingsError
-from brmcp.bridge.runtime import remove_runtime, write_runtime
+from brmcp.bridge.base import SettingsError
+from brmcp.bridge.cli import parse_pairs
+from brmcp.bridge.daemon import remove_runtime, write_runtime
+from brmcp.bridge.find import ClientrpcContacts
 from brmcp.directory import Directory, DirectoryConfig
 from brmcp.directory.types import STATE_PENDING_REVIEW
 from brmcp.protocol.receipts import ReceiptSigner

@@ -15,7 +15,7 @@ from mcp.types import CallToolResult
 
 from brmcp import parse_payment_required
 from brmcp.bridge import ManualClock
-from brmcp.bridge.spend import arguments_hash
+from brmcp.bridge.pay import arguments_hash
 from tests.kit import pm_messages
 from tests.kit.bridge import (
     BOT,

@@ -13,10 +13,9 @@ import anyio
 import pytest
 
 from brmcp.bridge import Settings
-from brmcp.bridge._settingsedit import parse_pairs
-from brmcp.bridge.errors import SettingsError
-from brmcp.bridge.funding import Funding
-from brmcp.bridge.settings import settings_from_json
+from brmcp.bridge.base import SettingsError, settings_from_json
+from brmcp.bridge.cli import parse_pairs
+from brmcp.bridge.pay import Funding
 from brmcp.protocol.payment import PAY_ALONGSIDE_KEY, parse_receipt
 from brmcp.testing.fabric import Faults
 from tests.kit import pm_parts

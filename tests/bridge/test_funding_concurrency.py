@@ -1,5 +1,5 @@
 """Concurrent first paid calls through one bridge (BRIDGE.md §Pay alongside
-and prepay, "One payment to a bot at a time"; brmcp/bridge/funding.py).
+and prepay, "One payment to a bot at a time"; brmcp/bridge/pay/_funding.py).
 
 While the bridge does not know the caller's balance at a bot, or a payment
 to that bot is in flight, at most one call pays; the others wait for its
@@ -35,8 +35,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
 from brmcp.bridge import Bridge, ManualClock
-from brmcp.bridge.funding import Funding
-from brmcp.bridge.proxy import BotProxy
+from brmcp.bridge.agent import BotProxy
+from brmcp.bridge.pay import Funding
 from brmcp.protocol.payment import parse_receipt
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric

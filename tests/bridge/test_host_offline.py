@@ -35,8 +35,8 @@ from trio.testing import MockClock
 import brmcp.testing.fabric as fabric_module
 from brmcp import PMSender
 from brmcp.bridge import BridgeDaemon
-from brmcp.bridge.patient import RECONNECT_WAIT, PatientSender
 from brmcp.clientrpc import BotConfig, Client, ClientrpcNotConnected, write_bot_config
+from brmcp.clientrpc.patient import RECONNECT_WAIT, PatientSender
 from brmcp.testing.fakebr import ensure_brclient_certs
 from tests.kit import BOT, CLIENT
 from tests.kit.bridge import (

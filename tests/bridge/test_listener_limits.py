@@ -20,9 +20,9 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from starlette.types import Receive, Scope, Send
 
+from brmcp._ops.listener import ListenerLimits, OwnedListener
 from brmcp.bridge import Settings
 from brmcp.bridge.daemon import resolve_listen
-from brmcp.bridge.listener import ListenerLimits, OwnedListener
 from brmcp.clientrpc import write_bot_config
 from tests.kit import until
 from tests.kit.serve import serve_network

@@ -1,4 +1,4 @@
-"""The bridge mirrors what the bot declares (brmcp/bridge/mirror.py,
+"""The bridge mirrors what the bot declares (brmcp/bridge/agent/_mirror.py,
 subscriptions.py): resources, templates, prompts and completions are
 forwarded live over the shared BR session, resource updates reach the
 agents that subscribed, and a bot that declares none of them (a Go bot, a
@@ -28,8 +28,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from brmcp.bridge import Bridge, ManualClock, subscriptions
-from brmcp.bridge.subscriptions import Subscriptions
+import brmcp.bridge.links._subscriptions as subscriptions
+from brmcp.bridge import Bridge, ManualClock
+from brmcp.bridge.links import Subscriptions
 from brmcp.server import CallContext, Harness, HarnessConfig, PeerContext
 from brmcp.testing import Fabric
 from brmcp.transport.conn import Conn

@@ -17,9 +17,8 @@ from mcp.types import CallToolResult, TextContent
 
 from brmcp import PaymentRequired, parse_payment_required
 from brmcp.bridge import BridgeError, ManualClock
-from brmcp.bridge.settings import Settings, load_settings
-from brmcp.bridge.settle import Settler
-from brmcp.bridge.spend import SpendLog
+from brmcp.bridge.base import Settings, load_settings
+from brmcp.bridge.pay import Settler, SpendLog
 from tests.kit.bridge import BOT as FIXTURE_BOT
 from tests.kit.bridge import auth, bridge_env, until
 
@@ -160,7 +159,8 @@ def test_cli_tables_neutralise_control_characters(
     approvals table the user decides from (e.g. show a smaller amount)."""
     import argparse
 
-    from brmcp.bridge import _adminclient, cli
+    from brmcp.bridge.cli import _adminclient
+    from brmcp.bridge.cli import _main as cli
 
     hostile = "fortune\r\x1b[2K" + "x" * 3 + "\x1b]0;pwned\x07"
     answers = {

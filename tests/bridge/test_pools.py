@@ -1,5 +1,5 @@
 """Bot pools seen from the bridge (WIRE.md §Pools; BRIDGE.md §Bot pools;
-brmcp/bridge/pools.py).
+brmcp/bridge/pay/_pools.py).
 
 Two or three harness members on one PostgreSQL book, each its own uid on
 the fabric, all signing with one receipt key and announcing one pool. An

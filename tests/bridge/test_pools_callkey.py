@@ -1,11 +1,11 @@
 """One callKey per logical call over a bot pool, and what the agent is told
 when no member gives a result (WIRE.md §Pools, the money rule; BRIDGE.md
-§Bot pools, §Failures, §Resumability; brmcp/bridge/pools.py).
+§Bot pools, §Failures, §Resumability; brmcp/bridge/pay/_pools.py).
 
 A logical call keeps its callKey across every exchange, every member, every
 "still running at another member" answer and the agent's identical re-send
 of a call it did not receive; a member answering "still running" for ever
-is asked on a backoff (:data:`~brmcp.bridge.pools.STILL_RUNNING_MAX_PAUSE`),
+is asked on a backoff (:data:`~brmcp.bridge.pay._pools.STILL_RUNNING_MAX_PAUSE`),
 never in a loop, and the call then ends at its deadline with an error that
 counts the copies sent and the answers received over the whole call, its
 time measured from the call's start.
@@ -40,8 +40,8 @@ from mcp.types import INTERNAL_ERROR, CallToolResult
 from trio.testing import MockClock
 
 from brmcp.bridge import Bridge, ManualClock, RetryPolicy
-from brmcp.bridge.pools import STILL_RUNNING_MAX_PAUSE, STILL_RUNNING_PAUSE, still_running_asks
-from brmcp.bridge.proxy import BotProxy
+from brmcp.bridge.agent import BotProxy
+from brmcp.bridge.pay import STILL_RUNNING_MAX_PAUSE, STILL_RUNNING_PAUSE, still_running_asks
 from brmcp.testing import Fabric, HostileBot
 from brmcp.testing import fabric as fabric_module
 from brmcp.testing.hostile import Behaviour, Die, HostileCall, KeyState, Reply, by_tool
@@ -62,7 +62,7 @@ MEMBERS = (A, B, C)
 #: The message TTL: each logical call's deadline (virtual seconds).
 TTL = 20.0
 RETRY = RetryPolicy(initial=0.5, minimum=0.5, maximum=1.0, answer_timeout=2.0)
-#: The pool deadline error (brmcp/bridge/pools.py), its counts captured.
+#: The pool deadline error (brmcp/bridge/pay/_pools.py), its counts captured.
 POOL_DEADLINE = re.compile(
     r"the call's deadline passed (\d+) s after it started without a result from any member of bot "
     r"[0-9a-f]{8}'s pool \([0-9a-f, ]+\): (\d+) cop(?:y|ies) sent to (\d+) members?"

@@ -1,5 +1,5 @@
 """Bot pools against hostile bots (WIRE.md §Pools; BRIDGE.md §Bot pools,
-§The hard bound; brmcp/bridge/pools.py, brmcp/bridge/payloop.py).
+§The hard bound; brmcp/bridge/pay/_pools.py, brmcp/bridge/pay/_payloop.py).
 
 Every pool member is a stranger. Whatever members announce, list, answer
 or charge, for each logical agent call: the atoms paid are at most the price

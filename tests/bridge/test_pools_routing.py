@@ -1,4 +1,4 @@
-"""Routing one request over a pool (brmcp/bridge/pools.py ``Pools.exchange``;
+"""Routing one request over a pool (brmcp/bridge/pay/_pools.py ``Pools.exchange``;
 BRIDGE.md §Bot pools), on stand-in links whose members answer, fail, stay
 silent or say the original still runs elsewhere, in any mix and timing.
 
@@ -24,9 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp.types import CallToolRequest, CallToolRequestParams, CallToolResult, TextContent
 
-from brmcp.bridge._exchange import DeadlineError
-from brmcp.bridge._linkbase import HostOffline, LinkError
-from brmcp.bridge.pools import Pools
+from brmcp.bridge.links import DeadlineError, HostOffline, LinkError
+from brmcp.bridge.pay import Pools
 from brmcp.protocol.pool import STILL_RUNNING_ELSEWHERE, PoolAnnouncement
 from brmcp.testing import uid
 

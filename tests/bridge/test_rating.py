@@ -1,5 +1,5 @@
 """Rating a bot at the directories with a signed receipt the bridge kept
-(brmcp/bridge/rating.py, ``brmcp-bridge rate`` in brmcp/bridge/_ratecli.py;
+(brmcp/bridge/find/_rating.py, ``brmcp-bridge rate`` in brmcp/bridge/cli/_ratecli.py;
 BRIDGE.md §Signed receipts, docs/directory.md §Reputation): a provider that
 signs receipts, listed by two real directories that crawled its key; an
 agent's paid call through the bridge; the receipt kept; the rating taken
@@ -145,7 +145,7 @@ async def test_rate_refuses_bad_references_and_unverified_receipts_before_asking
                 atoms=500,
                 time=1,
             )
-            from brmcp.bridge.receipts import ReceiptCall
+            from brmcp.bridge.find import ReceiptCall
 
             stored = await anyio.to_thread.run_sync(
                 lambda: w.bridge.receipts.add(

@@ -18,15 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from brmcp.bridge import cli
-from brmcp.bridge._receiptcli import receipt_line
-from brmcp.bridge.receipts import (
+from brmcp.bridge.cli import receipt_line
+from brmcp.bridge.daemon import write_runtime
+from brmcp.bridge.find import (
     MAX_RECEIPTS_PER_BOT,
     RECEIPTS_FILE,
     ReceiptBook,
     ReceiptCall,
     StoredReceipt,
 )
-from brmcp.bridge.runtime import write_runtime
 from brmcp.protocol.payment import CHARGED_ATOMS_KEY
 from brmcp.protocol.receipts import SIGNED_RECEIPT_KEY, ReceiptSigner, args_sha256
 from brmcp.testing import uid

@@ -27,7 +27,7 @@ from mcp.shared.message import SessionMessage
 
 from brmcp import Conn
 from brmcp.bridge import Bridge, ManualClock
-from brmcp.bridge.snapshots import SNAPSHOT_DIR, BotSnapshot
+from brmcp.bridge.links import SNAPSHOT_DIR, BotSnapshot
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric
 from tests.kit import pm_parts

@@ -1,5 +1,5 @@
 """Re-send timers that follow the measured round trip (BRIDGE.md §Deadlines
-and re-sends; brmcp/bridge/retry.py).
+and re-sends; brmcp/bridge/links/_retry.py).
 
 The scenario of ``brmcp demo --latency 1500``: every PM crosses the relay in
 1.5 s plus up to 0.3 s of jitter, so a round trip takes 3.0 to 3.6 s, more
@@ -35,9 +35,15 @@ from trio.testing import MockClock
 
 import brmcp.testing.fabric as fabric_module
 from brmcp import Router
-from brmcp.bridge.link import BotLink
-from brmcp.bridge.retry import SAMPLE_LIMIT, RetryPolicy, RttEstimator, relay_estimator
-from brmcp.bridge.snapshots import BotSnapshot, SnapshotStore
+from brmcp.bridge.links import (
+    SAMPLE_LIMIT,
+    BotLink,
+    BotSnapshot,
+    RetryPolicy,
+    RttEstimator,
+    SnapshotStore,
+    relay_estimator,
+)
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric, Faults
 from brmcp.transport.conn import SendReceipt, send_receipt

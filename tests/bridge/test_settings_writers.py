@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from brmcp.bridge import Bridge, BridgeConfig, ManualClock, Settings
-from brmcp.bridge.settings import SETTINGS_FILE, load_settings
+from brmcp.bridge.base import SETTINGS_FILE, load_settings
 from tests.kit import until
 from tests.kit.bridge import BOT, START, TOKEN, bridge_env, fixture_settings
 

@@ -1,5 +1,5 @@
 """The daemon's TipPayer says once, at INFO, what a tip outstanding for more
-than TIP_SLOW_SECS waits for (brmcp/bridge/daemon.py): brclient taking it
+than TIP_SLOW_SECS waits for (brmcp/bridge/daemon/_daemon.py): brclient taking it
 (TipUser blocks for brclient's tip restart delay after each start) or its
 outcome. Driven by a manual clock and a stand-in clientrpc client, so no
 real time passes."""
@@ -13,11 +13,11 @@ import anyio.lowlevel
 import pytest
 
 from brmcp.bridge import ManualClock, TipMatcher, TipPayer
-from brmcp.bridge.tippayer import TIP_MAX_ATTEMPTS, TIP_SLOW_SECS, TipStalledError
+from brmcp.clientrpc.tippayer import TIP_MAX_ATTEMPTS, TIP_SLOW_SECS, TipStalledError
 from tests.kit.bridge import until
 
 PAYEE = "ab" * 32
-LOGGER = "brmcp.bridge.daemon"
+LOGGER = "brmcp.bridge.daemon._daemon"
 
 
 class _Client:

@@ -19,11 +19,17 @@ from hypothesis import strategies as st
 
 from brmcp import PaymentRequired
 from brmcp.bridge import ManualClock, Settings, TipMatcher
-from brmcp.bridge._decide import Decider
-from brmcp.bridge.budget import CallBudget, Listing
-from brmcp.bridge.link import BotLink
-from brmcp.bridge.settle import Settler
-from brmcp.bridge.spend import SPEND_FILE, SpendEntry, SpendLog, arguments_hash
+from brmcp.bridge.links import BotLink
+from brmcp.bridge.pay import (
+    SPEND_FILE,
+    CallBudget,
+    Decider,
+    Listing,
+    Settler,
+    SpendEntry,
+    SpendLog,
+    arguments_hash,
+)
 from tests.kit.bridge import until
 
 BOT = "a" * 64

@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 
 from brmcp.bridge import Bridge, ManualClock, Settings
 from brmcp.bridge.daemon import resolve_listen
-from brmcp.bridge.payloop import STOPPING
+from brmcp.bridge.pay import STOPPING
 from brmcp.testing import Fabric
 from tests.bridge.test_daemon import TOKEN, bridge_settings, prepare_bridge_dir
 from tests.kit import BOT

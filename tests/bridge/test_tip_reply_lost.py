@@ -17,8 +17,7 @@ from mcp.types import CallToolResult
 
 from brmcp import PaymentRequired
 from brmcp.bridge import BridgeDaemon, ManualClock, Settings, TipMatcher, TipPayer
-from brmcp.bridge.settle import Settler
-from brmcp.bridge.spend import SPEND_FILE, SpendLog
+from brmcp.bridge.pay import SPEND_FILE, Settler, SpendLog
 from brmcp.clientrpc import Client, ClientrpcConnectionLost
 from brmcp.protocol.units import milliatoms_from_atoms
 from brmcp.testing.fakebr import FakeBRClient

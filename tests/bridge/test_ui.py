@@ -29,13 +29,18 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from brmcp.bridge.approvals import MAX_ARGUMENT_CHARS, PendingPayment, describe_arguments
+from brmcp.bridge.admin.ui import NickBook, PageState, UISessions, render_page, time_left
 from brmcp.bridge.cli import main as bridge_main
 from brmcp.bridge.daemon import BridgeDaemon
-from brmcp.bridge.patient import PatientSender
-from brmcp.bridge.spend import BotBalance, SpendEntry, SpendSummary
-from brmcp.bridge.ui import NickBook, UISessions
-from brmcp.bridge.ui.nicks import (
+from brmcp.bridge.pay import (
+    MAX_ARGUMENT_CHARS,
+    BotBalance,
+    PendingPayment,
+    SpendEntry,
+    SpendSummary,
+    describe_arguments,
+)
+from brmcp.clientrpc.nicks import (
     NICK_RETRY_SECS,
     NICK_TTL_SECS,
     USER_NICK,
@@ -43,7 +48,7 @@ from brmcp.bridge.ui.nicks import (
     clientrpc_user_nick,
     display_nick,
 )
-from brmcp.bridge.ui.pages import PageState, render_page, time_left
+from brmcp.clientrpc.patient import PatientSender
 from brmcp.testing import uid
 from tests.kit.bridge import (
     BOT,
@@ -287,13 +292,14 @@ async def test_settings_footer_names_the_data_dir(tmp_path: Path) -> None:
 def test_cli_command_adds_datadir_only_when_not_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from brmcp.bridge import _command
+    import brmcp.bridge.base._command as _command
+    from brmcp.bridge.base import cli_command
 
     monkeypatch.setattr(_command, "default_datadir", lambda: tmp_path / "default")
-    assert _command.cli_command(tmp_path / "default") == "brmcp-bridge"
-    assert _command.cli_command(tmp_path / "other") == f"brmcp-bridge --datadir {tmp_path / 'other'}"
+    assert cli_command(tmp_path / "default") == "brmcp-bridge"
+    assert cli_command(tmp_path / "other") == f"brmcp-bridge --datadir {tmp_path / 'other'}"
     spaced = tmp_path / "my bridge"
-    assert _command.cli_command(spaced) == f"brmcp-bridge --datadir '{spaced}'"
+    assert cli_command(spaced) == f"brmcp-bridge --datadir '{spaced}'"
     settings = fixture_settings()
     state = PageState(settings, (), SpendSummary((), 0), {}, now=0, version=1)
     assert "<code>brmcp-bridge settings set KEY=VALUE</code>" in render_page(state, "csrf")
@@ -722,8 +728,8 @@ def test_a_bridge_without_brclient_shows_uid_prefixes() -> None:
 
 
 async def test_every_setting_says_how_to_change_it_with_a_command_that_works(tmp_path: Path) -> None:
-    from brmcp.bridge._settingsedit import parse_pairs
-    from brmcp.bridge.settings import setting_names
+    from brmcp.bridge.base import setting_names
+    from brmcp.bridge.cli import parse_pairs
 
     with anyio.fail_after(30):
         async with bridge_env(tmp_path) as env, env.http() as http:
@@ -755,7 +761,7 @@ def _allowed(env: Env) -> tuple[str, ...]:
 
 
 async def test_the_find_views_calls_need_the_csrf_header_and_reach_only_their_routes(tmp_path: Path) -> None:
-    from brmcp.bridge.settings import load_settings
+    from brmcp.bridge.base import load_settings
 
     newcomer = uid(9)
     with anyio.fail_after(30):
@@ -901,8 +907,8 @@ async def test_an_agents_add_bot_request_is_shown_and_decided_on_the_page(tmp_pa
 
 
 async def test_a_bridge_without_add_bot_requests_shows_no_such_section(tmp_path: Path) -> None:
-    from brmcp.bridge._asgi import send_json
-    from brmcp.bridge.ui import ui_handler
+    from brmcp.bridge.admin.ui import ui_handler
+    from brmcp.bridge.base import send_json
 
     async def no_requests(scope: Any, receive: Any, send: Any, path: str) -> None:
         await send_json(send, 404, {"error": "not found"})
@@ -949,7 +955,7 @@ _ROW = st.fixed_dictionaries({}, optional=dict.fromkeys(_ROW_KEYS, _JSON | _MARK
 )
 @hypothesis_settings(max_examples=200, deadline=None)
 def test_any_bot_requests_answer_renders_bounded_and_escaped(answer: Any) -> None:
-    from brmcp.bridge.ui.pages import (
+    from brmcp.bridge.admin.ui import (
         BOT_REQUEST_ROWS,
         MAX_REQUEST_TEXT,
         bot_requests_from_json,

@@ -21,7 +21,7 @@ import anyio.to_thread
 import pytest
 
 from brmcp.bridge.cli import main as bridge_main
-from brmcp.bridge.runtime import RUNTIME_FILE, _process_started
+from brmcp.bridge.daemon._runtime import RUNTIME_FILE, process_started
 from tests.kit.bridge import BOT, CLIENT, Env, bridge_env, call, fixture_settings, joined, until
 from tests.kit.ui import chromium_driver
 
@@ -40,7 +40,7 @@ def _write_runtime(env: Env) -> None:
     pid = os.getpid()
     record = {
         "pid": pid,
-        "started": _process_started(pid),
+        "started": process_started(pid),
         "url": env.base_url,
         "listen": "",
         "sighup": False,

@@ -21,7 +21,7 @@ import anyio.to_thread
 import httpx2
 import pytest
 
-from brmcp.bridge.discovery import MAX_TEXT_CHARS
+from brmcp.bridge.find import MAX_TEXT_CHARS
 from tests.bridge.test_discovery import (
     BRIDGE_NOW,
     DIR_A,

@@ -18,9 +18,8 @@ from brmcp import CALL_KEY, PRICE_ATOMS_KEY, PRICING_KEY, PaymentRequired, parse
 from brmcp import payment_required_text as pr_text
 from brmcp._ops.gojson import dumps
 from brmcp.bridge import ManualClock, TipMatcher, go_duration
-from brmcp.bridge.settings import Settings
-from brmcp.bridge.settle import cap_refusal
-from brmcp.bridge.spend import SpendEntry, SpendLog
+from brmcp.bridge.base import Settings
+from brmcp.bridge.pay import SpendEntry, SpendLog, cap_refusal
 from tests.kit.bridge import until
 
 A = "a" * 64
@@ -272,7 +271,7 @@ def test_spend_log_loads_null_and_missing(tmp_path: Path) -> None:
 
 
 def test_strip_reserved_meta() -> None:
-    from brmcp.bridge.proxy import strip_reserved_meta
+    from brmcp.bridge.links import strip_reserved_meta
 
     meta = {
         "io.modelcontextprotocol/serverInfo": {"name": "x"},

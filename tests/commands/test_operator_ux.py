@@ -22,8 +22,8 @@ import anyio.abc
 import pytest
 
 from brmcp import __version__
+from brmcp.bridge.agent import bearer_matches
 from brmcp.bridge.cli import main as bridge_main
-from brmcp.bridge.http import bearer_matches
 from brmcp.cli import main as brmcp_main
 from brmcp.clientrpc import BotConfig, Client, ClientrpcConfigError
 from brmcp.clientrpc.tls import client_ssl_context
@@ -214,7 +214,7 @@ def test_every_command_has_version(main: object, prog: str, capsys: pytest.Captu
 
 
 def test_a_closed_stdout_pipe_is_no_traceback(tmp_path: Path) -> None:
-    code = "import sys; from brmcp.bridge.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from brmcp.bridge.cli._main import main; sys.exit(main(sys.argv[1:]))"
     for args in (["settings"], ["spend"], ["--help"]):
         proc = subprocess.Popen(
             [sys.executable, "-c", code, "--datadir", str(tmp_path / "bridge"), *args],
@@ -390,7 +390,7 @@ def test_demo_keep_running_help_names_node_npx_and_the_bridge_dir(tmp_path: Path
 def test_write_confs_follows_ports_and_keeps_the_users_settings(tmp_path: Path) -> None:
     import dataclasses as dc
 
-    from brmcp.bridge.settings import load_settings
+    from brmcp.bridge.base import load_settings
     from brmcp.clientrpc import load_bot_config
     from brmcp.testing.fakebr.cli import write_confs
 

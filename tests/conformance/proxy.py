@@ -19,7 +19,7 @@ import anyio.abc
 import httpx2
 from starlette.types import Message, Receive, Scope, Send
 
-from brmcp.bridge.listener import OwnedListener
+from brmcp._ops.listener import OwnedListener
 
 __all__ = ["BearerProxy"]
 

@@ -16,10 +16,11 @@ import httpx2
 import pytest
 from mcp.shared.exceptions import MCPError
 
+import brmcp.bridge.pay._payloop as payloop
 from brmcp import RouterOptions
-from brmcp.bridge import ManualClock, RetryPolicy, payloop
-from brmcp.bridge.link import no_answer_hint
-from brmcp.bridge.settle import AGENT_GONE_PAID
+from brmcp.bridge import ManualClock, RetryPolicy
+from brmcp.bridge.links import no_answer_hint
+from brmcp.bridge.pay import AGENT_GONE_PAID
 from tests.kit import pm_messages
 from tests.kit.bridge import (
     BOT,

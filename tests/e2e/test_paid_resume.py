@@ -12,8 +12,7 @@ from typing import Any
 import anyio
 import httpx2
 
-from brmcp.bridge.http import RETRY_INTERVAL_MS
-from brmcp.bridge.proxy import TWIN_GRACE
+from brmcp.bridge.agent import RETRY_INTERVAL_MS, TWIN_GRACE
 from tests.kit.bridge import BOT, CLIENT, INIT, auth, bridge_env, until
 
 

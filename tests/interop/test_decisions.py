@@ -9,7 +9,7 @@ from pathlib import Path
 
 from brmcp.serve.tools import register_tools
 from brmcp.server import Harness, HarnessConfig
-from brmcp.server.tools import to_result
+from brmcp.server.catalog import to_result
 
 
 def test_tool_result_text_escapes_html_characters_as_go() -> None:

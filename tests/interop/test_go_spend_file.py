@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from brmcp.bridge.spend import SPEND_FILE, SpendLog
+from brmcp.bridge.pay import SPEND_FILE, SpendLog
 from brmcp.testing import Fabric
 
 from .live import BOT, FORTUNE_PRICE, PER_DAY_CAP, START, agent, go_bridge, py_harness

@@ -41,7 +41,7 @@ import pytest
 from anyio.abc import ByteReceiveStream
 
 from brmcp.bridge import ADMIN_TOKEN_FILE
-from brmcp.bridge.receipts import RECEIPTS_FILE, ReceiptBook
+from brmcp.bridge.find import RECEIPTS_FILE, ReceiptBook
 from brmcp.testing.brnet import BrNet, mediated_kx
 
 from .dirstack import (

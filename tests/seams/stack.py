@@ -13,7 +13,7 @@
   one data directory and HTTP port.
 
 Only a killed component is restarted; everything else keeps running from one
-run to the next. The ledger is read with :mod:`brmcp.server.reports` (one
+run to the next. The ledger is read with :mod:`brmcp.server.store.reports` (one
 snapshot per read, safe while the bot runs).
 """
 
@@ -33,12 +33,11 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from brmcp.bridge.daemon import resolve_listen
-from brmcp.bridge.runtime import read_runtime
+from brmcp.bridge.daemon import read_runtime, resolve_listen
 from brmcp.serve.config import SERVE_CONFIG_FILE, ServeConfig, write_serve_config
 from brmcp.serve.reports import report_store
 from brmcp.serve.tools import FORTUNE_PRICE_ATOMS
-from brmcp.server.reports import balances, open_book, statement
+from brmcp.server.store.reports import balances, open_book, statement
 from brmcp.testing.fakebr import KIND_PM, KIND_TIP_RECEIVED, FakeBRClient, FakeRelay
 from tests.bridge.test_daemon import TOKEN, bridge_settings, prepare_bridge_dir
 from tests.kit.serve import prepare_serve_dir

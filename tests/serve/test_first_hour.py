@@ -40,9 +40,8 @@ import anyio
 import pytest
 
 from brmcp._ops.lockfile import HARNESS, acquire, acquire_brclient, brclient_lock_path
+from brmcp.bridge.base import BridgeError, Settings, load_settings, settings_file_warnings
 from brmcp.bridge.daemon import BridgeDaemon
-from brmcp.bridge.errors import BridgeError
-from brmcp.bridge.settings import Settings, load_settings, settings_file_warnings
 from brmcp.clientrpc import ClientrpcConfigError, check_server_certificate, write_bot_config
 from brmcp.gateway import (
     PASSTHROUGH_ENV,

@@ -23,8 +23,8 @@ from brmcp.serve.cli import main as serve_main
 from brmcp.serve.config import SERVE_CONFIG_FILE
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.server.pool import PoolConfig
-from brmcp.server.reports import balances, ledger_stats, open_book, open_readonly
 from brmcp.server.store import DB_FILENAME, StoreError, open_database
+from brmcp.server.store.reports import balances, ledger_stats, open_book, open_readonly
 from brmcp.server.store.url import DEFAULT_STORE
 
 ALICE = "a" * 64

@@ -1,4 +1,4 @@
-"""The in-memory callKey registry (brmcp/server/callkeys.py; WIRE.md
+"""The in-memory callKey registry (brmcp/server/calls/_callkeys.py; WIRE.md
 §callKey): duplicates wait for and replay the original, refusals release
 the key, outcomes expire after the window, memory stays bounded, and
 retained outcomes cost the garbage collector nothing."""
@@ -10,8 +10,8 @@ import gc
 import anyio
 from mcp.types import CallToolResult, TextContent
 
-from brmcp.server.callkeys import NOT_RETAINED_TEXT, CallKeyRegistry, error_result
-from brmcp.server.tools import to_result
+from brmcp.server.calls import NOT_RETAINED_TEXT, CallKeyRegistry, error_result
+from brmcp.server.catalog import to_result
 
 PEER = "a" * 64
 

@@ -1,4 +1,4 @@
-"""The harness's free catalog (brmcp/server/catalog.py): resources, resource
+"""The harness's free catalog (brmcp/server/catalog/_catalog.py): resources, resource
 templates, prompts and completions registered with decorators and add_*
 methods, served to SDK clients over the in-memory fabric; capabilities
 declared only when something is registered; subscriptions and the
@@ -22,7 +22,7 @@ from mcp.client.session import IncomingMessage
 from mcp.shared.exceptions import MCPError
 
 from brmcp.server import CallContext, Harness, HarnessConfig, PeerContext
-from brmcp.server.completions import MAX_COMPLETION_VALUES
+from brmcp.server.catalog import MAX_COMPLETION_VALUES
 from tests.kit.harness import ALICE, BOB, BOT, Served, served
 
 

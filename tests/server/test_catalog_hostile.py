@@ -1,5 +1,5 @@
-"""The free catalog (brmcp/server/catalog.py) and its mirroring through the
-bridge (brmcp/bridge/mirror.py, subscriptions.py, link.py, http.py) under
+"""The free catalog (brmcp/server/catalog/_catalog.py) and its mirroring through the
+bridge (brmcp/bridge/agent/_mirror.py, subscriptions.py, link.py, http.py) under
 hostile input:
 
 * an unknown-resource error does not echo the caller's whole URI in
@@ -26,7 +26,7 @@ import pytest
 from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from brmcp.bridge.link import MAX_PENDING_DROPS
+from brmcp.bridge.links import MAX_PENDING_DROPS
 from tests.bridge.test_mirror import Inbox, agent, mirror, subscribe
 from tests.kit.bridge import BOT, INIT, auth, until
 from tests.kit.harness import ALICE, served
@@ -184,7 +184,7 @@ async def test_subscribing_a_huge_uri_is_refused_by_the_harness(tmp_path: Path) 
 
 async def test_subscribing_a_huge_uri_is_refused_by_the_bridge(tmp_path: Path) -> None:
     """The bridge refuses it before anything reaches the bot."""
-    from brmcp.bridge.subscriptions import MAX_URI_BYTES
+    from brmcp.bridge.links import MAX_URI_BYTES
 
     async with mirror(tmp_path, harness=catalog_harness(tmp_path / "bot")) as env, agent(env) as session:
         with pytest.raises(MCPError) as info:

@@ -27,7 +27,7 @@ from brmcp.protocol.payment import (
     parse_payment_required,
 )
 from brmcp.server import Harness
-from brmcp.server._holds import DROPPED_TEXT, CallerEpochs, _Hold
+from brmcp.server.calls._holds import DROPPED_TEXT, CallerEpochs, Hold
 from tests.kit import until
 from tests.kit.harness import ALICE, BOB, query, served, standard_harness
 
@@ -155,12 +155,12 @@ async def test_a_held_call_in_the_middle_of_its_debit_is_not_dropped(tmp_path: P
     pipeline = harness._pipeline
     held = pipeline.held
     claim, _ = harness._calls.claim(ALICE, KEY)
-    charging = _Hold(claim, EPOCH_A)
+    charging = Hold(claim, EPOCH_A)
     charging.charging = True
-    waiting = _Hold(None, EPOCH_A)
-    without = _Hold(None, None)
+    waiting = Hold(None, EPOCH_A)
+    without = Hold(None, None)
     held._held[ALICE] = [charging, waiting, without]
-    held._held[BOB] = [other := _Hold(None, EPOCH_A)]
+    held._held[BOB] = [other := Hold(None, EPOCH_A)]
     assert pipeline.observe_epoch(ALICE, EPOCH_B) == 1
     assert (charging.dropped, waiting.dropped, without.dropped, other.dropped) == (False, True, False, False)
     # The in-flight debit keeps its claim: a retry waits for its outcome.

@@ -1,4 +1,4 @@
-"""Group commit over one SQLite connection (brmcp/server/_executor.py):
+"""Group commit over one SQLite connection (brmcp/server/store/_executor.py):
 operations queued while a transaction commits share the next one; each
 operation is isolated by a savepoint; a transaction that fails fails every
 operation in it, never silently."""
@@ -16,7 +16,7 @@ import anyio.lowlevel
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from brmcp.server._executor import GroupCommitExecutor
+from brmcp.server.store._executor import GroupCommitExecutor
 
 
 def open_executor(path: Path) -> GroupCommitExecutor:

@@ -1,5 +1,5 @@
 """The catalog's keyword fields are declared once per kind
-(brmcp/server/_fields.py, the ``*Fields`` TypedDicts beside each spec):
+(brmcp/server/catalog/_fields.py, the ``*Fields`` TypedDicts beside each spec):
 every declared field lands on the kind's spec under its own name, ``meta``
 is copied, and an unknown or missing keyword is refused with TypeError
 when the registering method is called, as when the parameters were spelled
@@ -15,10 +15,17 @@ import mcp.types as types
 import pytest
 
 from brmcp.server import CallContext, Harness, HarnessConfig, PeerContext
-from brmcp.server.completions import CompletionFields
-from brmcp.server.prompts import PromptFields, PromptSpec
-from brmcp.server.resources import ResourceFields, ResourceSpec, ResourceTemplateFields, ResourceTemplateSpec
-from brmcp.server.tools import ToolFields, ToolSpec
+from brmcp.server.catalog import (
+    CompletionFields,
+    PromptFields,
+    PromptSpec,
+    ResourceFields,
+    ResourceSpec,
+    ResourceTemplateFields,
+    ResourceTemplateSpec,
+    ToolFields,
+    ToolSpec,
+)
 from tests.kit.harness import ALICE
 
 KINDS: list[tuple[Any, Any]] = [

@@ -404,7 +404,7 @@ async def test_an_older_journal_s_refusal_shaped_outcome_replays_defused(tmp_pat
 
 
 def test_the_registry_defuses_what_it_replays() -> None:
-    from brmcp.server.callkeys import CallKeyRegistry
+    from brmcp.server.calls import CallKeyRegistry
 
     registry = CallKeyRegistry(clock=lambda: 1000.0)
     claim, duplicate = registry.claim(ALICE, "r" * 16)

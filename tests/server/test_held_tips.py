@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from brmcp.serve.cli import main as serve_main
 from brmcp.server import InsufficientBalance
-from brmcp.server.reports import held_of, held_totals, ledger_stats, open_readonly
 from brmcp.server.store import SCHEMA_VERSION, open_database
+from brmcp.server.store.reports import held_of, held_totals, ledger_stats, open_readonly
 from tests.kit.harness import ALICE, BOB, MALLORY, execute, query, served, standard_harness
 
 TIP_REF = "tip:{seq}:{peer}:{matoms}"

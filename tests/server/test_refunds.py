@@ -14,7 +14,7 @@ import anyio
 
 from brmcp.protocol.payment import BALANCE_ATOMS_KEY, CHARGED_ATOMS_KEY, REFUNDED_ATOMS_KEY
 from brmcp.server import CallContext, Harness, HarnessConfig, InsufficientBalance
-from brmcp.server._pipeline import OUTCOME_CAP
+from brmcp.server.calls import OUTCOME_CAP
 from tests.kit import until
 from tests.kit.harness import ALICE, query, standard_harness
 

@@ -1,5 +1,5 @@
 """A refusal before execution is a typed value (reason, tool, price,
-balance; brmcp/server/_refusal.py), rendered once at the pipeline's edge:
+balance; brmcp/server/calls/_refusal.py), rendered once at the pipeline's edge:
 the bytes are the harness's marked ``payment_required`` text (WIRE.md
 §Payments, "Genuine refusals") or a tool error, and what a caller parses
 back is what the value carried."""
@@ -14,8 +14,7 @@ from brmcp.protocol.payment import (
     payment_required_text,
 )
 from brmcp.server import RATE_LIMITED_TEXT
-from brmcp.server._refusal import DROPPED_TEXT, LEDGER_UNAVAILABLE_TEXT, Refusal, RefusalReason
-from brmcp.server.callkeys import error_result
+from brmcp.server.calls import DROPPED_TEXT, LEDGER_UNAVAILABLE_TEXT, Refusal, RefusalReason, error_result
 from tests.kit.harness import payment_required_json, text_of
 
 

@@ -25,7 +25,7 @@ from brmcp.protocol.payment import (
     parse_receipt,
     pay_alongside_atoms,
 )
-from brmcp.server._holds import HOLD_RECHECK
+from brmcp.server.calls import HOLD_RECHECK
 from brmcp.server.firstcontact import OFFER_LINGER
 from tests.kit import until
 from tests.kit.harness import (

@@ -34,7 +34,7 @@ from mcp.shared.message import SessionMessage
 from brmcp import Conn
 from brmcp.protocol.payment import BALANCE_ATOMS_KEY, CHARGED_ATOMS_KEY, REFUNDED_ATOMS_KEY
 from brmcp.server import CallContext, Harness, HarnessConfig
-from brmcp.server._runs import CURRENT_SESSION, Runs, SessionWatch
+from brmcp.server.calls import CURRENT_SESSION, Runs, SessionWatch
 from brmcp.testing import Fabric
 from tests.kit import ALICE, BOT, until
 from tests.kit.harness import Served, query, served
@@ -312,7 +312,7 @@ async def test_a_stopping_harness_ends_the_runs_of_lost_sessions(tmp_path: Path)
 
 @pytest.mark.parametrize("peer_cancelled", [False, True], ids=["session-lost", "peer-cancel-then-lost"])
 async def test_only_a_lost_session_without_a_peer_cancel_keeps_the_run(peer_cancelled: bool) -> None:
-    """The rule itself (brmcp/server/_runs.py): a caller cancelled because its
+    """The rule itself (brmcp/server/calls/_runs.py): a caller cancelled because its
     session closed leaves the run going; when the peer had sent
     notifications/cancelled for that request, the run is cancelled even if
     the session closed too, and the caller waits for it to end."""

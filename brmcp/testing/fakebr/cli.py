@@ -357,7 +357,7 @@ def write_confs(
     (with Basic auth) credentials, each with the command of the daemon
     that reads it (a running one must be restarted to follow).
     Raises OSError or ClientrpcConfigError when a file cannot be written."""
-    from ...bridge.settings import MODE_APPROVAL, SETTINGS_FILE, Settings, mint_token, save_settings
+    from brmcp.bridge.base import MODE_APPROVAL, SETTINGS_FILE, Settings, mint_token, save_settings
 
     bot, others = fakes[0], list(fakes[1:])
     written: list[str] = []

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import pytest
 
 from brmcp.server import store
-from brmcp.server._executor import BatchExecutor, GroupCommitExecutor
+from brmcp.server.store._executor import BatchExecutor, GroupCommitExecutor
 from brmcp.server.store.url import DEFAULT_STORE
 
 __all__ = ["Backend", "store_backend"]

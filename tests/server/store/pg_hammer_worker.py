@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 
 from brmcp.server import store
-from brmcp.server._accounts import is_store_error
+from brmcp.server.calls import is_store_error
 from brmcp.server.store.postgres import PostgresExecutor
 from brmcp.server.store.url import parse_store_url
 

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from brmcp.server import store
-from brmcp.server._accounts import is_store_error
-from brmcp.server._executor import BatchExecutor
+from brmcp.server.calls import is_store_error
 from brmcp.server.store import MAX_BALANCE_ATOMS, MAX_INT63, BalanceLimitError, HeldTip
+from brmcp.server.store._executor import BatchExecutor
 from tests.kit.postgres import PostgresServer
 
 from .conftest import Backend, open_executor

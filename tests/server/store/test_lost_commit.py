@@ -1,4 +1,4 @@
-"""A paid call's COMMIT lost on the wire (PostgreSQL; brmcp/server/_doubt.py).
+"""A paid call's COMMIT lost on the wire (PostgreSQL; brmcp/server/calls/_doubt.py).
 
 A wrapper around the executor's psycopg connection makes one chosen
 ``COMMIT`` of a paid-call transaction (a charge or a completion, the
@@ -25,8 +25,12 @@ from mcp.types import CallToolResult
 
 from brmcp import ManualClock
 from brmcp.server import CallContext, Harness, HarnessConfig
-from brmcp.server._doubt import OUTCOME_UNKNOWN_TEXT, RESOLVE_ATTEMPTS, UNKNOWN_REFUNDED_TEXT
-from brmcp.server._refusal import LEDGER_UNAVAILABLE_TEXT
+from brmcp.server.calls import (
+    LEDGER_UNAVAILABLE_TEXT,
+    OUTCOME_UNKNOWN_TEXT,
+    RESOLVE_ATTEMPTS,
+    UNKNOWN_REFUNDED_TEXT,
+)
 from brmcp.server.store.records import StoreError
 from tests.kit import ALICE
 

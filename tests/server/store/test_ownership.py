@@ -26,8 +26,7 @@ import pytest
 
 from brmcp import ManualClock
 from brmcp.server import CallContext, Harness, HarnessConfig
-from brmcp.server._accounts import Accounts
-from brmcp.server._pipeline import outcome_json_for_error
+from brmcp.server.calls import Accounts, outcome_json_for_error
 from brmcp.server.store.journal import HEARTBEAT_INTERVAL, LEASE_EXPIRY, Lease, dead_owners
 from brmcp.server.store.postgres import PostgresExecutor
 from brmcp.server.store.url import parse_store_url

@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from brmcp.server import store
-from brmcp.server._executor import Slot
+from brmcp.server.store._executor import Slot
 from brmcp.server.store.journal import KeyHolder
 from brmcp.server.store.postgres import PostgresExecutor, paidcalls
 from brmcp.server.store.postgres.connection import PgConnection, RowLocked, is_retryable

@@ -1,5 +1,5 @@
 """The (peer, callKey) claim on a book several harness processes share
-(PostgreSQL, a bot pool: WIRE.md §callKey, §Pools; brmcp/server/callkeys.py,
+(PostgreSQL, a bot pool: WIRE.md §callKey, §Pools; brmcp/server/calls/_callkeys.py,
 brmcp/server/store/journal.py ``key_holder``).
 
 Two harnesses on one database stand for two pool members: each has its own
@@ -33,7 +33,7 @@ from mcp.types import CallToolResult
 
 from brmcp import ManualClock
 from brmcp.server import CallContext, Harness, HarnessConfig
-from brmcp.server.callkeys import (
+from brmcp.server.calls import (
     NOT_RETAINED_TEXT,
     POLL_FIRST,
     POLL_MAX,

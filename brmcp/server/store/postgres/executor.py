@@ -23,7 +23,7 @@ A lost connection fails the batch's operations with
 :class:`~..records.StoreError` and is reopened for the next batch; when it
 was lost during ``COMMIT`` the outcome is unknown: the operations fail with
 :class:`~..records.CommitOutcomeUnknown` (the paid-call path then reads the
-journal again, :mod:`brmcp.server._doubt`), and the unique movement
+journal again, :mod:`brmcp.server.calls._doubt`), and the unique movement
 refs, tip keys and call ids make any later repeat of those movements fail
 instead of applying twice (the journal's start-up recovery settles the
 calls).
@@ -36,7 +36,8 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..._executor import BatchExecutor, Slot
+from brmcp.server.store._executor import BatchExecutor, Slot
+
 from ..records import CommitOutcomeUnknown, StoreError
 from ..url import StoreURL
 from .connection import PgConnection, RowLocked, is_retryable
