@@ -4,7 +4,7 @@ Usage: ``python bench/directory_bench.py [--quick] [--seed N]``
 
 For 1k, 10k and 100k synthetic listings (2 to 8 tools each, names and
 descriptions drawn from a word list, 1 to 3 tags, fixed and dynamic prices)
-it builds the index (brmcp/directory/search.py) in a temporary SQLite file
+it builds the index (brmcp/directory/db/_search.py) in a temporary SQLite file
 and times a fixed set of queries three ways: the linear scan the Go
 reference does (``search_listings`` over the listings already in memory:
 no database read is charged to it), the index in its default catalog order
@@ -37,10 +37,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from brmcp.directory import search as search_index
-from brmcp.directory.store import Listing
+import brmcp.directory.db as search_index
+from brmcp.directory.db import Listing
+from brmcp.directory.model import TestSpec
 from brmcp.directory.tools import search_listings
-from brmcp.directory.types import TestSpec
 
 SIZES = (1_000, 10_000, 100_000)
 QUICK_SIZES = (1_000, 10_000)

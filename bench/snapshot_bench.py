@@ -3,11 +3,11 @@
 Usage: ``python bench/snapshot_bench.py [--quick] [--seed N]``
 
 For 100k synthetic listings (the catalogs of bench/directory_bench.py: 2 to
-8 tools each) it builds the manifest and pages (brmcp/directory/pages.py,
+8 tools each) it builds the manifest and pages (brmcp/directory/model/_pages.py,
 1 MiB pages) and verifies them as a consumer does (the manifest, then each
 page's signature and SHA-256, then the listings decoded); for 10k it builds
 and verifies the single-message ``get_snapshot`` answer
-(brmcp/directory/snapshot.py). Each time is the best of three runs, in
+(brmcp/directory/model/_snapshot.py). Each time is the best of three runs, in
 seconds, also with Python's cyclic collector paused (keeping 100k decoded
 listings alive makes its passes a large share of the paged verify).
 Sizes are the signed JSON a tool answer carries once (base64
@@ -37,8 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bench.directory_bench import synth_listings
-from brmcp.directory.pages import PAGE_MAX_BYTES, SnapshotMirror, build_generation
-from brmcp.directory.snapshot import Signer, verify_snapshot
+from brmcp.directory.model import PAGE_MAX_BYTES, Signer, SnapshotMirror, build_generation, verify_snapshot
 from brmcp.directory.tools import snapshot_listing
 
 T = TypeVar("T")

@@ -38,10 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from io import TextIOWrapper
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
-
-if TYPE_CHECKING:
-    from ..clientrpc import BotConfig
+from typing import Protocol, TextIO
 
 __all__ = [
     "DEFAULT_MAX_LOG_FILES",
@@ -51,6 +48,7 @@ __all__ = [
     "LOG_ROTATE_BYTES",
     "OFF",
     "LogPlan",
+    "LogSettings",
     "LogSetupError",
     "bot_logging",
     "parse_level",
@@ -58,6 +56,23 @@ __all__ = [
 ]
 
 log = logging.getLogger("brmcp.botlog")
+
+
+class LogSettings(Protocol):
+    """The logging keys of a bot config file (a :class:`brmcp.clientrpc.BotConfig`;
+    a protocol so that this module, below clientrpc, does not import it)."""
+
+    @property
+    def debug(self) -> str: ...
+
+    @property
+    def logfile(self) -> str: ...
+
+    @property
+    def maxlogfiles(self) -> int: ...
+
+    def unknown_key_warnings(self, source: str) -> list[str]: ...
+
 
 #: A threshold above every level Python defines: nothing is logged.
 OFF = logging.CRITICAL + 10
@@ -118,7 +133,7 @@ class LogPlan:
     warnings: tuple[str, ...] = ()
 
 
-def plan_logging(cfg: BotConfig | None, *, level: str | None = None, source: str = "bot config") -> LogPlan:
+def plan_logging(cfg: LogSettings | None, *, level: str | None = None, source: str = "bot config") -> LogPlan:
     """Read the logging keys of ``cfg`` (None: defaults, stderr only).
     ``level``, when given, replaces ``debug`` and must be a level word
     (raises ValueError otherwise). ``source`` names the config file in
@@ -200,7 +215,7 @@ def _file_handler(plan: LogPlan) -> logging.Handler | None:
 
 @contextlib.contextmanager
 def bot_logging(
-    cfg: BotConfig | None,
+    cfg: LogSettings | None,
     *,
     level: str | None = None,
     source: str = "bot config",

@@ -17,27 +17,38 @@ from the Go reference.
 * :class:`ListenerLimits`: the owned listener's timeouts and connection cap;
 * :class:`RetryPolicy`: re-send timing toward bots;
 * :class:`Clock`, :class:`SystemClock`, :class:`ManualClock`, :func:`go_duration`.
+
+The names are loaded on first use (PEP 562), so that ``brmcp-bridge
+--version`` and the commands that only talk to a running daemon do not import
+the MCP SDK and the whole bridge through :mod:`brmcp.bridge.cli`.
 """
 
-from brmcp._ops.listener import ListenerLimits
-from brmcp.bridge._bridge import ADMIN_TOKEN_FILE, DEFAULT_LISTEN, Bridge, BridgeConfig
-from brmcp.bridge.admin import ConfigSnippet
-from brmcp.bridge.base import (
-    MODE_APPROVAL,
-    MODE_AUTOPAY,
-    SETTINGS_FILE,
-    BridgeError,
-    Settings,
-    SettingsError,
-    SettingsFileBroken,
-)
-from brmcp.bridge.daemon import BridgeDaemon
-from brmcp.bridge.links import RetryPolicy
-from brmcp.bridge.pay import SPEND_FILE, Payer, PendingPayment, SpendEntry, SpendSummary
-from brmcp.clientrpc.tipmatcher import TipMatcher, TipWaiter
-from brmcp.clientrpc.tippayer import TipPayer, TipPaymentError
+from __future__ import annotations
 
-from .._ops.clock import Clock, ManualClock, SystemClock, go_duration
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from brmcp._ops.clock import Clock, ManualClock, SystemClock, go_duration
+    from brmcp._ops.listener import ListenerLimits
+    from brmcp.bridge._bridge import Bridge, BridgeConfig
+    from brmcp.bridge.admin import ConfigSnippet
+    from brmcp.bridge.base import (
+        ADMIN_TOKEN_FILE,
+        DEFAULT_LISTEN,
+        MODE_APPROVAL,
+        MODE_AUTOPAY,
+        SETTINGS_FILE,
+        BridgeError,
+        Settings,
+        SettingsError,
+        SettingsFileBroken,
+    )
+    from brmcp.bridge.daemon import BridgeDaemon
+    from brmcp.bridge.links import RetryPolicy
+    from brmcp.bridge.pay import SPEND_FILE, Payer, PendingPayment, SpendEntry, SpendSummary
+    from brmcp.clientrpc.tipmatcher import TipMatcher, TipWaiter
+    from brmcp.clientrpc.tippayer import TipPayer, TipPaymentError
 
 __all__ = [
     "ADMIN_TOKEN_FILE",
@@ -69,3 +80,47 @@ __all__ = [
     "TipWaiter",
     "go_duration",
 ]
+
+#: Exported name → the module that defines it.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("ListenerLimits",), "brmcp._ops.listener"),
+    **dict.fromkeys(("Bridge", "BridgeConfig"), "brmcp.bridge._bridge"),
+    **dict.fromkeys(("ConfigSnippet",), "brmcp.bridge.admin"),
+    **dict.fromkeys(
+        (
+            "ADMIN_TOKEN_FILE",
+            "DEFAULT_LISTEN",
+            "MODE_APPROVAL",
+            "MODE_AUTOPAY",
+            "SETTINGS_FILE",
+            "BridgeError",
+            "Settings",
+            "SettingsError",
+            "SettingsFileBroken",
+        ),
+        "brmcp.bridge.base",
+    ),
+    **dict.fromkeys(("BridgeDaemon",), "brmcp.bridge.daemon"),
+    **dict.fromkeys(("RetryPolicy",), "brmcp.bridge.links"),
+    **dict.fromkeys(
+        ("SPEND_FILE", "Payer", "PendingPayment", "SpendEntry", "SpendSummary"), "brmcp.bridge.pay"
+    ),
+    **dict.fromkeys(("TipMatcher", "TipWaiter"), "brmcp.clientrpc.tipmatcher"),
+    **dict.fromkeys(("TipPayer", "TipPaymentError"), "brmcp.clientrpc.tippayer"),
+    **dict.fromkeys(("Clock", "ManualClock", "SystemClock", "go_duration"), "brmcp._ops.clock"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module defining ``name`` on first use (PEP 562); raises
+    AttributeError for a name this package does not export."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -7,6 +7,7 @@ Units: 1 DCR = 1e8 atoms = 1e11 milliatoms; tips are received and reported in
 milliatoms (``amount_matoms``) and sent as a float DCR amount.
 """
 
+from .brclientlock import acquire_brclient
 from .client import (
     MAX_IN_FLIGHT,
     STREAM_EOF_CODE,
@@ -88,6 +89,7 @@ __all__ = [
     "Subscription",
     "TipProgressEvent",
     "VersionResponse",
+    "acquire_brclient",
     "atoms_to_dcr",
     "brclient_appdata_dir",
     "check_server_certificate",

@@ -38,14 +38,14 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
-from ._slots import _Slots
+from ._slots import Slots
 from .backoff import Backoff
 from .errors import ClientrpcConnectionLost, ClientrpcNotConnected, RPCError
 from .protojson import frame
 from .subscription import Subscription
 from .types import stream_params
 
-__all__ = ["MAX_IN_FLIGHT", "STREAM_EOF_CODE", "_Connection"]
+__all__ = ["MAX_IN_FLIGHT", "STREAM_EOF_CODE", "Connection"]
 
 log = logging.getLogger("brmcp.clientrpc")
 
@@ -105,7 +105,7 @@ def _rpc_error(method: str, error: Any) -> RPCError:
     return RPCError(method, 0, f"malformed error object {error!r:.200}")
 
 
-class _Connection:
+class Connection:
     """State of one websocket connection: ids, slots, pending calls, streams."""
 
     def __init__(self, client: _Owner, ws: ClientConnection, serial: int) -> None:
@@ -114,7 +114,7 @@ class _Connection:
         self.serial = serial
         self.next_id = 1
         self.stream_counter = 0
-        self.slots = _Slots(client._max_in_flight)
+        self.slots = Slots(client._max_in_flight)
         self.pending: dict[int, _Pending] = {}
         self.streams_by_method: dict[str, _Stream] = {}
         self.streams_by_id: dict[int, _Stream] = {}

@@ -31,7 +31,7 @@ from .._ops.redact import RedactingLogger
 from .config import BotConfig
 from .errors import ClientrpcConfigError, ClientrpcConnectError
 
-__all__ = ["_basic_auth", "_check_bot_config", "_describe", "_dial", "_parse_url"]
+__all__ = ["_describe", "basic_auth", "check_bot_config", "dial_brclient", "parse_url"]
 
 #: websockets' handshake log with the Basic-auth header's value redacted (SECURITY.md).
 _WS_LOG = RedactingLogger(logging.getLogger("websockets.client"))
@@ -44,12 +44,12 @@ _CERT_KEYS = (
 )
 #: OpenSSL reasons for a peer that answered the ClientHello with something
 #: that is not TLS (typically a plain-HTTP server).
-_NOT_TLS_REASONS = frozenset(
+NOT_TLS_REASONS = frozenset(
     {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE"}
 )
 
 
-def _parse_url(url: str) -> tuple[str, int]:
+def parse_url(url: str) -> tuple[str, int]:
     """``(host, port)`` of a ``wss://host:port/ws`` URL (port 443 when absent);
     :class:`ClientrpcConfigError` naming the URL otherwise."""
     try:
@@ -68,13 +68,13 @@ def _parse_url(url: str) -> tuple[str, int]:
     return parts.hostname, port or 443
 
 
-def _basic_auth(rpcuser: str, rpcpass: str) -> str:
+def basic_auth(rpcuser: str, rpcpass: str) -> str:
     """The ``Authorization`` header value, sent even when both are empty (``Basic Og==``)."""
     token = base64.b64encode(f"{rpcuser}:{rpcpass}".encode()).decode("ascii")
     return f"Basic {token}"
 
 
-def _check_bot_config(cfg: BotConfig) -> None:
+def check_bot_config(cfg: BotConfig) -> None:
     """:class:`ClientrpcConfigError` (one line, naming the key) when a bot
     config lacks ``brrpcurl`` or one of the three certificate paths."""
     if not cfg.brrpcurl:
@@ -84,7 +84,7 @@ def _check_bot_config(cfg: BotConfig) -> None:
             raise ClientrpcConfigError(f"bot config: {key} is missing or empty; set it to {what}")
 
 
-async def _dial(
+async def dial_brclient(
     url: str,
     *,
     ssl_context: ssl.SSLContext,
@@ -174,4 +174,4 @@ def _describe(
 
 
 def _not_tls(exc: ssl.SSLError) -> bool:
-    return (exc.reason or "").upper() in _NOT_TLS_REASONS
+    return (exc.reason or "").upper() in NOT_TLS_REASONS

@@ -45,7 +45,7 @@ from .types import (
     tip_user_params,
 )
 
-__all__ = ["_BrclientMethods"]
+__all__ = ["BrclientMethods"]
 
 E = TypeVar("E", bound=Event)
 R = TypeVar("R")
@@ -58,7 +58,7 @@ def _decode_result(method: str, decode: Callable[[Any], R], result: Any) -> R:
         raise ClientrpcProtocolError(f"{method}: malformed result from brclient: {exc}") from None
 
 
-class _BrclientMethods(ABC):
+class BrclientMethods(ABC):
     """The typed calls; a subclass provides :meth:`call` and :meth:`subscribe`."""
 
     @abstractmethod

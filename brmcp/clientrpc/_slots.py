@@ -10,10 +10,10 @@ import anyio
 
 from .errors import ClientrpcNotConnected
 
-__all__ = ["_Slots"]
+__all__ = ["Slots"]
 
 
-class _Slots:
+class Slots:
     """``size`` request slots of one connection, handed out in FIFO order.
     :meth:`acquire` raises :class:`ClientrpcNotConnected` once :meth:`close`
     has been called (the connection ended)."""

@@ -37,9 +37,9 @@ import anyio.abc
 from websockets.asyncio.client import ClientConnection
 
 from ._connection import MAX_IN_FLIGHT, STREAM_EOF_CODE
-from ._connection import _Connection as _Connection  # imported from here by tests
-from ._dial import _basic_auth, _check_bot_config, _dial, _parse_url
-from ._methods import _BrclientMethods
+from ._connection import Connection as Connection  # imported from here by tests
+from ._dial import basic_auth, check_bot_config, dial_brclient, parse_url
+from ._methods import BrclientMethods
 from .backoff import Backoff
 from .config import BotConfig
 from .errors import (
@@ -81,7 +81,7 @@ async def _call_hook(hook: Callable[..., Awaitable[None] | None] | None, *args: 
         log.exception("clientrpc: callback %r failed", hook)
 
 
-class Client(_BrclientMethods):
+class Client(BrclientMethods):
     """A clientrpc connection to one brclient, reconnecting on its own.
 
     Use as ``async with Client(...) as client:``; it dials in the background
@@ -133,12 +133,12 @@ class Client(_BrclientMethods):
         status_url: str = "",
     ) -> None:
         self.url = url
-        self._host, self._port = _parse_url(url)
+        self._host, self._port = parse_url(url)
         self.server_cert = os.fspath(server_cert)
         self.client_cert = os.fspath(client_cert)
         self.client_key = os.fspath(client_key)
         self._ssl = client_ssl_context(server_cert, client_cert, client_key)
-        self._auth_header = _basic_auth(rpcuser, rpcpass)
+        self._auth_header = basic_auth(rpcuser, rpcpass)
         self.on_connected = on_connected
         self.on_disconnected = on_disconnected
         self._ping_interval = ping_interval
@@ -152,7 +152,7 @@ class Client(_BrclientMethods):
         self._dedupe_size = dedupe_size
         self._max_in_flight = max_in_flight
         self._subs: list[Subscription[Any]] = []
-        self._conn: _Connection | None = None
+        self._conn: Connection | None = None
         self._serial = 0
         self._last_error: ClientrpcConnectError | None = None
         self._change: anyio.Event | None = None
@@ -165,7 +165,7 @@ class Client(_BrclientMethods):
         """A client for a bot config (``brrpcurl``, the three cert paths,
         ``rpcuser``/``rpcpass``, ``brstatusurl`` when set); ``kwargs`` are the
         other constructor arguments."""
-        _check_bot_config(cfg)
+        check_bot_config(cfg)
         if cfg.brstatusurl:
             kwargs.setdefault("status_url", cfg.brstatusurl)
         return cls(
@@ -281,7 +281,7 @@ class Client(_BrclientMethods):
                 await anyio.sleep(self._backoff_initial)
 
     async def _dial(self) -> ClientConnection:
-        return await _dial(
+        return await dial_brclient(
             self.url,
             ssl_context=self._ssl,
             auth_header=self._auth_header,
@@ -294,7 +294,7 @@ class Client(_BrclientMethods):
 
     async def _serve(self, ws: ClientConnection) -> None:
         self._serial += 1
-        conn = _Connection(self, ws, self._serial)
+        conn = Connection(self, ws, self._serial)
         log.info("clientrpc: connected to brclient at %s", self.url)
         try:
             async with anyio.create_task_group() as tg:

@@ -109,9 +109,9 @@ def check_server_certificate(
     brclient's ``rpc.cert`` (or an old copy), or the URL's host is not one
     the certificate names; or when ``url`` or ``server_cert`` is unusable.
     """
-    from ._dial import _parse_url
+    from ._dial import parse_url
 
-    host, port = _parse_url(url)
+    host, port = parse_url(url)
     server_path = Path(server_cert)
     ctx = _verifying_context(server_path)
     if client_cert is not None and client_key is not None:
@@ -140,9 +140,9 @@ def check_server_certificate(
         # Not a certificate mismatch: the server speaks no TLS (cannot tell),
         # or its certificate passed (it is checked first) and it then refused
         # our client certificate, which the connection itself will report.
-        from ._dial import _NOT_TLS_REASONS
+        from ._dial import NOT_TLS_REASONS
 
-        return (exc.reason or "").upper() not in _NOT_TLS_REASONS
+        return (exc.reason or "").upper() not in NOT_TLS_REASONS
     except OSError:
         return False
     return True

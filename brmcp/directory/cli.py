@@ -42,7 +42,6 @@ from .._ops.botlog import LEVEL_CHOICES, LogSetupError, bot_logging
 from .._ops.console import add_version
 from .._ops.goflags import GoFlagError, go_style
 from .._ops.lockfile import acquire_datadir
-from ..bridge import TipMatcher, TipPayer
 from ..clientrpc import (
     BotConfig,
     Client,
@@ -54,11 +53,19 @@ from ..clientrpc import (
 )
 from ..clientrpc._glue import Acker
 from ..clientrpc.statusserver import StatusClient
+from ..clientrpc.tipmatcher import TipMatcher
+from ..clientrpc.tippayer import TipPayer
 from ..server import HarnessError, run_bot
-from .federation import Suggester
-from .policy import POLICY_FILENAME, Policy, PolicyError, load_policy, policy_template
-from .service import Directory, DirectoryConfig
-from .snapshot import SnapshotError
+from ._service import Directory, DirectoryConfig
+from .model import (
+    POLICY_FILENAME,
+    Policy,
+    PolicyError,
+    SnapshotError,
+    load_policy,
+    policy_template,
+)
+from .payer import Suggester
 
 __all__ = [
     "BOT_CONFIG_NAME",

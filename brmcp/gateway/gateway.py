@@ -97,7 +97,7 @@ from brmcp.server.catalog import MAX_SUBSCRIBED_URI_BYTES, MAX_SUBSCRIPTIONS, Ha
 from ..protocol.toolerrors import ToolRefusal, internal_error_text
 from ..server import CallContext, Harness
 from .config import CALLER_UID_KEY, UpstreamConfig, UpstreamConfigError
-from .prices import PriceError, PriceTable, unlisted_text
+from .prices import PriceError, PriceTable, defaulted_text, unlisted_text
 from .tools import strip_reserved, tool_specs
 from .upstream import (
     CLIENT_INFO,
@@ -175,6 +175,8 @@ class Gateway:
         self._ever_listed: set[str] = set()
         #: Priced names not listed, as last warned about; None until the start's check.
         self._warned: set[str] | None = None
+        #: Listed tools not named in prices.json already warned about.
+        self._defaulted: set[str] = set()
         self._inflight: dict[int, ServerRequestContext[Any]] = {}
         self._subscribed: set[str] = set()
         self._catalog_kinds: set[str] = set()
@@ -208,6 +210,7 @@ class Gateway:
         self._prices.check_listed(tool.name for tool in self._upstream_tools)
         self._warned = set()
         self._warn_unlisted(self._upstream_tools)
+        self._warn_defaulted(self._upstream_tools)
 
     @property
     def prices(self) -> PriceTable:
@@ -257,6 +260,7 @@ class Gateway:
                 break
             self._ever_listed.add(tool.name)
         self._warn_unlisted(tools)
+        self._warn_defaulted(tools)
         names = {spec.name for spec in specs}
         for name in self._served - names:
             self.harness.remove_tool(name)
@@ -292,6 +296,23 @@ class Gateway:
             )
         if never:
             log.warning("%s", unlisted_text(self._prices.source, never, listed, error=False))
+
+    def _warn_defaulted(self, tools: list[Tool]) -> None:
+        """Warn once per tool the upstream lists that ``prices.json`` does
+        not name: it is sold at ``default`` (an upstream may add tools only
+        once it runs, after the first run wrote the file), so the operator
+        learns which price it got and how to set its own."""
+        if self._warned is None:
+            return  # before the start's check, which may refuse the table
+        fresh = [
+            tool.name
+            for tool in tools
+            if tool.name not in self._prices.tools and tool.name not in self._defaulted
+        ]
+        if not fresh or len(self._defaulted) >= _MAX_REMEMBERED_TOOLS:
+            return
+        self._defaulted.update(fresh)
+        log.warning("%s", defaulted_text(self._prices, fresh))
 
     async def _announce_tools(self) -> None:
         sent = await self.harness.notify_tool_list_changed()

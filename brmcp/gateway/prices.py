@@ -184,6 +184,24 @@ def unlisted_text(source: str, unknown: Iterable[str], listed: Iterable[str], *,
     )
 
 
+def defaulted_text(prices: PriceTable, names: list[str]) -> str:
+    """The one line about tools the upstream lists that ``prices.json``
+    does not name (non-empty ``names``): they are sold at ``default``, and
+    how to give them a price of their own."""
+    price = prices.price(names[0])
+    sold = "hidden" if price is None else ("free" if price == 0 else f"{price} atoms a call")
+    one = len(names) == 1
+    keys = ", ".join(f'"{name}"' for name in names[:8]) + (
+        f" and {len(names) - 8} more" if len(names) > 8 else ""
+    )
+    what = "tool" if one else "tools"
+    return (
+        f"{prices.source}: the upstream lists {what} {keys} that the file does not name: "
+        f"{'not served' if price is None else 'served'} at the default price ({sold}); "
+        f'name {"it" if one else "them"} under "tools" to set {"its" if one else "their"} price'
+    )
+
+
 def _some(names: list[str], most: int = 8) -> str:
     if not names:
         return "none"

@@ -17,8 +17,7 @@ import logging
 import os
 import random
 import signal
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,11 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from brmcp.directory.provider import ClientTipPayer, Payer, Registrant, RegistrantError
+
 from .._ops.clock import Clock
 from .._ops.lockfile import FileLock, acquire_datadir
 from ..clientrpc import BotConfig, Client, ClientrpcError, PublicIdentity, load_bot_config
-from ..directory.registrant import ClientTipPayer, Payer, Registrant, RegistrantError
 from ..gateway import (
     PRICES_FILE,
     Gateway,
@@ -45,6 +45,7 @@ from ..protocol.receipts import RECEIPT_KEY_FILENAME, ReceiptError, ReceiptSigne
 from ..server import Harness, HarnessConfig, HarnessError, lock_brclient, run_bot
 from ..server.chathelp import DEFAULT_TEXT, ChatHelp, render
 from ..transport.router import Router
+from ._drain import FLUSH_GRACE, STOP_GRACE, DrainReport, log_stopped, within
 from .config import (
     SERVE_CONFIG_FILE,
     ServeConfig,
@@ -73,36 +74,6 @@ IMPLEMENTATION_NAME = "brmcp-example"
 #: The implementation name when selling an upstream MCP server (brmcp/gateway).
 GATEWAY_NAME = "brmcp-gateway"
 IMPLEMENTATION_VERSION = "0.1.0"
-
-#: Seconds a stop (SIGINT/SIGTERM, :meth:`ServeApp.stop`) waits for the
-#: requests in flight to be answered before cancelling them (a paid call cut
-#: off there is refunded, and a re-send of its callKey replays the refund).
-STOP_GRACE = 10.0
-#: Seconds a stop then waits for the answers already written to be handed to
-#: brclient (the outbox paces PMs about 0.1 s apart per caller).
-FLUSH_GRACE = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class DrainReport:
-    """What one stop drained (:meth:`ServeApp.stop`).
-
-    * ``answered``: requests in flight whose answers were written during the drain;
-    * ``cut``: requests still unanswered when the grace ran out (cancelled
-      with the rest; a paid call among them is refunded);
-    * ``pms_flushed``: PMs handed to brclient during the drain;
-    * ``parts_left``: envelope parts still queued when the flush bound ran
-      out (0 unless it did);
-    * ``pms_held``: PMs left unread in brclient, replayed to the next start;
-    * ``seconds``: how long the drain took (anyio's clock).
-    """
-
-    answered: int
-    cut: int
-    pms_flushed: int
-    parts_left: int
-    pms_held: int
-    seconds: float
 
 
 class ServeApp:
@@ -133,7 +104,7 @@ class ServeApp:
 
     With a ``directory`` block in ``brmcp.json`` the bot (example tools or
     gateway alike) lists itself in brmcp directories through a
-    :class:`~brmcp.directory.registrant.Registrant`: it serves the free
+    :class:`~brmcp.directory.provider._registrant.Registrant`: it serves the free
     ``listing_invite`` tool beside the others and, once connected,
     registers at every ``register_at_uids`` directory, paying listing costs
     under the block's ``auto_fund`` policy with brclient tips (or
@@ -374,7 +345,7 @@ class ServeApp:
                 await self._serve(handle_signals, task_status)
             finally:
                 self._tg = None
-        _log_stopped(self._stopping_at)
+        log_stopped(self._stopping_at)
 
     def _lock_datadir(self) -> FileLock:
         return acquire_datadir(
@@ -529,9 +500,9 @@ class ServeApp:
         stats = router.stats
         answered, sent = stats.requests_answered, stats.pms_sent
         router.stop_intake()
-        in_time = await _within(router.requests_answered, grace, timer)
+        in_time = await within(router.requests_answered, grace, timer)
         cut = 0 if in_time else router.pending_requests
-        if not await _within(router.outbox_drained, flush, timer):
+        if not await within(router.outbox_drained, flush, timer):
             log.warning("stopping: answers still queued for brclient after %g s; giving up on them", flush)
         report = DrainReport(
             answered=stats.requests_answered - answered,
@@ -599,27 +570,3 @@ class ServeApp:
                     scope.cancel()
                     return
                 tg.start_soon(self.stop)
-
-
-async def _within(wait: Callable[[], Awaitable[None]], seconds: float, timer: Clock | None) -> bool:
-    """Run ``wait()`` for at most ``seconds`` on ``timer`` (None: anyio's
-    clock); True when it returned in time, False when it was cut off."""
-    done = False
-    async with anyio.create_task_group() as tg:
-
-        async def waiter() -> None:
-            nonlocal done
-            await wait()
-            done = True
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(waiter)
-        await (anyio.sleep(seconds) if timer is None else timer.sleep(seconds))
-        tg.cancel_scope.cancel()
-    return done
-
-
-def _log_stopped(since: float | None) -> None:
-    """The last line of a stop a signal asked for, with how long it took."""
-    if since is not None:
-        log.info("stopped (%.1f s after the signal)", anyio.current_time() - since)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import shlex
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -256,7 +257,9 @@ def _upstream_from_args(args: argparse.Namespace, datadir: Path) -> UpstreamConf
     return dataclasses.replace(base, **changes) if changes else base  # type: ignore[arg-type]
 
 
-def _first_run_text(datadir: Path, created: list[Path], tool_names: Sequence[str] = ()) -> str:
+def _first_run_text(
+    datadir: Path, created: list[Path], tool_names: Sequence[str] = (), again: str = ""
+) -> str:
     """What a first run prints: the files created, then one numbered item
     per file to edit (numbered as printed: only created files have one)."""
     conf, harness_file = bot_config_path(datadir), datadir / SERVE_CONFIG_FILE
@@ -305,7 +308,8 @@ def _first_run_text(datadir: Path, created: list[Path], tool_names: Sequence[str
         lines += ["", "Before the next run:"]
         for number, (first, *rest) in enumerate(items, 1):
             lines += [f"  {number}. {first}", *(f"     {line}" for line in rest)]
-    lines += ["", f"Then start it again: {PROG} --datadir {datadir}" + (" ..." if prices in created else "")]
+    # The same command line, upstream included: what the user typed, quoted for a shell.
+    lines += ["", f"Then start it again: {again or f'{PROG} --datadir {shlex.quote(str(datadir))}'}"]
     return "\n".join(lines)
 
 
@@ -361,7 +365,8 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"{PROG}: cannot prepare {datadir}: {exc}", file=sys.stderr)
         return 1
     if created:
-        print(_first_run_text(datadir, created, tool_names), flush=True)
+        again = shlex.join([PROG, *(sys.argv[1:] if argv is None else argv)]) if upstream is not None else ""
+        print(_first_run_text(datadir, created, tool_names, again), flush=True)
         return 0
     conf = bot_config_path(datadir)
     try:

@@ -37,7 +37,7 @@ docs/interop.md §What is verified).
   member and the same ``receiptkey.json`` copied to each.
 * ``upstream``: brmcp/gateway's (:func:`brmcp.gateway.load_upstream_block`).
 * ``directory`` (optional, the Go reference's keys): list this bot in
-  brmcp directories (:class:`brmcp.directory.registrant.RegistrantConfig`;
+  brmcp directories (:class:`brmcp.directory.provider._registrant.RegistrantConfig`;
   README §List your bot)::
 
     "directory": {
@@ -77,8 +77,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brmcp.directory.provider import RegistrantConfig, RegistrantError
+
 from ..clientrpc import BotConfig, write_bot_config
-from ..directory.registrant import RegistrantConfig, RegistrantError
 from ..server.config import RECEIPT_MODES, ReceiptMode
 from ..server.pool import PoolConfig, parse_pool
 from ..server.store.url import DEFAULT_STORE, parse_store_url

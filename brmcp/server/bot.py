@@ -35,8 +35,16 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._ops.lockfile import HARNESS, FileLock, acquire_brclient
-from ..clientrpc import Client, ClientrpcError, ReceivedPM, ReceivedTip, Subscription, TipProgressEvent
+from .._ops.lockfile import HARNESS, FileLock
+from ..clientrpc import (
+    Client,
+    ClientrpcError,
+    ReceivedPM,
+    ReceivedTip,
+    Subscription,
+    TipProgressEvent,
+    acquire_brclient,
+)
 from ..clientrpc._glue import Acker, call_hook, connection_signals, flush_on_connect
 from ..transport.router import Router
 from ..wire import is_batch, is_envelope
@@ -127,7 +135,7 @@ async def run_bot(
 
 def lock_brclient(client: Client) -> FileLock:
     """Take the one-consumer-per-brclient lock for ``client``'s brclient (see
-    :func:`run_bot` and :func:`brmcp._ops.lockfile.acquire_brclient`, which a
+    :func:`run_bot` and :func:`brmcp.clientrpc.acquire_brclient`, which a
     ``brmcp-bridge`` on the same brclient takes too; blocking file I/O, run
     it in a thread from async code). First asks brclient for its TLS
     certificate: raises :class:`HarnessError` saying that ``servercertpath``

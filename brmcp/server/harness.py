@@ -4,8 +4,10 @@ once (WIRE.md §Payments, §callKey); plus a free catalog of
 resources, prompts and completions (:mod:`.catalog`, not in the Go harness).
 
 This module holds :class:`Harness` itself: admission, the tool registry,
-the lifecycle (serving sessions, first contact), the money entry points
-(balances, credits, tips) and the MCP handlers. The rest lives beside it,
+the lifecycle (serving sessions, first contact) and the MCP handlers. Its
+money entry points (balances, credits, tips) are :mod:`._money`'s and its
+catalog methods :class:`~.catalog.CatalogMethods`, both mixed into the
+class so they stay methods of :class:`Harness`. The rest lives beside it,
 owned by the harness: :mod:`.config` (:class:`HarnessConfig`,
 :class:`HarnessError`), :mod:`._pipeline` (each call's claim, charge,
 execution and settlement; the pay-alongside hold is :mod:`._holds`),
@@ -21,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
@@ -38,11 +39,9 @@ from mcp.types import (
     CallToolResult,
     ListToolsResult,
     PaginatedRequestParams,
-    PromptArgument,
 )
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 
-from .. import wire
 from ..protocol.eras import CAPABILITIES_META_KEY
 from ..protocol.payment import MARKS_REFUSALS_KEY, caller_epoch, pay_alongside_atoms
 from ..protocol.receipts import RECEIPT_KEY_META
@@ -68,19 +67,8 @@ from brmcp.server.calls import (
 )
 from brmcp.server.catalog import (
     Catalog,
-    Completer,
-    CompletionFields,
+    CatalogMethods,
     Handler,
-    PromptFields,
-    PromptHandler,
-    PromptSpec,
-    ResourceFields,
-    ResourceHandler,
-    ResourceSpec,
-    ResourceTemplateFields,
-    ResourceTemplateSpec,
-    SessionState,
-    TemplateHandler,
     ToolArgumentError,
     ToolFields,
     Toolset,
@@ -91,12 +79,12 @@ from brmcp.server.ratelimit import RATE_LIMITED_TEXT, RateLimiter
 
 from ..protocol.toolerrors import internal_error_text
 from ..transport.sender import PMSender
-from . import store
+from ._money import MoneyMethods
 from ._tracing import span_only_when_traced
 from .config import HOLD_SECONDS, MAX_HELD_CALLS, HarnessConfig, HarnessError
 from .firstcontact import MODERN_VERSIONS_KEY, OFFER_LINGER, TOOLS_KEY, FirstContactTap, close_abandoned_offer
 from .pool import pool_meta
-from .store import HeldTip, JournalEntry, StatementEntry, StoreError
+from .store import JournalEntry, StoreError
 from .store.journal import HEARTBEAT_INTERVAL
 
 __all__ = [
@@ -121,7 +109,7 @@ _DENIED_WARN_INTERVAL = 600.0
 _DENIED_WARN_MEMORY = 1024
 
 
-class Harness:
+class Harness(CatalogMethods, MoneyMethods):
     """Serve MCP tools to allowed BR peers and charge per call; optionally
     also free resources, resource templates, prompts and completions
     (:meth:`resource`, :meth:`resource_template`, :meth:`prompt`,
@@ -340,128 +328,6 @@ class Harness:
         """The registered tools, in registration order."""
         return self._tools.specs()
 
-    # -- the free catalog: delegated to the harness's Catalog (brmcp/server/catalog/_catalog.py) --
-
-    def resource(
-        self, uri: str, *, name: str | None = None, **fields: Unpack[ResourceFields]
-    ) -> Callable[[F], F]:
-        """Decorator registering ``async def f(ctx: PeerContext)`` as the
-        resource at ``uri``; its value becomes the read result. ``fields``
-        are :class:`~.resources.ResourceFields`. Raises TypeError for a bad
-        signature or keyword, ValueError for a duplicate or invalid uri
-        (:meth:`.catalog.Catalog.resource`)."""
-        return self._catalog.resource(uri, name=name, **fields)
-
-    def add_resource(
-        self, uri: str, handler: ResourceHandler, *, name: str, **fields: Unpack[ResourceFields]
-    ) -> None:
-        """Register the resource at ``uri`` served by ``handler(ctx)``.
-        Raises ValueError for a duplicate or invalid uri or an empty name
-        (:meth:`.catalog.Catalog.add_resource`)."""
-        self._catalog.add_resource(uri, handler, name=name, **fields)
-
-    def resource_template(
-        self, uri_template: str, *, name: str | None = None, **fields: Unpack[ResourceTemplateFields]
-    ) -> Callable[[F], F]:
-        """Decorator registering ``async def f(ctx: PeerContext, **variables)``
-        for the URIs matching the RFC 6570 ``uri_template``; ``fields`` are
-        :class:`~.resources.ResourceTemplateFields`. Raises TypeError for a
-        bad signature or keyword, ValueError for a duplicate or invalid
-        template (:meth:`.catalog.Catalog.resource_template`)."""
-        return self._catalog.resource_template(uri_template, name=name, **fields)
-
-    def add_resource_template(
-        self,
-        uri_template: str,
-        handler: TemplateHandler,
-        *,
-        name: str,
-        **fields: Unpack[ResourceTemplateFields],
-    ) -> None:
-        """Register a resource template served by ``handler(ctx, variables)``.
-        Raises ValueError for a duplicate or invalid template or an empty
-        name (:meth:`.catalog.Catalog.add_resource_template`)."""
-        self._catalog.add_resource_template(uri_template, handler, name=name, **fields)
-
-    def prompt(self, name: str | None = None, **fields: Unpack[PromptFields]) -> Callable[[F], F]:
-        """Decorator registering ``async def f(ctx: PeerContext, arg: str, ...)``
-        as a prompt whose arguments are the str parameters after ``ctx``;
-        ``fields`` are :class:`~.prompts.PromptFields`. Raises TypeError for
-        a bad signature or keyword, ValueError for a duplicate name
-        (:meth:`.catalog.Catalog.prompt`)."""
-        return self._catalog.prompt(name, **fields)
-
-    def add_prompt(
-        self,
-        name: str,
-        handler: PromptHandler,
-        *,
-        arguments: Iterable[PromptArgument] = (),
-        **fields: Unpack[PromptFields],
-    ) -> None:
-        """Register a prompt served by ``handler(ctx, args)``, its string
-        arguments checked against ``arguments`` first. Raises ValueError for
-        a duplicate or empty name (:meth:`.catalog.Catalog.add_prompt`)."""
-        self._catalog.add_prompt(name, handler, arguments=arguments, **fields)
-
-    def completion(self, **fields: Unpack[CompletionFields]) -> Callable[[F], F]:
-        """Decorator registering ``async def f(ctx, value, context) -> list[str]``
-        to complete ``argument`` of one prompt or resource template
-        (:class:`~.completions.CompletionFields`; :meth:`.catalog.Catalog.completion`)."""
-        return self._catalog.completion(**fields)
-
-    def add_completion(self, handler: Completer, **fields: Unpack[CompletionFields]) -> None:
-        """Register a completer for ``argument`` of exactly one of ``prompt``
-        or ``resource_template``. Raises ValueError for a duplicate or when
-        not exactly one is given (:meth:`.catalog.Catalog.add_completion`)."""
-        self._catalog.add_completion(handler, **fields)
-
-    def resources(self) -> list[ResourceSpec]:
-        """The registered resources, in registration order."""
-        return self._catalog.resources()
-
-    def resource_templates(self) -> list[ResourceTemplateSpec]:
-        """The registered resource templates, in registration order."""
-        return self._catalog.templates()
-
-    def prompts(self) -> list[PromptSpec]:
-        """The registered prompts, in registration order."""
-        return self._catalog.prompts()
-
-    async def notify_resource_updated(self, uri: str, *, peer: str | None = None) -> int:
-        """Tell every open session subscribed to ``uri`` (exact match; only
-        ``peer``'s sessions when given) that it changed
-        (``notifications/resources/updated``, one PM each). Returns the
-        number of sessions notified; failures are logged."""
-        return await self._catalog.notify_resource_updated(uri, peer=peer)
-
-    def resource_subscribers(self, uri: str, *, peer: str | None = None) -> int:
-        """How many open sessions (of ``peer`` when given) subscribed to ``uri``."""
-        return self._catalog.subscribers(uri, peer=peer)
-
-    async def notify_resource_list_changed(self) -> int:
-        """Send ``notifications/resources/list_changed`` to every open
-        session that has used resources or prompts; returns how many."""
-        return await self._catalog.notify_list_changed("resources")
-
-    async def notify_tool_list_changed(self) -> int:
-        """Send ``notifications/tools/list_changed`` to every open session
-        that listed tools (needs ``tools_list_changed`` in the config) or
-        used resources or prompts; returns how many."""
-        return await self._catalog.notify_list_changed("tools")
-
-    async def notify_prompt_list_changed(self) -> int:
-        """Send ``notifications/prompts/list_changed`` to every open session
-        that has used resources or prompts; returns how many."""
-        return await self._catalog.notify_list_changed("prompts")
-
-    def track_session(self, ctx: ServerRequestContext[Any]) -> SessionState | None:
-        """Remember the session of a request for later notifications (what
-        the built-in catalog handlers do); returns its per-connection state
-        (``state.uris`` holds its resource subscriptions), or None when the
-        connection has none."""
-        return self._catalog.remember(ctx)
-
     # -- lifecycle ---------------------------------------------------------------------
 
     async def __aenter__(self) -> Harness:
@@ -598,103 +464,6 @@ class Harness:
         """The ``_meta`` of every ``tools/list`` answer: the refusal mark
         (WIRE.md §Payments, "Genuine refusals") and the receipt key."""
         return {MARKS_REFUSALS_KEY: True} | self._key_meta()
-
-    # -- money ---------------------------------------------------------------------------
-
-    async def balance(self, peer: str) -> int:
-        """Prepaid balance of ``peer`` in atoms."""
-        return await self._accounts.balance(peer)
-
-    async def credit(self, peer: str, atoms: int, *, memo: str | None = None) -> None:
-        """Credit ``atoms`` (> 0) to ``peer`` outside the tip path (operator
-        top-ups, tests). Audited as kind ``credit``. Raises ValueError for a
-        non-positive amount, and ``store.BalanceLimitError`` (a ValueError;
-        logged, nothing credited) when the built-in ledger's balance would
-        pass ``MAX_BALANCE_ATOMS`` (21 million DCR; SECURITY.md)."""
-        if isinstance(atoms, bool) or not isinstance(atoms, int) or atoms <= 0:
-            raise ValueError(f"credit amount must be a positive number of atoms, got {atoms!r}")
-        if atoms > store.MAX_BALANCE_ATOMS:
-            exc = store.BalanceLimitError(peer, await self.balance(peer), atoms)
-            log.error("%s", exc)
-            raise exc
-        ref = f"credit:{wire.new_id()}{wire.new_id()}"
-        try:
-            with anyio.CancelScope(shield=True):
-                await self._accounts.credit(peer, atoms, kind="credit", ref=ref)
-        except store.BalanceLimitError as exc:
-            log.error("%s", exc)
-            raise
-        self._pipeline.credited(peer)
-
-    async def credit_tip(self, peer: str, amount_matoms: int, sequence_id: int) -> int:
-        """Credit a received tip: milliatoms floored to atoms, only for
-        allowed peers, once per tip (sequence id, sender and amount recorded
-        in the same transaction as the credit, so a redelivered tip never
-        credits twice, even across a crash). Returns the atoms credited (0
-        for replays, non-allowed senders and amounts under 1000 matoms). A
-        tip of at least one atom from a sender not allowed is held, in that
-        same transaction, and credited once when the sender is allowed
-        (:meth:`release_held_tips`; WIRE.md §Payments, "Tips from senders
-        not allowed")."""
-        _, atoms = await self.record_tip(peer, amount_matoms, sequence_id)
-        return atoms
-
-    async def record_tip(self, peer: str, amount_matoms: int, sequence_id: int) -> tuple[bool, int]:
-        """Like :meth:`credit_tip` but also says whether the tip was new
-        (False: a redelivery, nothing changed). Raises ValueError, changing
-        nothing, when the sequence id or the amount is not a signed 64-bit
-        integer (the ledger's type; ids must also be >= 0; a negative
-        amount is recorded, never credited); a tip that would
-        push the built-in ledger's balance past ``MAX_BALANCE_ATOMS`` is
-        recorded as seen, not credited, and logged as an error."""
-        return await self._tips.record(peer, amount_matoms, sequence_id)
-
-    async def release_held_tips(self, peer: str | None = None) -> int:
-        """Credit the tips held for senders not allowed when they arrived
-        (WIRE.md §Payments, "Tips from senders not allowed") to those of
-        them allowed now: ``peer`` only, or (None) every sender with held
-        tips, read from the ledger. Each tip is credited exactly once, as a
-        ``tip`` movement under its own ref in one transaction that also
-        drops it from the held tips, however often and concurrently this
-        runs. Returns the atoms credited by this call. The harness runs it
-        on entry, before a ``tools/call`` of a sender with held tips and
-        after a tip from such a sender. Raises what the ledger raises
-        (nothing is lost: the tips stay held)."""
-        return await self._tips.release(peer)
-
-    async def held_tips(self, peer: str | None = None) -> list[HeldTip]:
-        """The tips held now for senders not allowed (of ``peer``, or of
-        everyone), oldest first (:class:`~.store.HeldTip`: atoms > 0)."""
-        return await self._accounts.held_tips(peer)
-
-    async def has_tip_history(self) -> bool:
-        """True once this harness's ledger has recorded any received tip
-        (False for a new data directory)."""
-        return await self._accounts.has_tip_history()
-
-    async def transact(self, op: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``op(conn)`` in one transaction of the built-in ledger's
-        database and return its result once committed (off the event loop,
-        serialised with the harness's own money movements). ``op`` may move
-        balances with :func:`store.add_balance` and must audit every
-        movement with :func:`store.record_movement` under a unique ref (a
-        ref applied twice raises ``sqlite3.IntegrityError``, or
-        ``psycopg.IntegrityError`` on a PostgreSQL store, rolling back
-        all of ``op``), so a movement and the state change it pays for
-        commit together or not at all; it may keep its own tables in the
-        same file (the directory does: docs/directory.md §Files). Raises
-        :class:`HarnessError` with an external Billing store (no built-in
-        ledger), else whatever ``op`` raises (nothing of ``op`` is then
-        written). Callers on money paths shield this from cancellation."""
-        executor = self._accounts.executor
-        if executor is None or not self._accounts.local:
-            raise HarnessError("transact needs the built-in ledger (a data_dir and no Billing store)")
-        return await executor.run(op)
-
-    async def statement(self, peer: str) -> list[StatementEntry]:
-        """Every money movement of ``peer``, oldest first (tips, credits,
-        charges, refunds), from the append-only audit table."""
-        return await self._accounts.statement(peer)
 
     # -- MCP handlers ----------------------------------------------------------------------
 

@@ -553,6 +553,7 @@ async def test_a_list_changed_flood_makes_at_most_one_refresh_per_interval(tmp_p
             assert bot.lists() == 4
 
 
+@pytest.mark.paced  # the flood/funding timing it bounds is the paced one
 async def test_a_log_flood_relayed_to_one_agent_is_bounded(tmp_path: Path) -> None:
     """1,000 log messages during ten calls: RELAY_BURST reach the agent while
     the relay's clock stands still, RELAY_RATE more per second after; a

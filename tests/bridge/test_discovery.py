@@ -30,7 +30,7 @@ from brmcp.bridge.cli import parse_pairs
 from brmcp.bridge.daemon import remove_runtime, write_runtime
 from brmcp.bridge.find import ClientrpcContacts
 from brmcp.directory import Directory, DirectoryConfig
-from brmcp.directory.types import STATE_PENDING_REVIEW
+from brmcp.directory.model import STATE_PENDING_REVIEW
 from brmcp.protocol.receipts import ReceiptSigner
 from brmcp.server import Harness
 from brmcp.testing import Fabric

@@ -456,6 +456,7 @@ async def test_a_waiting_call_keeps_its_deadline_and_its_cancellation(tmp_path: 
 
 
 @pytest.mark.parametrize("kind", ["harness", "no-hold"])
+@pytest.mark.paced  # the flood/funding timing it bounds is the paced one
 async def test_calls_arriving_while_a_prepayment_is_under_way(tmp_path: Path, kind: Kind) -> None:
     """Prepay on: the first call's receipt leaves nothing, so a prepayment
     starts, and its tip is slow. Eight calls arrive meanwhile: the

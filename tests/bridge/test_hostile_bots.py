@@ -432,6 +432,7 @@ async def test_replayed_refusal_on_reissue_is_not_paid_again(tmp_path: Path, tim
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("price", [500, 6_000])
+@pytest.mark.paced  # the flood/funding timing it bounds is the paced one
 async def test_concurrent_calls_of_a_refusal_loop_are_bounded(tmp_path: Path, price: int) -> None:
     """20 concurrent calls of a refusal-looping tool: at most one payment
     each, in all ≤ 20 times the price and ≤ the day cap (20 calls of 6,000

@@ -14,7 +14,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
 from brmcp.clientrpc import ClientrpcConnectionLost, ClientrpcNotConnected, Subscription
-from brmcp.clientrpc.client import _Connection
+from brmcp.clientrpc._connection import Connection
 from brmcp.clientrpc.subscription import _dedupe_key
 from brmcp.clientrpc.types import PM_STREAM
 from brmcp.testing.fakebr import KIND_PM
@@ -66,12 +66,12 @@ async def test_send_failure_after_the_write_began_is_an_unknown_outcome() -> Non
     made the bridge mark the payment failed, uncounted against the daily cap,
     while the tip could still go out. Only a send on a connection that was
     not open is "nothing sent"; otherwise the outcome is unknown."""
-    maybe_sent = _Connection(_StubClient(), _DroppingSocket(open_=True), 1)  # type: ignore[arg-type]
+    maybe_sent = Connection(_StubClient(), _DroppingSocket(open_=True), 1)  # type: ignore[arg-type]
     with pytest.raises(ClientrpcConnectionLost):
         await maybe_sent.call("PaymentsService.TipUser", {}, None)
     assert maybe_sent.pending == {}
     assert maybe_sent.slots.in_use == 0
-    never_sent = _Connection(_StubClient(), _DroppingSocket(open_=False), 1)  # type: ignore[arg-type]
+    never_sent = Connection(_StubClient(), _DroppingSocket(open_=False), 1)  # type: ignore[arg-type]
     with pytest.raises(ClientrpcNotConnected):
         await never_sent.call("PaymentsService.TipUser", {}, None)
     assert never_sent.slots.in_use == 0

@@ -133,6 +133,7 @@ def test_python_m_brmcp_demo_exits_zero(tmp_path: Path) -> None:
     assert "fortune ran 1 time(s); 1 charge(s) on the ledger" in result.stdout
 
 
+@pytest.mark.slow  # over 10 s of subprocess start-ups
 def test_demo_real_network_without_go_is_one_clear_line(tmp_path: Path) -> None:
     env = {**os.environ, "BRMCP_GO": str(tmp_path / "no-go"), "BRMCP_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run(

@@ -74,6 +74,7 @@ def _fakebr(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # over 10 s of subprocess start-ups
 def test_fakebr_on_a_taken_port_is_one_line_and_creates_nothing(tmp_path: Path) -> None:
     datadir = tmp_path / "br"
     with _held_port() as port:
@@ -258,6 +259,7 @@ def _files(root: Path) -> set[str]:
 _RUNS_ON = "metrics endpoint not started"
 
 
+@pytest.mark.slow  # over 10 s of subprocess start-ups
 def test_brmcp_serve_on_a_taken_metrics_port_is_one_line(tmp_path: Path) -> None:
     with _fakebr_with_confs(tmp_path) as confs, _held_port() as port:
         serve_dir = confs / "brmcp-serve"
@@ -378,6 +380,7 @@ def _logger_names(lines: list[str]) -> set[str]:
     return {m["name"] for m in map(_LOG_LINE.match, lines) if m is not None}
 
 
+@pytest.mark.slow  # over 10 s of subprocess start-ups
 def test_a_normal_start_of_the_daemons_logs_brmcp_names_only(tmp_path: Path) -> None:
     with _fakebr_with_confs(tmp_path) as confs:
         serve = _Daemon("brmcp.serve", "--datadir", str(confs / "brmcp-serve"), "--metrics", "127.0.0.1:0")

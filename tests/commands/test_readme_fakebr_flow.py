@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import httpx2
+import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -58,6 +59,7 @@ async def _read_until(proc: anyio.abc.Process, marker: bytes) -> str:
     return seen.decode()
 
 
+@pytest.mark.slow  # over 10 s of subprocess start-ups
 async def test_readme_flow_with_fakebr_needs_no_hand_edited_config(tmp_path: Path) -> None:
     fake_dir, confs = tmp_path / "fakebr", tmp_path / "confs"
     with anyio.fail_after(120):

@@ -52,7 +52,7 @@ from mcp import ClientSession
 
 from brmcp import RouterOptions
 from brmcp.directory import Directory, DirectoryConfig, Policy, Timeouts
-from brmcp.directory.types import (
+from brmcp.directory.model import (
     STATE_AWAITING_FUNDING,
     STATE_CRAWLING,
     STATE_LISTED,

@@ -1,5 +1,5 @@
 """A directory and its providers on the in-memory fabric, for the directory
-tests (brmcp/directory/service.py).
+tests (brmcp/directory/_service.py).
 
 * :class:`Provider`: a harness bot (a paid ``fortune`` tool and a free
   ``echo``) whose router also dials the directory as the provider's client;

@@ -1,6 +1,6 @@
 """The admin tools: invisible and uncallable for everyone but the policy's
 ``admin_uids``, each mutating call appended to ``adminlog.json``
-(brmcp/directory/admin.py, docs/directory.md §Admin)."""
+(brmcp/directory/tools/_admin.py, docs/directory.md §Admin)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from brmcp.directory.admin import ADMIN_TOOLS
-from brmcp.directory.tools import PUBLIC_TOOLS
+from brmcp.directory.tools import ADMIN_TOOLS, PUBLIC_TOOLS
 
 from .stack import ADMIN, CALLER, PROVIDER, START, directory_stack, provider_harness, register_args
 

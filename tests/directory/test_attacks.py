@@ -18,12 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_
 from mcp.shared.exceptions import MCPError
 
-from brmcp.directory import Policy, PolicyError, Signer, load_policy
-from brmcp.directory import store as dstore
-from brmcp.directory.federation import leads_from
-from brmcp.directory.snapshot import verify_snapshot
-from brmcp.directory.tools import search_listings, tool_price
-from brmcp.directory.types import (
+import brmcp.directory.db as dstore
+from brmcp.directory import Policy, PolicyError, Signer, TestSpec, load_policy
+from brmcp.directory.model import (
     MAX_DESCRIPTION_LEN,
     RegisterIn,
     SearchIn,
@@ -31,7 +28,10 @@ from brmcp.directory.types import (
     go_trim_space,
     normalize_tags,
     validate_register,
+    verify_snapshot,
 )
+from brmcp.directory.payer import leads_from
+from brmcp.directory.tools import search_listings, tool_price
 from brmcp.protocol.payment import parse_payment_required
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import uid
@@ -63,7 +63,7 @@ def _listing(who: str, tools: list[dict[str, Any]], tags: tuple[str, ...] = ("x"
         uid=who,
         description="d",
         tags=tags,
-        test=dstore.TestSpec(tool="t", max_atoms=1),
+        test=TestSpec(tool="t", max_atoms=1),
         catalog=json.dumps(tools),
         catalog_checked_at=int(START),
         last_verified_execution=int(START),
@@ -372,7 +372,7 @@ async def test_lookups_of_unknown_pending_and_self(tmp_path: Path) -> None:
 
 
 async def test_admin_tools_are_unknown_to_strangers(tmp_path: Path) -> None:
-    from brmcp.directory.admin import ADMIN_TOOLS
+    from brmcp.directory.tools import ADMIN_TOOLS
 
     async with directory_stack(tmp_path) as st:
         names = {t.name for t in (await (await st.session(CALLER)).list_tools()).tools}
@@ -716,7 +716,7 @@ async def test_a_late_answer_reaches_the_retry_under_the_same_key(tmp_path: Path
 @settings(max_examples=200, deadline=None)
 @given(meta=_JSON)
 def test_the_test_listing_of_any_meta_is_never_a_negative_price(meta: Any) -> None:
-    from brmcp.directory.client import listing_in
+    from brmcp.directory.payer import listing_in
 
     catalog = json.dumps([{"name": "t", "inputSchema": {"type": "object"}, "_meta": meta}])
     listing = listing_in(catalog, "t")

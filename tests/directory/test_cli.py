@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from brmcp.directory.cli import default_datadir, main
-from brmcp.directory.policy import Policy, load_policy
+from brmcp.directory.model import Policy, load_policy
 
 
 def test_first_run_writes_files_and_exits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,7 @@ process (tests/directory/crash_worker.py) that is killed with SIGKILL at
 seeded random points and restarted on the same data. After every kill the
 data is opened once more (each harness's start-up reconciliation runs) and
 the books must agree with what durably happened (docs/directory.md §Money,
-brmcp/directory/store.py):
+brmcp/directory/db/_store.py):
 
 * at the directory, per provider: tips credited == listing fees + test
   spends + balance; every test debit is either in the spend journal or

@@ -14,7 +14,7 @@ from mcp import ClientSession
 
 from brmcp.directory import Directory, DirectoryConfig
 from brmcp.directory.cli import ClientIntroducer, ClientTips, serve_directory
-from brmcp.directory.types import STATE_PENDING_REVIEW
+from brmcp.directory.model import STATE_PENDING_REVIEW
 from brmcp.server import run_bot
 from tests.kit import until
 from tests.kit.clientrpc import FAST, fake_network

@@ -1,4 +1,4 @@
-"""Federation (brmcp/directory/federation.py, docs/directory.md
+"""Federation (brmcp/directory/payer/_federation.py, docs/directory.md
 §Federation): a curated peer's snapshot bought within the bound and
 verified against its stored key, unknown providers turned into leads, a
 wrong key yielding nothing, and a lead pursued by invite or, when it cannot
@@ -10,8 +10,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from brmcp.directory import Directory, Timeouts
-from brmcp.directory import store as dstore
+import brmcp.directory.db as dstore
+from brmcp.directory import Directory, TestSpec, Timeouts
 from brmcp.server import CallContext
 from tests.kit import until
 
@@ -39,7 +39,7 @@ async def peer_directory(st: Stack, listed: list[str]) -> Directory:
             uid=uid,
             description=f"provider {uid[:4]}",
             tags=("x",),
-            test=dstore.TestSpec(tool="fortune", max_atoms=10),
+            test=TestSpec(tool="fortune", max_atoms=10),
             catalog='[{"name":"fortune"}]',
             catalog_checked_at=int(START),
             last_verified_execution=int(START),

@@ -15,7 +15,7 @@ import anyio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from brmcp.directory.search import RANK_CATALOG, RANK_RELEVANCE
+from brmcp.directory.db import RANK_CATALOG, RANK_RELEVANCE
 
 from .stack import CALLER, directory_stack
 

@@ -1,5 +1,5 @@
 """Hostile providers never make the directory pay beyond the cap, and the
-books stay exact to the atom (brmcp/directory/client.py,
+books stay exact to the atom (brmcp/directory/payer/_client.py,
 docs/directory.md §Money): the provider's balance at the directory, the
 spend journal, what the payer sent and what the provider was credited
 always agree, whatever the provider answers and whatever the rail does."""
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st_
 
 from brmcp.directory import Timeouts
-from brmcp.directory.types import STATE_PENDING_REVIEW, RegisterIn
+from brmcp.directory.model import STATE_PENDING_REVIEW, RegisterIn
 from brmcp.testing.hostile import (
     Behaviour,
     Die,
@@ -205,7 +205,7 @@ async def test_books_exact_under_any_fault_schedule(
 
 
 async def test_endless_catalog_pages_are_bounded(tmp_path: Path) -> None:
-    from brmcp.directory.client import MAX_CATALOG_PAGES
+    from brmcp.directory.payer import MAX_CATALOG_PAGES
 
     async with directory_stack(tmp_path, timeouts=QUICK) as st:
         tools = [FORTUNE, HostileTool("other", 1)]

@@ -1,5 +1,5 @@
 """A provider's way through the directory over the fabric
-(brmcp/directory/pipeline.py, docs/directory.md §Lifecycle): register,
+(brmcp/directory/payer/_pipeline.py, docs/directory.md §Lifecycle): register,
 fund, crawl, one paid test charged once at the provider, review, approval,
 the public tools; renewal without review; expiry and free re-crawls on a
 ManualClock."""
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from brmcp.directory.snapshot import verify_snapshot
-from brmcp.directory.types import (
+from brmcp.directory.model import (
     STATE_AWAITING_FUNDING,
     STATE_LISTED,
     STATE_NONE,
     STATE_PENDING_REVIEW,
     STATE_REJECTED,
+    verify_snapshot,
 )
 from tests.kit import until
 
@@ -200,7 +200,7 @@ async def test_register_refuses_self_and_bad_input(tmp_path: Path) -> None:
 
 
 async def _self_register(st: Stack) -> str:
-    from brmcp.directory.types import RegisterIn
+    from brmcp.directory.model import RegisterIn
 
     try:
         await st.directory.pipeline.register(DIRECTORY, RegisterIn.from_json(register_args()))
@@ -219,7 +219,7 @@ async def test_register_while_testing_keeps_the_running_one(tmp_path: Path) -> N
         assert reg is not None
         import dataclasses
 
-        from brmcp.directory import store as dstore
+        import brmcp.directory.db as dstore
 
         await st.directory.harness.transact(
             lambda c: dstore.put_registration(c, dataclasses.replace(reg, state="testing"))

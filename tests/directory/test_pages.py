@@ -1,5 +1,5 @@
 """The index in signed pages and the changes since a generation
-(brmcp/directory/pages.py and pagetools.py, docs/directory.md §Snapshot
+(brmcp/directory/model/_pages.py and pagetools.py, docs/directory.md §Snapshot
 pages): tampering, pages swapped across generations and directories,
 missing pages, changes applied to an old copy, the tombstone horizon and
 the tools' entitlements."""
@@ -18,34 +18,39 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import brmcp.directory.db as search_index
 from brmcp.directory import Directory
-from brmcp.directory import search as search_index
-from brmcp.directory.pages import (
+from brmcp.directory.db import (
+    CHANGES_OVERLAP_SECONDS,
+    LISTING_SCHEMA,
+    NOT_ENTITLED,
+    TOMBSTONE_DAYS,
+    TOO_OLD,
+    Listing,
+    all_listings,
+    changes_since,
+    open_page_tables,
+    put_listing,
+    record_removal,
+    tombstone_horizon,
+)
+from brmcp.directory.model import (
     Generation,
     PagesError,
     PagesRefused,
+    Signer,
+    SnapshotListing,
     SnapshotMirror,
+    TestSpec,
     build_changes_payload,
     build_generation,
     fetch_pages,
     verify_changes,
     verify_manifest,
     verify_page,
+    verify_snapshot,
 )
-from brmcp.directory.pagetools import (
-    CHANGES_OVERLAP_SECONDS,
-    NOT_ENTITLED,
-    TOMBSTONE_DAYS,
-    TOO_OLD,
-    changes_since,
-    open_tables,
-    record_removal,
-    tombstone_horizon,
-)
-from brmcp.directory.rows import SCHEMA, Listing, all_listings, put_listing
-from brmcp.directory.snapshot import Signer, SnapshotListing, verify_snapshot
 from brmcp.directory.tools import snapshot_listing
-from brmcp.directory.types import TestSpec
 
 from .stack import (
     ADMIN,
@@ -213,11 +218,11 @@ def test_missing_or_extra_pages_are_refused() -> None:
 
 def database(now: int) -> sqlite3.Connection:
     conn = sqlite3.connect(":memory:", isolation_level=None)
-    for statement in SCHEMA.split(";"):
+    for statement in LISTING_SCHEMA.split(";"):
         if statement.strip():
             conn.execute(statement)
     search_index.ensure_index(conn, lambda: all_listings(conn))
-    open_tables(conn, now)
+    open_page_tables(conn, now)
     return conn
 
 
@@ -320,7 +325,7 @@ def test_tombstones_past_the_horizon_are_dropped_and_the_horizon_moves() -> None
     assert tombstone_horizon(conn) == NOW + 11
     assert [r[0] for r in conn.execute("SELECT uid FROM dir_removed ORDER BY uid")] == [uid_of(2), uid_of(3)]
     # A later open keeps the horizon.
-    open_tables(conn, later + 99)
+    open_page_tables(conn, later + 99)
     assert tombstone_horizon(conn) == NOW + 11
 
 
@@ -426,7 +431,7 @@ async def paged_peer(stack: Stack, count: int) -> Directory:
 async def test_verify_peer_buys_the_manifest_and_fetches_the_pages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("brmcp.directory.pagetools.PAGE_MAX_BYTES", 1024)
+    monkeypatch.setattr("brmcp.directory.db._pagetables.PAGE_MAX_BYTES", 1024)
     async with directory_stack(tmp_path) as stack:
         peer = await paged_peer(stack, 12)
         await stack.ok(ADMIN, "add_peer", {"uid": PEER_DIR, "pubKey": peer.public_key})
@@ -443,8 +448,8 @@ async def test_verify_peer_buys_the_manifest_and_fetches_the_pages(
 async def test_verify_peer_refuses_a_manifest_of_too_many_pages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("brmcp.directory.pagetools.PAGE_MAX_BYTES", 1024)
-    monkeypatch.setattr("brmcp.directory.federation.MAX_PEER_PAGES", 2)
+    monkeypatch.setattr("brmcp.directory.db._pagetables.PAGE_MAX_BYTES", 1024)
+    monkeypatch.setattr("brmcp.directory.payer._federation.MAX_PEER_PAGES", 2)
     async with directory_stack(tmp_path) as stack:
         peer = await paged_peer(stack, 12)
         await stack.ok(ADMIN, "add_peer", {"uid": PEER_DIR, "pubKey": peer.public_key})

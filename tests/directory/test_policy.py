@@ -1,4 +1,4 @@
-"""``brmcpdir.json`` (brmcp/directory/policy.py): Go's keys and defaults,
+"""``brmcpdir.json`` (brmcp/directory/model/_policy.py): Go's keys and defaults,
 zero or absent selecting the default, one-line errors naming the file, the
 key, the value and what is allowed."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from brmcp.directory.policy import Policy, PolicyError, load_policy, policy_template
+from brmcp.directory.model import Policy, PolicyError, load_policy, policy_template
 
 
 def write(tmp_path: Path, text: str) -> Path:

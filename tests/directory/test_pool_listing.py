@@ -1,5 +1,5 @@
 """A provider's bot pool in the directory (docs/directory.md §Reputation,
-"The pool"; brmcp/directory/poolinfo.py): the crawl records the
+"The pool"; brmcp/directory/db/_poolinfo.py): the crawl records the
 ``brmcp/pool`` announcement of the provider's ``tools/list`` ``_meta`` and
 ``get_provider`` shows it as ``pool``, only when it is well formed, names
 the provider among its members and carries the provider's own receipt key.
@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given
 from hypothesis import strategies as st_
 
-from brmcp.directory import poolinfo
-from brmcp.directory.types import STATE_PENDING_REVIEW
+import brmcp.directory.db._poolinfo as poolinfo
+from brmcp.directory.model import STATE_PENDING_REVIEW
 from brmcp.protocol.receipts import ReceiptSigner
 from brmcp.server import Harness
 from brmcp.server.pool import MAX_MEMBERS, POOL_META_KEY, PoolConfig

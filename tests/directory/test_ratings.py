@@ -1,5 +1,5 @@
 """Ratings backed by signed receipts and the reputation of a listing
-(brmcp/directory/ratings.py, brmcp/directory/reputation.py,
+(brmcp/directory/db/_ratings.py, brmcp/directory/db/_reputation.py,
 docs/directory.md §Reputation): the receipt key read from the crawl, the
 directory's own test receipts, ``rate`` and every way it refuses, ``ratings``
 pages, the history of paid tests and re-crawls on the directory's clock,
@@ -20,12 +20,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st_
 from mcp import ClientSession
 
-from brmcp.directory import ratings, reputation
-from brmcp.directory import search as search_index
-from brmcp.directory.client import CallError
-from brmcp.directory.ratings import MAX_COMMENT, MAX_FUTURE_SECONDS, MAX_PER_DAY, RateIn, clean_comment
-from brmcp.directory.rows import SCHEMA, Listing, put_listing
-from brmcp.directory.types import STATE_PENDING_REVIEW, TestSpec
+import brmcp.directory.db as search_index
+import brmcp.directory.db._ratings as ratings
+import brmcp.directory.db._reputation as reputation
+from brmcp.directory.db import (
+    LISTING_SCHEMA,
+    MAX_COMMENT,
+    MAX_FUTURE_SECONDS,
+    MAX_PER_DAY,
+    Listing,
+    RateIn,
+    clean_comment,
+    put_listing,
+)
+from brmcp.directory.model import STATE_PENDING_REVIEW, TestSpec
+from brmcp.directory.payer import CallError
 from brmcp.protocol.receipts import RECEIPT_KEY_META, ReceiptSigner, args_sha256, verify_receipt
 from brmcp.server import Harness
 from tests.kit import until
@@ -423,7 +432,7 @@ def _forged(signed: dict[str, str], how: str) -> dict[str, str]:
 
 def _property_db() -> sqlite3.Connection:
     conn = sqlite3.connect(":memory:")
-    for statement in SCHEMA.split(";"):
+    for statement in LISTING_SCHEMA.split(";"):
         if statement.strip():
             conn.execute(statement)
     search_index.create_index(conn)

@@ -1,4 +1,4 @@
-"""The provider side of the directory (brmcp/directory/registrant.py;
+"""The provider side of the directory (brmcp/directory/provider/_registrant.py;
 docs/directory.md, "The provider side"; karamble/brmcp,
 ``directory/registrant.go``): the auto-fund policy, the fund history
 written before money moves, listings left alone or renewed, hostile
@@ -25,7 +25,17 @@ import pytest
 from mcp import ClientSession
 
 from brmcp import ManualClock, Router
-from brmcp.directory.registrant import (
+from brmcp.directory.model import (
+    STATE_AWAITING_FUNDING,
+    STATE_LISTED,
+    STATE_NONE,
+    STATE_PENDING_REVIEW,
+    InviteOut,
+    RegisterIn,
+    StatusOut,
+    TestSpec,
+)
+from brmcp.directory.provider import (
     FUND_FILE,
     FUND_WINDOW_SECS,
     RENEW_AHEAD_SECS,
@@ -36,16 +46,6 @@ from brmcp.directory.registrant import (
     RegistrantConfig,
     RegistrantError,
     RegistrationError,
-)
-from brmcp.directory.types import (
-    STATE_AWAITING_FUNDING,
-    STATE_LISTED,
-    STATE_NONE,
-    STATE_PENDING_REVIEW,
-    InviteOut,
-    RegisterIn,
-    StatusOut,
-    TestSpec,
 )
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric, uid
@@ -686,7 +686,7 @@ async def test_a_directory_error_cannot_forge_log_lines(tmp_path: Path) -> None:
 async def test_the_default_notify_is_one_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     async with network(tmp_path) as net:
         reg = Registrant(CONFIG, payer=net.books, data_dir=net.data_dir, router=net.provider_router)
-        logger = "brmcp.directory.registrant"
+        logger = "brmcp.directory.provider._registrant"
         with caplog.at_level(logging.INFO, logger=logger), pytest.raises(RegistrationError):
             await reg.register(DIRECTORY)
         assert caplog.messages == [

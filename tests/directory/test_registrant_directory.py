@@ -1,4 +1,4 @@
-"""The Registrant against the real directory (brmcp/directory/service.py) on
+"""The Registrant against the real directory (brmcp/directory/_service.py) on
 the in-memory fabric: a proactive registration funds the invoice exactly
 once, the directory's paid test runs once, and after approval a second
 registration leaves the listing alone (docs/directory.md, "The provider
@@ -10,8 +10,8 @@ import itertools
 from pathlib import Path
 
 from brmcp import ManualClock
-from brmcp.directory.registrant import FUND_FILE, AutoFund, Registrant, RegistrantConfig
-from brmcp.directory.types import STATE_LISTED, STATE_PENDING_REVIEW, TestSpec
+from brmcp.directory.model import STATE_LISTED, STATE_PENDING_REVIEW, TestSpec
+from brmcp.directory.provider import FUND_FILE, AutoFund, Registrant, RegistrantConfig
 from tests.kit import until
 
 from .stack import ADMIN, BUDGET, DIRECTORY, FEE, PROVIDER, START, directory_stack, provider_harness

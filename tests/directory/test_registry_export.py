@@ -1,4 +1,4 @@
-"""Listings as MCP Registry ``server.json`` documents (brmcp/directory/registry.py,
+"""Listings as MCP Registry ``server.json`` documents (brmcp/directory/tools/_registry.py,
 docs/directory.md §Registry export): every document validates against the
 vendored schema, hostile listings included; pages follow the registry's
 ``GET /v0/servers`` shape and cursor."""
@@ -17,9 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft7Validator
 
-import brmcp.directory.registry as registry
-from brmcp.directory import store as dstore
-from brmcp.directory.registry import (
+import brmcp.directory.db as dstore
+import brmcp.directory.tools._registry as registry
+from brmcp.directory import TestSpec
+from brmcp.directory.model import ShapeError
+from brmcp.directory.tools import (
     BR_META_KEY,
     DIRECTORY_META_KEY,
     MAX_DOC_TOOLS,
@@ -32,7 +34,6 @@ from brmcp.directory.registry import (
     server_json,
     server_name,
 )
-from brmcp.directory.types import ShapeError
 
 from .stack import CALLER, DIRECTORY, START, Stack, directory_stack
 
@@ -54,7 +55,7 @@ def listing(uid: str = A, **kw: Any) -> dstore.Listing:
         "uid": uid,
         "description": "fortunes on demand",
         "tags": ("fortune", "fun"),
-        "test": dstore.TestSpec(tool="fortune", max_atoms=1_000),
+        "test": TestSpec(tool="fortune", max_atoms=1_000),
         "catalog": CATALOG,
         "catalog_checked_at": int(START) + 60,
         "last_verified_execution": int(START) + 30,
@@ -83,7 +84,7 @@ def br(document: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_vendored_schema_is_the_file_its_readme_names() -> None:
-    folder = Path(registry.__file__).parent / "schemas"
+    folder = Path(registry.__file__).parent.parent / "schemas"
     readme = (folder / "README.md").read_text(encoding="utf-8")
     recorded = re.search(r"sha256 of the file: `([0-9a-f]{64})`", readme)
     assert recorded is not None
@@ -264,7 +265,7 @@ def test_any_listing_gives_a_valid_document(
         catalog=catalog,
         catalog_checked_at=times,
         approved_at=times,
-        test=dstore.TestSpec(tool=description),
+        test=TestSpec(tool=description),
     )
     page = export_page([item], directory, directory_name=description)
     entry = page["servers"][0]

@@ -1,6 +1,6 @@
 """A directory restarted mid-verification continues the run with the same
 callKey, so the provider executes and charges the test once
-(brmcp/directory/pipeline.py ``resume``; docs/directory.md §Lifecycle)."""
+(brmcp/directory/payer/_pipeline.py ``resume``; docs/directory.md §Lifecycle)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 
 from brmcp import ManualClock
-from brmcp.directory.types import STATE_PENDING_REVIEW, STATE_TESTING, RegisterIn
+from brmcp.directory.model import STATE_PENDING_REVIEW, STATE_TESTING, RegisterIn
 from brmcp.server import CallContext, Harness, HarnessConfig
 from brmcp.testing import Fabric
 from tests.kit import until

@@ -1,4 +1,4 @@
-"""The directory's FTS5 search index (brmcp/directory/search.py,
+"""The directory's FTS5 search index (brmcp/directory/db/_search.py,
 docs/directory.md §Search): the default answer equals the Go reference's
 linear scan on random catalogs and queries, relevance ranking, the
 filters, keyset pages that neither repeat nor skip a hit on ties, user text
@@ -20,11 +20,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from brmcp.directory import search as search_index
-from brmcp.directory import store as dstore
-from brmcp.directory.search import (
+import brmcp.directory.db as dstore
+import brmcp.directory.db as search_index
+import brmcp.directory.db._search as search_query
+from brmcp.directory.db import (
     RANK_CATALOG,
     RANK_RELEVANCE,
+    DirectoryStore,
+    Listing,
     SearchIndex,
     SearchRequest,
     create_index,
@@ -33,9 +36,7 @@ from brmcp.directory.search import (
     rebuild_index,
     unindex_listing,
 )
-from brmcp.directory.store import DirectoryStore, Listing
-from brmcp.directory.tools import search_listings, tool_price
-from brmcp.directory.types import (
+from brmcp.directory.model import (
     MAX_SEARCH_HITS,
     SearchIn,
     ShapeError,
@@ -44,6 +45,7 @@ from brmcp.directory.types import (
     go_trim_space,
     normalize_tags,
 )
+from brmcp.directory.tools import search_listings, tool_price
 from brmcp.server import Harness, HarnessConfig
 
 DAY = 86_400
@@ -180,7 +182,7 @@ def test_default_answer_equals_the_linear_scan(data: st.DataObject) -> None:
             want = search_listings(items, query).to_json()
             # Both page plans: sorting every match, and walking in order.
             for broad in (False, True):
-                with mock.patch.object(search_index, "_broad", lambda *_args, b=broad: b):
+                with mock.patch.object(search_query, "_broad", lambda *_args, b=broad: b):
                     got = search_index.search(db, SearchRequest(base=query), NOW).to_json()
                 assert got == want, (query, broad)
     finally:

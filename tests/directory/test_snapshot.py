@@ -1,4 +1,4 @@
-"""Signed snapshots and the snapshot key file (brmcp/directory/snapshot.py,
+"""Signed snapshots and the snapshot key file (brmcp/directory/model/_snapshot.py,
 docs/directory.md §Snapshots): Go's payload bytes and key format, the
 signature checked before decoding, tampering and wrong keys refused."""
 
@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brmcp.directory.snapshot import (
+from brmcp.directory.model import (
     Signer,
     SnapshotError,
     SnapshotListing,

@@ -1,4 +1,4 @@
-"""Push status (brmcp/directory/statuspush.py, docs/directory.md §Push
+"""Push status (brmcp/directory/model/_statuspush.py, docs/directory.md §Push
 status): each caller reads its own registration as ``brmcpdir://registration``
 and hears ``notifications/resources/updated`` for every change of it, and of
 nobody else's; the Registrant follows a registration by subscription at a
@@ -24,25 +24,23 @@ from mcp import ClientSession
 from mcp.client.session import IncomingMessage
 
 from brmcp import ManualClock
-from brmcp.directory.registrant import AutoFund, Registrant, RegistrantConfig
-from brmcp.directory.statuspush import (
+from brmcp.directory.model import (
     NOT_REGISTERED_NOTE,
-    STATUS_RESOURCE_KEY,
-    STATUS_URI,
-    StatusPush,
-    settled,
-    status_from_read,
-)
-from brmcp.directory.types import (
     STATE_AWAITING_FUNDING,
     STATE_LISTED,
     STATE_NONE,
     STATE_PENDING_REVIEW,
     STATE_REJECTED,
     STATE_TESTING,
+    STATUS_RESOURCE_KEY,
+    STATUS_URI,
     StatusOut,
+    StatusPush,
     TestSpec,
+    settled,
+    status_from_read,
 )
+from brmcp.directory.provider import AutoFund, Registrant, RegistrantConfig
 from brmcp.server import CallContext, Harness
 from brmcp.transport.router import RouterOptions
 from tests.kit import until

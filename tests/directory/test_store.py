@@ -1,5 +1,5 @@
 """The directory's tables in the harness's database
-(brmcp/directory/store.py): round trips across a reopen, the fee debit and
+(brmcp/directory/db/_store.py): round trips across a reopen, the fee debit and
 the move to crawling in one transaction applied once, escrowed spends and
 their refund on a definitive failure."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from brmcp.directory.store import (
+from brmcp.directory.db import (
     KIND_FEE,
     KIND_REFUND,
     KIND_TEST,
@@ -21,7 +21,7 @@ from brmcp.directory.store import (
     Peer,
     Registration,
 )
-from brmcp.directory.types import STATE_AWAITING_FUNDING, STATE_CRAWLING, TestSpec
+from brmcp.directory.model import STATE_AWAITING_FUNDING, STATE_CRAWLING, TestSpec
 from brmcp.server import Harness, HarnessConfig
 
 U = "c" * 64

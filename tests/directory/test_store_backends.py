@@ -19,18 +19,35 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st_
 
-from brmcp.directory import ratings, reputation
-from brmcp.directory import search as search_index
-from brmcp.directory._sql import adapt, is_postgres, to_postgres
-from brmcp.directory.pages import build_generation
-from brmcp.directory.pagetools import changes_since
-from brmcp.directory.policy import Policy, PolicyError, load_policy
-from brmcp.directory.rows import SCHEMA, Listing, all_listings, put_listing
-from brmcp.directory.search import SearchRequest
-from brmcp.directory.snapshot import Signer
-from brmcp.directory.store import DirectoryStore, Lead, Peer, Registration
+import brmcp.directory.db as search_index
+import brmcp.directory.db._ratings as ratings
+import brmcp.directory.db._reputation as reputation
+from brmcp.directory.db import (
+    LISTING_SCHEMA,
+    DirectoryStore,
+    Lead,
+    Listing,
+    Peer,
+    Registration,
+    SearchRequest,
+    adapt,
+    all_listings,
+    changes_since,
+    is_postgres,
+    put_listing,
+    to_postgres,
+)
+from brmcp.directory.model import (
+    STATE_AWAITING_FUNDING,
+    STATE_PENDING_REVIEW,
+    Policy,
+    PolicyError,
+    Signer,
+    TestSpec,
+    build_generation,
+    load_policy,
+)
 from brmcp.directory.tools import snapshot_listing
-from brmcp.directory.types import STATE_AWAITING_FUNDING, STATE_PENDING_REVIEW, TestSpec
 from brmcp.protocol.payment import PRICE_ATOMS_KEY
 from brmcp.protocol.receipts import ReceiptSigner, args_sha256
 from brmcp.server import Harness, HarnessConfig
@@ -276,7 +293,7 @@ def _listing(n: int, tools: list[dict[str, Any]], tags: list[str]) -> Listing:
 
 
 def _create(conn: sqlite3.Connection) -> None:
-    for statement in SCHEMA.split(";"):
+    for statement in LISTING_SCHEMA.split(";"):
         if statement.strip():
             conn.execute(statement)
     search_index.create_index(conn)

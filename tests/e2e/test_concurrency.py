@@ -242,6 +242,7 @@ async def many_calls(net: Net, agents: int, per_agent: int) -> Run:
 BATCHES = pytest.mark.parametrize("batches", [True, False], ids=["batches", "bot-without-batches"])
 
 
+@pytest.mark.paced  # counts PMs: the batching depends on the real pacing
 @BATCHES
 def test_sixteen_agents_three_calls_each_about_two_pms_per_call(tmp_path: Path, batches: bool) -> None:
     """48 free calls at once on a clean relay: every one answered within the
@@ -259,6 +260,7 @@ def test_sixteen_agents_three_calls_each_about_two_pms_per_call(tmp_path: Path, 
     run_virtual(main)
 
 
+@pytest.mark.paced  # counts PMs: the batching depends on the real pacing
 @BATCHES
 def test_sixteen_calls_on_a_lossy_relay_recover_each_drop_in_a_few_pms(tmp_path: Path, batches: bool) -> None:
     """16 free calls at once while the relay drops 20 % of the PMs: every

@@ -213,3 +213,37 @@ async def test_http_headers_reach_the_upstream_and_never_the_log(
     assert secret not in caplog.text
     assert "s3cret" not in caplog.text
     assert key not in caplog.text
+
+
+async def test_a_listed_tool_the_prices_do_not_name_is_sold_at_default_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upstream that lists more tools than the first run saw (server-everything
+    adds some once it runs) gets them served at ``default``, and the operator is
+    told which ones, once each, with how to price them."""
+    script, names, pidfile = tmp_path / "listed.py", tmp_path / "names", tmp_path / "pid"
+    script.write_text(LISTED_SERVER)
+    names.write_text("alpha")
+    command = pid_wrapped([sys.executable, str(script), str(names)], pidfile)
+    prices = PriceTable.parse('{"default": 7, "tools": {"alpha": 3}}', source="/d/prices.json")
+    harness = Harness(HarnessConfig(data_dir=tmp_path / "bot", tools_list_changed=True))
+    gateway = Gateway(harness, UpstreamConfig(command=tuple(command)), prices, backoff_initial=0.02)
+    served = lambda: sorted((spec.name, spec.price_atoms) for spec in harness.tools())  # noqa: E731
+    warned = lambda: [r.getMessage() for r in caplog.records if "prices.json" in r.getMessage()]  # noqa: E731
+    with anyio.fail_after(60), caplog.at_level(logging.WARNING, logger="brmcp.gateway"):
+        async with anyio.create_task_group() as tg:
+            await tg.start(gateway.run)
+            assert served() == [("alpha", 3)]
+            assert warned() == []
+            names.write_text("alpha gamma")
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            await until(lambda: served() == [("alpha", 3), ("gamma", 7)])
+            assert warned() == [
+                '/d/prices.json: the upstream lists tool "gamma" that the file does not name: served at '
+                'the default price (7 atoms a call); name it under "tools" to set its price'
+            ]
+            # Listed again after another restart: no second warning.
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            await until(lambda: gateway.upstream.generation == 3 and served() == [("alpha", 3), ("gamma", 7)])
+            assert len(warned()) == 1
+            tg.cancel_scope.cancel()

@@ -2,8 +2,8 @@
 (``brmcp-goref directory|provider``, tests/interop/godir.py).
 
 * Our provider (a :class:`~brmcp.server.Harness` with the priced ``test``
-  tool and our :class:`~brmcp.directory.registrant.Registrant` under an
-  :class:`~brmcp.directory.registrant.AutoFund` policy) registers at the
+  tool and our :class:`~brmcp.directory.provider._registrant.Registrant` under an
+  :class:`~brmcp.directory.provider._registrant.AutoFund` policy) registers at the
   reference's directory, funds the listing, is crawled and test-called,
   approved and listed; a second ``register`` pays nothing.
 * A second reference directory federates with the first, finds our
@@ -63,9 +63,11 @@ from .godir import (
 from .test_go_directory import ok, session, status, wait_state
 
 registrant = pytest.importorskip(
-    "brmcp.directory.registrant", reason="brmcp.directory (the Python Registrant) is not importable"
+    "brmcp.directory.provider._registrant", reason="brmcp.directory (the Python Registrant) is not importable"
 )
-dtypes = pytest.importorskip("brmcp.directory.types", reason="brmcp.directory.types is not importable")
+dtypes = pytest.importorskip(
+    "brmcp.directory.model._types", reason="brmcp.directory.model._types is not importable"
+)
 
 pytestmark = pytest.mark.interop
 
@@ -433,9 +435,9 @@ class PyDirectory:
 
 
 def python_directory() -> Any:
-    """``brmcp.directory.service``, or a skip naming why it is missing."""
+    """``brmcp.directory._service``, or a skip naming why it is missing."""
     return pytest.importorskip(
-        "brmcp.directory.service", reason="brmcp.directory.service (the Python Directory) is not importable"
+        "brmcp.directory._service", reason="brmcp.directory._service (the Python Directory) is not importable"
     )
 
 

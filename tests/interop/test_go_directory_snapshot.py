@@ -4,7 +4,7 @@
 The reference signs with the key in ``snapshotkey.json`` and carries the
 signed bytes as base64 in ``payload``; its verifier checks, in order, the
 trusted key, the signer key, the signature, then the payload's version.
-Where ``brmcp.directory.snapshot`` is installed, our verifier accepts the
+Where ``brmcp.directory.model._snapshot`` is installed, our verifier accepts the
 reference's snapshots, the reference accepts ours, the key files move
 between the two unchanged and the payload bytes are identical.
 """
@@ -161,7 +161,8 @@ async def test_go_signs_and_verifies(tmp_path: Path, goref_binary: Path) -> None
 
 async def test_python_and_go_snapshots_interoperate(tmp_path: Path, goref_binary: Path) -> None:
     snapshot = pytest.importorskip(
-        "brmcp.directory.snapshot", reason="brmcp.directory.snapshot (the Python directory) is not installed"
+        "brmcp.directory.model._snapshot",
+        reason="brmcp.directory.model._snapshot (the Python directory) is not installed",
     )
     go_key = tmp_path / "go" / "snapshotkey.json"
     go_key.parent.mkdir()

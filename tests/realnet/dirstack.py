@@ -26,7 +26,7 @@ from mcp.types import CallToolResult
 
 from brmcp.bridge.daemon import read_runtime
 from brmcp.clientrpc import write_bot_config
-from brmcp.directory.registrant import RegistrantConfig
+from brmcp.directory.provider import RegistrantConfig
 from brmcp.serve.config import SERVE_CONFIG_FILE, ServeConfig, write_serve_config
 from brmcp.testing.brnet import BrNet, BrNetUser
 from tests.kit.clientrpc import FAST
@@ -41,7 +41,7 @@ def start_directory(user: BrNetUser, datadir: Path, policy: dict[str, Any]) -> D
     """``brmcpdir`` (``python -m brmcp.directory``) on ``user``'s brclient:
     ``<datadir>/brmcpdir.conf`` is the user's conf with ``brstatusurl`` set
     to its status server (introductions on), ``<datadir>/brmcpdir.json``
-    the ``policy`` object (brmcp/directory/policy.py keys). Both files exist
+    the ``policy`` object (brmcp/directory/model/_policy.py keys). Both files exist
     before the first run, so the daemon serves at once."""
     datadir.mkdir(parents=True, exist_ok=True)
     config = user.bot_config_for(datadir, "brmcpdir")

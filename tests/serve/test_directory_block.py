@@ -20,8 +20,8 @@ from mcp import ClientSession
 
 from brmcp import ManualClock
 from brmcp.clientrpc import BotConfig
-from brmcp.directory.registrant import FUND_FILE, AutoFund, RegistrantConfig
-from brmcp.directory.types import STATE_PENDING_REVIEW, TestSpec
+from brmcp.directory.model import STATE_PENDING_REVIEW, TestSpec
+from brmcp.directory.provider import FUND_FILE, AutoFund, RegistrantConfig
 from brmcp.gateway import UpstreamConfig
 from brmcp.serve import ServeApp, ServeConfig, ServeConfigError, load_serve_config
 from brmcp.serve.app import GATEWAY_NAME

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -39,10 +40,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from brmcp._ops.lockfile import HARNESS, acquire, acquire_brclient, brclient_lock_path
+from brmcp._ops.lockfile import HARNESS, acquire, brclient_lock_path
 from brmcp.bridge.base import BridgeError, Settings, load_settings, settings_file_warnings
 from brmcp.bridge.daemon import BridgeDaemon
-from brmcp.clientrpc import ClientrpcConfigError, check_server_certificate, write_bot_config
+from brmcp.clientrpc import ClientrpcConfigError, acquire_brclient, check_server_certificate, write_bot_config
 from brmcp.gateway import (
     PASSTHROUGH_ENV,
     Gateway,
@@ -160,6 +161,19 @@ def test_the_upstream_gets_ssl_cert_file_from_the_operators_environment(
     assert done.returncode == 0, done.stderr
     prices = json.loads((tmp_path / "d" / "prices.json").read_text())
     assert prices == {"default": "free", "tools": {"get_current_time": 0, "convert_time": 0}}
+    # The command to start it again is the one typed, upstream and all, ready to paste.
+    again = shlex.join(
+        [
+            "brmcp-serve",
+            "--datadir",
+            str(tmp_path / "d"),
+            "--upstream",
+            *needs_env,
+            "SSL_CERT_FILE",
+            "https_proxy",
+        ]
+    )
+    assert done.stdout.rstrip().splitlines()[-1] == f"Then start it again: {again}"
 
 
 def test_an_upstream_that_dies_at_start_names_the_environment_and_the_flag(
@@ -261,7 +275,7 @@ async def test_another_brclients_certificate_is_named_not_blamed_on_its_harness(
             assert "another harness" not in last
             assert "point servercertpath at the rpc.cert of the brclient" in last
 
-            # The bridge daemon shares the check (brmcp._ops.lockfile.acquire_brclient).
+            # The bridge daemon shares the check (brmcp.clientrpc.acquire_brclient).
             bridge_dir = tmp_path / "bridge"
             bridge_dir.mkdir()
             bcfg = dataclasses.replace(
@@ -451,7 +465,9 @@ async def test_a_price_for_a_tool_the_upstream_does_not_list_is_an_error_at_star
             tg.cancel_scope.cancel()
     assert [r.getMessage() for r in caplog.records] == [
         '/d/prices.json: tools["convert_tme"] (did you mean "convert_time"?): the upstream lists no such '
-        "tool, so this price is not used"
+        "tool, so this price is not used",
+        '/d/prices.json: the upstream lists tools "get_current_time", "convert_time" that the file does not '
+        'name: served at the default price (free); name them under "tools" to set their price',
     ]
     with pytest.raises(PriceError, match='allow_unlisted must be true or false, got "yes"'):
         PriceTable.parse('{"allow_unlisted": "yes"}')
@@ -598,7 +614,7 @@ def test_fakebr_writes_a_gateway_bot_that_serves(tmp_path: Path, needs_env: list
             '     Set atoms per call, "free" or "hidden" per tool under "tools"; "default" prices\n'
             "     tools the upstream adds later.\n"
             "\n"
-            f"Then start it again: brmcp-serve --datadir {gateway_dir} ...\n"
+            f"Then start it again: brmcp-serve --datadir {gateway_dir}\n"
         )
         # A misspelt tool name is refused at start, naming the file, the key and the fix.
         good = prices.read_text()

@@ -187,6 +187,7 @@ async def test_a_call_running_past_the_grace_is_cancelled_and_refunded(
     assert "0 request(s) in flight answered, 1 cut off after the 7 s grace" in drained[0]
 
 
+@pytest.mark.paced  # counts PMs: the batching depends on the real pacing
 async def test_a_call_arriving_during_the_drain_is_not_started_nor_charged(tmp_path: Path) -> None:
     clock = ManualClock()
     late: list[CallToolResult] = []

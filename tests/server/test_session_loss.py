@@ -203,7 +203,7 @@ def test_a_lost_session_never_cancels_a_keyed_paid_call(
                             await slow.entered.wait()
                         slow.finish.set()
                         if not retry_while_running:
-                            await until(lambda: _journal(data_dir)[0][2] == "done")
+                            await until(lambda: [row[2] for row in _journal(data_dir)][:1] == ["done"])
                             tg.start_soon(retry)
                     result = retried[0]
                 assert not result.is_error, result

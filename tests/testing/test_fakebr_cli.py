@@ -35,6 +35,7 @@ def _client(user: dict[str, str]) -> Client:
     return Client.from_config(cfg, **FAST)
 
 
+@pytest.mark.slow  # over 10 s of subprocess start-ups
 async def test_fakebr_command(tmp_path: Path) -> None:
     datadir = tmp_path / "br"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -178,6 +179,7 @@ def test_fakebr_command_rejects_bad_user_lists(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.slow  # over 10 s of subprocess start-ups
 async def test_a_moved_port_names_the_changed_configs_and_the_daemons_to_restart(tmp_path: Path) -> None:
     """The configs --write-confs rewrote for a user whose port moved are
     named, with the daemons to restart (SIGHUP does not reload a .conf)."""

@@ -33,6 +33,9 @@ from tests.kit.harness import call as paid_call
 from tests.kit.harness import ok_text, query, served, standard_harness
 from tests.kit.transport import MALLORY
 
+# These tests are about the real PM pacing (tests/conftest.py turns it off elsewhere).
+pytestmark = pytest.mark.paced
+
 #: The RouterStats counters every inbound part lands in (or it is still
 #: partial): the docstring's buckets.
 BUCKETS = (

@@ -20,6 +20,9 @@ from brmcp.transport._batching import BATCH_KEY, marked_payload
 from tests.kit import ALICE, BOT
 from tests.kit.transport import bot_and_alice, call, echoed, session
 
+# These tests are about the real PM pacing (tests/conftest.py turns it off elsewhere).
+pytestmark = pytest.mark.paced
+
 
 class RawBot:
     """A server-role accept that records every inbound message as the

@@ -16,6 +16,9 @@ from brmcp import wire
 from brmcp.transport.outbox import QUEUED_PARTS, Outbox
 from brmcp.transport.router import RouterStats
 
+# These tests are about the real PM pacing (tests/conftest.py turns it off elsewhere).
+pytestmark = pytest.mark.paced
+
 INTERVAL = 0.1
 PEER = "11" * 32
 OTHER = "22" * 32

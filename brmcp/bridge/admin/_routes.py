@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
-from brmcp.bridge.admin.ui import TICKET_TTL, UISessions
 from brmcp.bridge.base import (
     MAX_ADMIN_BODY_BYTES,
     MODE_APPROVAL,
@@ -68,6 +67,7 @@ from brmcp.bridge.pay import PendingPayment, SpendSummary
 
 from ._botrequestroutes import bot_request_handler
 from ._discoveryroutes import discovery_handler
+from ._sessions import TICKET_TTL, UISessions
 
 if TYPE_CHECKING:
     from brmcp.bridge.pay import Settler

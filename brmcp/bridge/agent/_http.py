@@ -31,7 +31,8 @@ Plain-text errors are written like Go's ``http.Error`` (``text/plain;
 charset=utf-8``, ``X-Content-Type-Options: nosniff``, trailing newline).
 The checks and refusals of steps 2 to 4 and 6 (loopback names, the bearer
 token, the 401/404/503 answers) are :mod:`._gate`'s; this module runs the
-gate in order and serves what passes it.
+gate in order and serves what passes it; a large ``tools/call`` answer is
+rewritten from SSE to JSON by :mod:`._largeanswer`.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from ._gate import (
     send_unavailable,
     unauthorized_hint,
 )
+from ._largeanswer import LargeAsJson
 from ._proxy import BotProxy
 
 __all__ = [
@@ -178,118 +180,10 @@ async def _expire(calls: list[AgentCall]) -> None:
                 call.gone.set()
 
 
-#: Largest JSON-RPC answer written as one SSE event. The official Python
-#: SDK client refuses SSE events over 1 MiB by default; a larger answer is
-#: written as an ``application/json`` response instead (BRIDGE.md §Large results).
-MAX_SSE_ANSWER_BYTES = 1_000_000
 #: Seconds a call's SSE stream is held back waiting to see whether its answer
 #: must go as JSON; after that it streams (so a long call, e.g. one parked
 #: for approval, shows its priming event and can be resumed).
 MAX_HOLD_SECONDS = 5.0
-
-
-class _LargeAsJson:
-    """An ASGI ``send`` for a ``tools/call`` POST answered by the SDK as an
-    SSE stream: holds the stream back until it carries anything but its
-    priming event. When the first thing is the call's own answer and that
-    answer is larger than :data:`MAX_SSE_ANSWER_BYTES`, it is sent as an
-    ``application/json`` response (which SDK clients read without an event
-    size limit); otherwise the held stream is released unchanged. A call
-    that relays progress, logs or requests before its answer, or that takes
-    longer than :data:`MAX_HOLD_SECONDS`, streams as before."""
-
-    def __init__(self, send: Send, request_id: Any, accepts_json: bool) -> None:
-        self._send = send
-        self._id = request_id
-        self._accepts_json = accepts_json
-        self._start: Message | None = None
-        self._held: list[Message] = []
-        self._text = b""
-        self._state = "holding"  # then "streaming" or "answered"
-        self._lock = anyio.Lock()
-
-    async def release(self) -> None:
-        """Stop holding: whatever was held is sent and the stream goes on."""
-        async with self._lock:
-            if self._state in ("holding", "release"):
-                await self._flush()
-
-    async def __call__(self, event: Message) -> None:
-        async with self._lock:
-            await self._handle(event)
-
-    async def _handle(self, event: Message) -> None:
-        if self._state == "streaming":
-            await self._send(event)
-            return
-        if self._state == "answered":
-            return  # the rest of the SSE stream after a JSON answer
-        if event["type"] == "http.response.start":
-            ctype = b"".join(v for k, v in event.get("headers", ()) if k.lower() == b"content-type")
-            if not self._accepts_json or not ctype.startswith(b"text/event-stream"):
-                self._state = "streaming"
-                await self._send(event)
-                return
-            self._start = event
-            return
-        if event["type"] != "http.response.body" or self._start is None:
-            await self._flush()
-            await self._send(event)
-            return
-        self._held.append(event)
-        self._text += event.get("body", b"")
-        answer = self._answer()
-        if answer is None and self._state == "holding" and event.get("more_body", False):
-            return
-        if answer is not None and len(answer) > MAX_SSE_ANSWER_BYTES:
-            self._state = "answered"
-            headers = [
-                (k, v)
-                for k, v in self._start.get("headers", ())
-                if k.lower() not in (b"content-type", b"content-length", b"cache-control", b"connection")
-            ]
-            headers += [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(answer)).encode()),
-            ]
-            await self._send({"type": "http.response.start", "status": 200, "headers": headers})
-            await self._send({"type": "http.response.body", "body": answer, "more_body": False})
-            return
-        await self._flush()
-
-    def _answer(self) -> bytes | None:
-        """The call's answer when the held events are the priming event and
-        that answer; None while undecided. Anything else ends holding."""
-        text = self._text.replace(b"\r\n", b"\n")
-        while b"\n\n" in text:
-            block, _, text = text.partition(b"\n\n")
-            data = b"\n".join(
-                line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")
-            )
-            if not data.strip():
-                continue  # the priming event, or a keep-alive comment
-            try:
-                value = json.loads(data)
-            except ValueError:
-                self._state = "release"
-                return None
-            if (
-                isinstance(value, dict)
-                and value.get("id") == self._id
-                and ("result" in value or "error" in value)
-            ):
-                return data
-            self._state = "release"  # relayed traffic comes first: keep streaming
-            return None
-        return None
-
-    async def _flush(self) -> None:
-        start, held = self._start, self._held
-        self._state, self._start, self._held, self._text = "streaming", None, [], b""
-        if start is not None:
-            await self._send(start)
-        for event in held:
-            await self._send(event)
 
 
 class BridgeApp:
@@ -540,7 +434,7 @@ class BridgeApp:
             await send(event)
 
         accepts = b",".join(header_values(scope, b"accept")).lower()
-        out = _LargeAsJson(watch, message.get("id"), b"application/json" in accepts or b"*/*" in accepts)
+        out = LargeAsJson(watch, message.get("id"), b"application/json" in accepts or b"*/*" in accepts)
         if self._calls == 0:
             self._idle = anyio.Event()
         self._calls += 1

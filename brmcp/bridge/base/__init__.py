@@ -29,7 +29,9 @@ from ._files import (
     write_atomic,
 )
 from ._settings import (
+    ADMIN_TOKEN_FILE,
     DEFAULT_APPROVAL_TIMEOUT_SECS,
+    DEFAULT_LISTEN,
     DEFAULT_TIP_WAIT_SECS,
     MIN_TOKEN_CHARS,
     MODE_APPROVAL,
@@ -52,7 +54,9 @@ from ._settings import (
 )
 
 __all__ = [
+    "ADMIN_TOKEN_FILE",
     "DEFAULT_APPROVAL_TIMEOUT_SECS",
+    "DEFAULT_LISTEN",
     "DEFAULT_TIP_WAIT_SECS",
     "MAX_ADMIN_BODY_BYTES",
     "MIN_TOKEN_CHARS",

@@ -41,7 +41,9 @@ from ._errors import BridgeError, SettingsError
 from ._files import read_text, write_atomic
 
 __all__ = [
+    "ADMIN_TOKEN_FILE",
     "DEFAULT_APPROVAL_TIMEOUT_SECS",
+    "DEFAULT_LISTEN",
     "DEFAULT_TIP_WAIT_SECS",
     "MAX_DIRECTORIES",
     "MIN_TOKEN_CHARS",
@@ -68,6 +70,10 @@ log = logging.getLogger("brmcp.bridge")
 
 #: File name inside the bridge's data directory.
 SETTINGS_FILE = "mcpclient.json"
+#: File (in the data directory) holding the admin surface's bearer token.
+ADMIN_TOKEN_FILE = "mcpadmin.token"
+#: The daemon's default endpoint address.
+DEFAULT_LISTEN = "127.0.0.1:8891"
 #: Every payment waits for the user's decision.
 MODE_APPROVAL = "approval"
 #: Payments within the caps are made without asking.

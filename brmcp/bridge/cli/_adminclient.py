@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from brmcp.bridge._bridge import ADMIN_TOKEN_FILE
-from brmcp.bridge.base import SETTINGS_FILE, BridgeError, cli_command, load_settings
+from brmcp.bridge.base import ADMIN_TOKEN_FILE, SETTINGS_FILE, BridgeError, cli_command, load_settings
 from brmcp.bridge.daemon import RUNTIME_FILE, read_runtime, runtime_stale_reason
 
 __all__ = [

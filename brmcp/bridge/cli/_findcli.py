@@ -41,29 +41,29 @@ from ._adminclient import (
 from ._adminclient import admin as _admin
 from ._adminclient import locate as _locate
 
-__all__ = ["add_parsers", "cmd_add", "cmd_find", "format_age"]
+__all__ = ["add_arguments", "cmd_add", "cmd_find", "format_age"]
 
 
-def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
-    """Add the ``find`` and ``add`` subcommands to the ``brmcp-bridge`` parser."""
-    find = sub.add_parser(
-        "find", parents=[common], help="search the configured directories for tools (the setting directories)"
+def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of ``command`` (``find`` or ``add``) to its
+    ``brmcp-bridge`` subcommand parser (named, with its help line, by
+    :mod:`._main`)."""
+    if command == "find":
+        parser.add_argument("query", metavar="QUERY", help="words to look for in tool names and descriptions")
+        parser.add_argument(
+            "--max-price", type=int, default=0, metavar="N", help="only tools listed at N atoms or less"
+        )
+        parser.add_argument(
+            "--tag", action="append", default=[], metavar="T", help="only providers with tag T"
+        )
+        return
+    parser.add_argument("uid", metavar="PROVIDER_UID", help="the provider's 64-hex uid (from find)")
+    parser.add_argument(
+        "--via", metavar="DIRECTORY_UID", default=None, help="the directory that introduces you"
     )
-    find.add_argument("query", metavar="QUERY", help="words to look for in tool names and descriptions")
-    find.add_argument(
-        "--max-price", type=int, default=0, metavar="N", help="only tools listed at N atoms or less"
-    )
-    find.add_argument("--tag", action="append", default=[], metavar="T", help="only providers with tag T")
-    add = sub.add_parser(
-        "add",
-        parents=[common],
-        help="reach a provider found with find: KX through a directory, then allow it",
-    )
-    add.add_argument("uid", metavar="PROVIDER_UID", help="the provider's 64-hex uid (from find)")
-    add.add_argument("--via", metavar="DIRECTORY_UID", default=None, help="the directory that introduces you")
-    add.add_argument("--per-call-cap", type=int, default=None, metavar="N", help="set per_call_cap_atoms")
-    add.add_argument("--per-day-cap", type=int, default=None, metavar="N", help="set per_day_cap_atoms")
-    add.add_argument(
+    parser.add_argument("--per-call-cap", type=int, default=None, metavar="N", help="set per_call_cap_atoms")
+    parser.add_argument("--per-day-cap", type=int, default=None, metavar="N", help="set per_day_cap_atoms")
+    parser.add_argument(
         "--kx-timeout",
         type=float,
         default=KX_TIMEOUT,
@@ -72,7 +72,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     )
 
 
-def _daemon(datadir: Path, what: str) -> Daemon:
+def running_daemon(datadir: Path, what: str) -> Daemon:
     try:
         return _locate(datadir)
     except NotRunning as exc:
@@ -82,7 +82,7 @@ def _daemon(datadir: Path, what: str) -> Daemon:
         ) from None
 
 
-def _call(
+def admin_call(
     daemon: Daemon, method: str, path: str, body: Any = None, *, timeout: float = REQUEST_TIMEOUT
 ) -> Any:
     try:
@@ -109,7 +109,7 @@ def format_age(now: int, ts: Any) -> str:
     return f"{delta}s ago"
 
 
-def _shown(value: Any) -> str:
+def printable(value: Any) -> str:
     text = str(value)
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
@@ -129,8 +129,8 @@ def cmd_find(datadir: Path, args: argparse.Namespace) -> None:
     of single directories go to stderr; all of them failing is an error."""
     if args.max_price < 0:
         raise CLIError(f"--max-price {args.max_price}: must be 0 (no ceiling) or more atoms")
-    daemon = _daemon(datadir, "find")
-    settings = _call(daemon, "GET", "/admin/settings")
+    daemon = running_daemon(datadir, "find")
+    settings = admin_call(daemon, "GET", "/admin/settings")
     directories = settings.get("directories") or []
     if not directories:
         raise CLIError(
@@ -147,7 +147,7 @@ def cmd_find(datadir: Path, args: argparse.Namespace) -> None:
         )
     body = {"query": args.query, "tags": list(args.tag), "maxPriceAtoms": args.max_price}
     try:
-        result = _call(daemon, "POST", "/admin/find", body, timeout=timeout)
+        result = admin_call(daemon, "POST", "/admin/find", body, timeout=timeout)
     except AdminError as exc:
         raise CLIError(str(exc)) from None
     if args.json:
@@ -157,7 +157,7 @@ def cmd_find(datadir: Path, args: argparse.Namespace) -> None:
     answers = result.get("directories") or []
     for answer in answers:
         if answer.get("outcome") != "ok":
-            print(f"{PROG}: {_shown(answer.get('error', answer.get('outcome')))}", file=sys.stderr)
+            print(f"{PROG}: {printable(answer.get('error', answer.get('outcome')))}", file=sys.stderr)
         elif answer.get("dropped"):
             print(
                 f"{PROG}: directory {answer.get('directory')}: {answer['dropped']} malformed or surplus "
@@ -177,12 +177,13 @@ def _print_hits(result: dict[str, Any]) -> None:
     for hit in hits:
         claims = hit.get("claims") or []
         first = claims[0] if claims else {}
-        tags = ", ".join(_shown(t) for t in first.get("tags") or [])
+        tags = ", ".join(printable(t) for t in first.get("tags") or [])
         print(
-            f"{hit['providerUid']}  {_shown(hit['tool'])}  {_price(first)}" + (f"  [{tags}]" if tags else "")
+            f"{hit['providerUid']}  {printable(hit['tool'])}  {_price(first)}"
+            + (f"  [{tags}]" if tags else "")
         )
         if first.get("description"):
-            print(f"    {_shown(first['description'])}")
+            print(f"    {printable(first['description'])}")
         for claim in claims:
             verified = claim.get("lastVerifiedExecution")
             shown = (
@@ -214,17 +215,17 @@ def cmd_add(datadir: Path, args: argparse.Namespace) -> None:
         raise CLIError(
             f"--kx-timeout {args.kx_timeout}: must be more than 0 and at most {MAX_KX_TIMEOUT:.0f}"
         )
-    daemon = _daemon(datadir, "add")
+    daemon = running_daemon(datadir, "add")
     here = cli_command(daemon.datadir)
     try:
-        contact = _call(daemon, "GET", f"/admin/contact/{uid}").get("contact")
+        contact = admin_call(daemon, "GET", f"/admin/contact/{uid}").get("contact")
         if contact is False:
             body = {"uid": uid} | ({"via": args.via.strip().lower()} if args.via else {})
-            intro = _call(daemon, "POST", "/admin/introduce", body, timeout=REQUEST_TIMEOUT + 60)
+            intro = admin_call(daemon, "POST", "/admin/introduce", body, timeout=REQUEST_TIMEOUT + 60)
             via = intro.get("via", "")
             print(
                 f"{PROG}: directory {via} sent your brclient a KX suggestion toward {uid}"
-                + (f" ({_shown(intro['note'])})" if intro.get("note") else "")
+                + (f" ({printable(intro['note'])})" if intro.get("note") else "")
                 + ".\n"
                 # brclient shows "/mi <the directory's nick> <uid>"; its /mi also
                 # takes a uid for the nick (bisonrelay's brclient/appstate.go,
@@ -235,7 +236,7 @@ def cmd_add(datadir: Path, args: argparse.Namespace) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-            _call(
+            admin_call(
                 daemon,
                 "POST",
                 "/admin/wait-kx",
@@ -250,7 +251,7 @@ def cmd_add(datadir: Path, args: argparse.Namespace) -> None:
                 f"/mi <directory> {uid})",
                 file=sys.stderr,
             )
-        settings = _call(daemon, "GET", "/admin/settings")
+        settings = admin_call(daemon, "GET", "/admin/settings")
         allowed = list(settings.get("allowed_bots") or [])
         changes: dict[str, Any] = {}
         if uid not in {b.lower() for b in allowed}:
@@ -262,7 +263,7 @@ def cmd_add(datadir: Path, args: argparse.Namespace) -> None:
         if args.per_day_cap is not None:
             changes["per_day_cap_atoms"] = args.per_day_cap
         if changes:
-            applied = _call(daemon, "PUT", "/admin/settings", changes)
+            applied = admin_call(daemon, "PUT", "/admin/settings", changes)
             print(
                 f"{PROG}: allowed {uid}; caps for every bot: per_call_cap_atoms="
                 f"{applied.get('per_call_cap_atoms')} per_day_cap_atoms={applied.get('per_day_cap_atoms')} "
@@ -271,7 +272,7 @@ def cmd_add(datadir: Path, args: argparse.Namespace) -> None:
             )
         else:
             print(f"{PROG}: {uid} is already allowed", file=sys.stderr)
-        snippet = _call(daemon, "GET", f"/admin/config-snippet/{uid}")
+        snippet = admin_call(daemon, "GET", f"/admin/config-snippet/{uid}")
     except AdminError as exc:
         raise CLIError(str(exc)) from None
     if args.json:

@@ -47,7 +47,8 @@ Every long option may also be given with one dash, as Go's flag package
 takes them (``-datadir DIR``, ``-listen=ADDR``; :mod:`brmcp._ops.goflags`).
 Errors are one line on stderr, exit status 1.
 
-This module parses the arguments and runs the commands; how they reach the
+This module parses the arguments and runs the commands; the daemon itself
+runs in :mod:`._daemonrun` (imported only then); how the commands reach the
 daemon is :mod:`._adminclient`, and ``settings set`` without it
 :mod:`._settingsedit`.
 """
@@ -55,7 +56,7 @@ daemon is :mod:`._adminclient`, and ``settings set`` without it
 from __future__ import annotations
 
 import argparse
-import contextlib
+import importlib
 import json
 import sys
 import time
@@ -66,28 +67,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import anyio
-
-from brmcp._ops.botlog import LEVEL_CHOICES, LogSetupError, bot_logging
+from brmcp._ops.botlog import LEVEL_CHOICES
 from brmcp._ops.console import add_version, quiet_broken_pipe
 from brmcp._ops.goflags import go_style, long_options
-from brmcp.bridge._bridge import DEFAULT_LISTEN
 from brmcp.bridge.base import (
+    DEFAULT_LISTEN,
     PROG,
     SETTINGS_FILE,
     BridgeError,
-    Settings,
     cli_command,
     default_datadir,
     is_uid,
     load_settings,
-    save_settings,
     setting_names,
     settings_file_problem,
 )
-from brmcp.bridge.daemon import BOT_CONFIG_NAME, BridgeDaemon, load_daemon_config
-from brmcp.bridge.pay import SPEND_FILE, SpendLog
-from brmcp.clientrpc import BotConfig, ClientrpcConfigError
 
 from ._adminclient import (
     OTHER_DATADIR_HINT,
@@ -99,12 +93,6 @@ from ._adminclient import (
     admin,
     locate,
 )
-from ._findcli import add_parsers as _add_find_parsers
-from ._findcli import cmd_add, cmd_find
-from ._ratecli import add_parser as _add_rate_parser
-from ._ratecli import cmd_rate
-from ._receiptcli import add_parser as _add_receipts_parser
-from ._receiptcli import cmd_receipts
 from ._settingsedit import edit_file, parse_pairs, set_offline
 
 __all__ = ["CLIError", "default_datadir", "main"]
@@ -113,7 +101,31 @@ __all__ = ["CLIError", "default_datadir", "main"]
 HIDDEN_TOKEN = "<hidden>"
 
 
+#: The commands that ask the directories (command → module, help line). Their
+#: modules import the directory client and with it the MCP SDK, so each is
+#: imported, and its arguments added, only when it is the command given.
+_DIRECTORY_COMMANDS: dict[str, tuple[str, str]] = {
+    "find": ("._findcli", "search the configured directories for tools (the setting directories)"),
+    "add": ("._findcli", "reach a provider found with find: KX through a directory, then allow it"),
+    "receipts": ("._receiptcli", "the signed receipts of the bots' results, newest first"),
+    "rate": ("._ratecli", "rate a bot at the directories with one of its signed receipts"),
+}
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    args = list(sys.argv[1:] if argv is None else argv)
+    # Go's flag syntax (-datadir DIR, -listen=ADDR): every long option.
+    parser = _parser(None)
+    first, _ = parser.parse_known_args(go_style(args, long_options(parser)))
+    if first.command in _DIRECTORY_COMMANDS:
+        parser = _parser(first.command)
+    return parser.parse_args(go_style(args, long_options(parser)))
+
+
+def _parser(directory_command: str | None) -> argparse.ArgumentParser:
+    """The parser; of the :data:`_DIRECTORY_COMMANDS`, only
+    ``directory_command`` gets its arguments (the others are names with a
+    help line, enough for ``--help`` and to tell which command was given)."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Let local MCP agents call Bison Relay bots through your brclient, paying for "
@@ -182,12 +194,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ui.add_argument("--open", action="store_true", help="also open the link in the default web browser")
     snippet = sub.add_parser("config-snippet", parents=[common], help="agent configuration for one bot")
     snippet.add_argument("uid", metavar="BOT_UID", help="the bot's 64-hex uid")
-    _add_find_parsers(sub, common)
-    _add_receipts_parser(sub, common)
-    _add_rate_parser(sub, common)
-    args = list(sys.argv[1:] if argv is None else argv)
-    # Go's flag syntax (-datadir DIR, -listen=ADDR): every long option.
-    return parser.parse_args(go_style(args, long_options(parser)))
+    for name, (module, text) in _DIRECTORY_COMMANDS.items():
+        if name != directory_command:
+            sub.add_parser(name, parents=[common], help=text, add_help=False)
+            continue
+        command = sub.add_parser(name, parents=[common], help=text)
+        importlib.import_module(module, __package__).add_arguments(name, command)
+    return parser
 
 
 # -- commands ----------------------------------------------------------------------------
@@ -292,7 +305,7 @@ def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
     except AdminError as exc:
         if exc.status == 404 and args.action != "list":
             raise CLIError(
-                f"unknown payment {_shown(args.id)!r}: nothing with that ID waits for approval "
+                f"unknown payment {printable(args.id)!r}: nothing with that ID waits for approval "
                 f"(already decided, timed out, or the daemon restarted); list them with: {listing}"
             ) from None
         raise
@@ -300,7 +313,7 @@ def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
         _print_json(result, True)
         return
     if bot_request is not None:
-        print(f"{_shown(bot_request.get('outcome'))} add bot {_shown(bot_request.get('id', args.id))}")
+        print(f"{printable(bot_request.get('outcome'))} add bot {printable(bot_request.get('id', args.id))}")
         return
     if args.action != "list":
         print(f"{'approved' if result.get('approved') else 'denied'} {result.get('id', args.id)}")
@@ -314,7 +327,7 @@ def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
         print(f"{'ID':<34} {'BOT':<18} {'TOOL':<20} {'ATOMS':>12}  CREATED (UTC)")
     for p in pending:
         print(
-            f"{_shown(p['id']):<34} {_shown(p['bot'])[:16]:<18} {_shown(p['tool']):<20} "
+            f"{printable(p['id']):<34} {printable(p['bot'])[:16]:<18} {printable(p['tool']):<20} "
             f"{_atoms(p['atoms']):>12}  {_when(p['created'])}"
         )
     for r in requests:
@@ -322,11 +335,11 @@ def _cmd_approvals(datadir: Path, args: argparse.Namespace) -> None:
             r.get("contact"), "KX unknown"
         )
         print(
-            f"{_shown(r['id']):<34} add bot {_shown(r['uid'])}  requested {_when(r['requestedAt'])} by "
-            f"{_shown(r.get('agent') or 'an agent')} ({contact})"
+            f"{printable(r['id']):<34} add bot {printable(r['uid'])}  requested {_when(r['requestedAt'])} by "
+            f"{printable(r.get('agent') or 'an agent')} ({contact})"
         )
         if r.get("reason"):
-            print(f"{'':<34} reason: {_shown(r['reason'])}")
+            print(f"{'':<34} reason: {printable(r['reason'])}")
     if requests:
         print(
             "approving an add-bot request puts only that uid on allowed_bots (no cap changes): "
@@ -368,6 +381,9 @@ def _cmd_spend(datadir: Path, args: argparse.Namespace) -> None:
         # are not in the log; say they exist, or the log looks idle.
         waiting = list(admin(daemon, "GET", "/admin/approvals").get("pending") or [])
     except (NotRunning, Disabled) as exc:
+        # The spend log's reader comes with the payment room: only offline.
+        from brmcp.bridge.pay import SPEND_FILE, SpendLog
+
         path = datadir / SPEND_FILE
         try:
             result = SpendLog.load(path).summary(int(time.time())).to_dict()
@@ -383,13 +399,13 @@ def _cmd_spend(datadir: Path, args: argparse.Namespace) -> None:
     else:
         print(f"{'WHEN (UTC)':<20} {'BOT':<18} {'TOOL':<20} {'ATOMS':>12}  STATUS")
         for e in entries:
-            status = _shown(e.get("status") or "paid")
+            status = printable(e.get("status") or "paid")
             if e.get("prepay"):
                 status += " (prepayment)"
             if e.get("err"):
-                status += f" ({_shown(e['err'])})"
+                status += f" ({printable(e['err'])})"
             print(
-                f"{_when(e['ts']):<20} {_shown(e['bot'])[:16]:<18} {_shown(e['tool']):<20} "
+                f"{_when(e['ts']):<20} {printable(e['bot'])[:16]:<18} {printable(e['tool']):<20} "
                 f"{_atoms(e['atoms']):>12}  {status}"
             )
     print(f"spent in the last 24 hours: {_atoms(result.get('day_total_atoms', 0))} atoms")
@@ -454,7 +470,7 @@ def _cmd_ui(datadir: Path, args: argparse.Namespace) -> None:
         webbrowser.open(url)
 
 
-def _shown(value: Any) -> str:
+def printable(value: Any) -> str:
     """``value`` for a terminal table: control and format characters (from a
     bot's tool name or brclient's error text) escaped, so they cannot move
     the cursor or rewrite what the user decides from."""
@@ -468,7 +484,7 @@ def _atoms(value: Any) -> str:
     """An amount of atoms with thousands separators (``10,000``), as the
     approvals page and the hints print it; anything else as it is."""
     if isinstance(value, bool) or not isinstance(value, int):
-        return _shown(value)
+        return printable(value)
     return f"{value:,}"
 
 
@@ -490,107 +506,7 @@ _COMMANDS = {
     "spend": _cmd_spend,
     "config-snippet": _cmd_config_snippet,
     "ui": _cmd_ui,
-    "find": cmd_find,
-    "add": cmd_add,
-    "receipts": cmd_receipts,
-    "rate": cmd_rate,
 }
-
-
-# -- the daemon --------------------------------------------------------------------------
-
-
-def _run_daemon(args: argparse.Namespace, datadir: Path) -> int:
-    if args.metrics:
-        # Before anything is created: a taken port leaves nothing behind.
-        from brmcp.metrics import metrics_address_problem
-
-        problem = metrics_address_problem(args.metrics)
-        if problem is not None:
-            print(f"{PROG}: {problem}", file=sys.stderr)
-            return 1
-    conf = datadir / f"{BOT_CONFIG_NAME}.conf"
-    try:
-        cfg, created = load_daemon_config(datadir)
-    except ClientrpcConfigError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"{PROG}: cannot create {datadir}: {exc}", file=sys.stderr)
-        return 1
-    if created:
-        settings_path = datadir / SETTINGS_FILE
-        made = [conf]
-        if not settings_path.exists():
-            try:
-                save_settings(settings_path, Settings())
-            except BridgeError as exc:
-                print(f"{PROG}: {exc}", file=sys.stderr)
-                return 1
-            made.append(settings_path)
-        print(_first_run_text(datadir, made, cfg), flush=True)
-        return 0
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(bot_logging(cfg, level=args.log_level, source=str(conf)))
-        except LogSetupError as exc:
-            print(f"{PROG}: {exc} (logfile in {conf})", file=sys.stderr)
-            return 1
-        return _serve(args, datadir, cfg, created)
-
-
-def _first_run_text(datadir: Path, created: list[Path], cfg: BotConfig) -> str:
-    """What the first run wrote and what to do next (like brmcp-serve's)."""
-    conf = datadir / f"{BOT_CONFIG_NAME}.conf"
-    here = cli_command(datadir)
-    lines = [f"{PROG}: created {', '.join(str(p) for p in created)}", "", "Before the next run:"]
-    lines += [
-        f"  1. {conf} says how to reach your brclient. The defaults expect brclient's files",
-        f"     in {Path(cfg.servercertpath).parent} and its clientrpc at {cfg.brrpcurl}: enable it in",
-        "     brclient.conf, section [clientrpc], with 'jsonrpclisten = 127.0.0.1:7676', and adjust",
-        "     brrpcurl, servercertpath, clientcertpath and clientkeypath if yours differ. (With",
-        "     brmcp-fakebr, 'brmcp-fakebr --write-confs DIR' writes a ready file instead.)",
-        "  2. Allow the bots you want to call, set the caps (atoms; 0 means never pay) and enable:",
-        f"     {here} settings set enabled=true allowed_bots=<bot uid> \\",
-        "         per_call_cap_atoms=20000 per_day_cap_atoms=100000",
-        "     (mode=approval, the default, asks you before each payment; mode=autopay pays within the caps)",
-        "",
-        f"Then start it: {here}",
-        f"and give your agent the output of: {here} config-snippet <bot uid>",
-    ]
-    return "\n".join(lines)
-
-
-def _serve(args: argparse.Namespace, datadir: Path, cfg: BotConfig, created: bool) -> int:
-    conf = datadir / f"{BOT_CONFIG_NAME}.conf"
-    try:
-        daemon = BridgeDaemon.from_datadir(
-            datadir,
-            listen=args.listen,
-            bot_config=cfg,
-            config_created=created,
-            notify_command=args.notify_command,
-        )
-    except ClientrpcConfigError as exc:
-        print(f"{PROG}: {exc} (see {conf})", file=sys.stderr)
-        return 1
-    except (BridgeError, ValueError, OSError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
-    if args.metrics:
-        try:
-            daemon.enable_metrics(args.metrics)
-        except ValueError as exc:
-            print(f"{PROG}: --metrics: {exc}", file=sys.stderr)
-            return 1
-    try:
-        anyio.run(partial(daemon.run, handle_signals=True))
-    except BridgeError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -603,9 +519,17 @@ def _main(argv: Sequence[str] | None) -> int:
     args = _parse_args(argv)
     datadir = Path(args.datadir).expanduser()
     if args.command is None:
-        return _run_daemon(args, datadir)
+        # The daemon brings the SDK and the whole bridge: only when it runs.
+        from ._daemonrun import run_daemon
+
+        return run_daemon(args, datadir)
+    if args.command in _DIRECTORY_COMMANDS:
+        module = importlib.import_module(_DIRECTORY_COMMANDS[args.command][0], __package__)
+        command = getattr(module, f"cmd_{args.command}")
+    else:
+        command = _COMMANDS[args.command]
     try:
-        _COMMANDS[args.command](datadir, args)
+        command(datadir, args)
     except CLIError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1

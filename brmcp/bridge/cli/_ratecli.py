@@ -24,16 +24,14 @@ from brmcp.bridge.base import PROG
 from brmcp.bridge.find import MAX_COMMENT_CHARS, RATE_TIMEOUT
 
 from ._adminclient import AdminError, CLIError
-from ._findcli import _call, _daemon, _shown
+from ._findcli import admin_call, printable, running_daemon
 
-__all__ = ["add_parser", "cmd_rate"]
+__all__ = ["add_arguments", "cmd_rate"]
 
 
-def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    """Add the ``rate`` subcommand to the ``brmcp-bridge`` parser."""
-    rate = sub.add_parser(
-        "rate", parents=[common], help="rate a bot at the directories with one of its signed receipts"
-    )
+def add_arguments(command: str, rate: argparse.ArgumentParser) -> None:
+    """Add the arguments of ``rate`` to its ``brmcp-bridge`` subcommand
+    parser (named, with its help line, by :mod:`._main`)."""
     rate.add_argument("receipt", metavar="RECEIPT_ID", help="a receipt id (or its first 8+ characters)")
     rate.add_argument("--stars", type=int, required=True, metavar="N", help="1 (poor) to 5 (excellent)")
     rate.add_argument("--comment", default="", metavar="TEXT", help=f"at most {MAX_COMMENT_CHARS} characters")
@@ -46,8 +44,8 @@ def cmd_rate(datadir: Path, args: argparse.Namespace) -> None:
         raise CLIError(f"--stars {args.stars}: use a whole number from 1 to 5")
     if len(args.comment) > MAX_COMMENT_CHARS:
         raise CLIError(f"--comment: at most {MAX_COMMENT_CHARS} characters, got {len(args.comment)}")
-    daemon = _daemon(datadir, "rate")
-    settings = _call(daemon, "GET", "/admin/settings")
+    daemon = running_daemon(datadir, "rate")
+    settings = admin_call(daemon, "GET", "/admin/settings")
     approval = settings.get("mode") != "autopay"
     timeout = RATE_TIMEOUT + 15 + (float(settings.get("approval_timeout_secs") or 120) if approval else 0)
     body: dict[str, Any] = {"receipt": args.receipt, "stars": args.stars}
@@ -56,7 +54,7 @@ def cmd_rate(datadir: Path, args: argparse.Namespace) -> None:
     if args.directory is not None:
         body["directory"] = args.directory
     try:
-        result = _call(daemon, "POST", "/admin/rate", body, timeout=timeout)
+        result = admin_call(daemon, "POST", "/admin/rate", body, timeout=timeout)
     except AdminError as exc:
         raise CLIError(str(exc)) from None
     if getattr(args, "json", False):
@@ -67,14 +65,14 @@ def cmd_rate(datadir: Path, args: argparse.Namespace) -> None:
     for entry in results:
         if not isinstance(entry, dict):
             continue
-        line = f"directory {_shown(entry.get('directory'))}: {_shown(entry.get('outcome'))}"
+        line = f"directory {printable(entry.get('directory'))}: {printable(entry.get('outcome'))}"
         message = entry.get("message")
         if message:
-            line += f": {_shown(message)}"
+            line += f": {printable(message)}"
         if not getattr(args, "json", False):
             print(line, file=sys.stdout if entry.get("outcome") == "rated" else sys.stderr)
     if result.get("rated") is not True:
-        raise CLIError(f"no directory took the rating of receipt {_shown(result.get('receiptId'))[:12]}")
+        raise CLIError(f"no directory took the rating of receipt {printable(result.get('receiptId'))[:12]}")
     if not getattr(args, "json", False):
-        provider, receipt = _shown(result.get("provider")), _shown(result.get("receiptId"))[:12]
+        provider, receipt = printable(result.get("provider")), printable(result.get("receiptId"))[:12]
         print(f"{PROG}: rated {provider} with receipt {receipt}")

@@ -33,14 +33,12 @@ from brmcp.bridge.find import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, RECEIPTS_FILE,
 
 from ._adminclient import OTHER_DATADIR_HINT, AdminError, CLIError, Disabled, NotRunning, admin, locate
 
-__all__ = ["add_parser", "cmd_receipts", "receipt_line"]
+__all__ = ["add_arguments", "cmd_receipts", "receipt_line"]
 
 
-def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    """Add the ``receipts`` subcommand to the ``brmcp-bridge`` parser."""
-    receipts = sub.add_parser(
-        "receipts", parents=[common], help="the signed receipts of the bots' results, newest first"
-    )
+def add_arguments(command: str, receipts: argparse.ArgumentParser) -> None:
+    """Add the arguments of ``receipts`` to its ``brmcp-bridge`` subcommand
+    parser (named, with its help line, by :mod:`._main`)."""
     receipts.add_argument("--bot", metavar="UID", default=None, help="only the receipts of this bot")
     receipts.add_argument(
         "--limit",

@@ -54,7 +54,7 @@ import anyio.to_thread
 
 from brmcp._ops.clock import Clock, SystemClock
 from brmcp._ops.listener import parse_listen_address
-from brmcp._ops.lockfile import FileLock, acquire_brclient, acquire_datadir
+from brmcp._ops.lockfile import FileLock, acquire_datadir
 from brmcp.bridge._bridge import DEFAULT_LISTEN, Bridge, BridgeConfig
 from brmcp.bridge.base import BridgeError, Settings, cli_command
 from brmcp.bridge.find import ClientrpcContacts
@@ -65,6 +65,7 @@ from brmcp.clientrpc import (
     ReceivedPM,
     Subscription,
     TipProgressEvent,
+    acquire_brclient,
     load_or_create_bot_config,
 )
 from brmcp.clientrpc._glue import Acker, connection_signals, flush_on_connect
@@ -328,7 +329,7 @@ class BridgeDaemon:
         cannot be bound, another daemon runs on the same data directory, or
         another program consumes the same brclient's events (a second
         bridge or a harness: the one-consumer-per-brclient lock of
-        :func:`brmcp._ops.lockfile.acquire_brclient`, taken before any stream
+        :func:`brmcp.clientrpc.acquire_brclient`, taken before any stream
         opens; the error names the holder's pid). Runs once."""
         if self._ran:
             raise RuntimeError("BridgeDaemon.run can be called only once")

@@ -5,6 +5,13 @@ receipts) and rating bots with a receipt. Imports only
 
 from __future__ import annotations
 
+from ._answers import (
+    MAX_QUERY_CHARS,
+    MAX_TAG_CHARS,
+    MAX_TAGS,
+    MAX_TEXT_CHARS,
+    Introduction,
+)
 from ._botrequests import (
     MAX_PENDING,
     MAX_REASON_CHARS,
@@ -13,20 +20,17 @@ from ._botrequests import (
     RequestEnded,
     UnknownRequest,
 )
+from ._contacts import (
+    ClientrpcContacts,
+    Contacts,
+    ContactsUnavailable,
+)
 from ._discovery import (
     FIND_TIMEOUT,
     KX_TIMEOUT,
     MAX_KX_TIMEOUT,
-    MAX_QUERY_CHARS,
-    MAX_TAG_CHARS,
-    MAX_TAGS,
-    MAX_TEXT_CHARS,
-    ClientrpcContacts,
-    Contacts,
-    ContactsUnavailable,
     Discovery,
     DiscoveryError,
-    Introduction,
 )
 from ._rating import (
     MAX_COMMENT_CHARS,

@@ -48,7 +48,9 @@ import anyio.abc
 from brmcp._ops.clock import Clock, go_duration
 from brmcp.bridge.base import Settings, is_uid
 
-from ._discovery import ContactsUnavailable, DiscoveryError, Introduction
+from ._answers import Introduction
+from ._contacts import ContactsUnavailable
+from ._discovery import DiscoveryError
 
 __all__ = [
     "CONTACT_CHECK_TIMEOUT",

@@ -15,8 +15,8 @@ the hard bound apply to a priced ``search`` exactly as to any tool, so a
 directory cannot make the bridge pay more than the listing the bridge was
 shown and the caps allow. What a directory answers is a stranger's claim:
 
-* each answer is bounded (:data:`MAX_ANSWER_BYTES`, :data:`MAX_HITS_PER_DIRECTORY`
-  hits, strings cut to :data:`MAX_TEXT_CHARS`), a hit without a 64-hex
+* each answer is bounded (:mod:`._answers`: ``MAX_ANSWER_BYTES``, ``MAX_HITS_PER_DIRECTORY``
+  hits, strings cut to ``MAX_TEXT_CHARS``), a hit without a 64-hex
   provider uid or a tool name is dropped, and each directory is given
   :data:`FIND_TIMEOUT` s of wall time (plus ``approval_timeout_secs`` in
   approval mode), after which its call is cancelled (a payment parked for
@@ -29,8 +29,8 @@ shown and the caps allow. What a directory answers is a stranger's claim:
   (:mod:`.agentdiscovery`) adds one uid only once the user approves it
   (:mod:`.botrequests`).
 
-Whether a key exchange exists is asked of brclient (:class:`Contacts`; the
-daemon's is :class:`ClientrpcContacts`: ``ChatService.UserNick`` answers
+Whether a key exchange exists is asked of brclient (:class:`~._contacts.Contacts`;
+the daemon's is :class:`~._contacts.ClientrpcContacts`: ``ChatService.UserNick`` answers
 ``user <uid> not found`` for anyone who is not a contact, and
 ``ChatService.KXStream`` reports each completed exchange). A bridge hosted
 without such a source answers ``contact: null`` and refuses to wait for an
@@ -39,40 +39,40 @@ exchange it cannot see.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
 from mcp.shared.exceptions import MCPError
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult
 
 from brmcp.bridge.base import Settings, is_uid
-from brmcp.clientrpc import ClientrpcError, KXCompleted, RPCError
+
+from ._answers import (
+    MAX_HITS_PER_DIRECTORY,
+    Claim,
+    DirectoryAnswer,
+    FindResult,
+    Hit,
+    Introduction,
+    answer_object,
+    cap_hint,
+    cut_text,
+    error_text,
+    parse_claim,
+    provider_claims,
+    refusal_reason,
+)
+from ._contacts import Contacts, ContactsUnavailable
 
 __all__ = [
     "FIND_TIMEOUT",
     "INTRODUCE_TIMEOUT",
     "KX_TIMEOUT",
-    "MAX_ANSWER_BYTES",
-    "MAX_HITS_PER_DIRECTORY",
     "MAX_KX_TIMEOUT",
-    "MAX_QUERY_CHARS",
-    "MAX_TAGS",
-    "MAX_TAG_CHARS",
-    "MAX_TEXT_CHARS",
-    "Claim",
-    "ClientrpcContacts",
-    "Contacts",
-    "ContactsUnavailable",
-    "DirectoryAnswer",
     "Discovery",
     "DiscoveryError",
-    "FindResult",
-    "Hit",
-    "Introduction",
+    "DiscoveryHost",
 ]
 
 log = logging.getLogger("brmcp.bridge.find._discovery")
@@ -86,21 +86,6 @@ INTRODUCE_TIMEOUT = 60.0
 KX_TIMEOUT = 300.0
 #: Longest wait for a key exchange a request may ask for.
 MAX_KX_TIMEOUT = 3600.0
-#: Largest directory answer read (JSON bytes of its structured content, or
-#: of its text when it has none); a larger one is refused as a whole.
-MAX_ANSWER_BYTES = 1024 * 1024
-#: Most hits kept from one directory (docs/directory.md: a directory returns
-#: at most 50); the rest are dropped and counted in ``dropped``.
-MAX_HITS_PER_DIRECTORY = 50
-#: Longest text kept of a tool name, a description or a note (characters).
-MAX_TEXT_CHARS = 300
-#: Longest query (characters) and most tags of a find request, and the
-#: longest tag (the directory's own bounds, docs/directory.md ``register``).
-MAX_QUERY_CHARS = 256
-MAX_TAGS = 16
-MAX_TAG_CHARS = 32
-
-_REFUSAL_MARK = "payment not made: "
 
 
 class DiscoveryError(Exception):
@@ -112,78 +97,6 @@ class DiscoveryError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-class ContactsUnavailable(Exception):
-    """brclient cannot tell now whether a user is a contact (not connected,
-    or an unexpected answer)."""
-
-
-class Contacts(Protocol):
-    """Whether this brclient has a key exchange with a user."""
-
-    async def is_contact(self, uid: str) -> bool:
-        """True when ``uid`` (64 lowercase hex) is a contact. Raises
-        :class:`ContactsUnavailable` when brclient cannot tell now."""
-        ...
-
-    async def wait_kx(self, uid: str, wait_secs: float) -> bool:
-        """Wait up to ``wait_secs`` wall seconds until ``uid`` is a contact;
-        True at once when it already is, False when the time ran out.
-        Raises :class:`ContactsUnavailable`."""
-        ...
-
-
-class _KXClient(Protocol):
-    @property
-    def connected(self) -> bool: ...
-
-    async def call(self, method: str, params: Mapping[str, Any]) -> Any: ...
-
-    def kx_stream(self, unacked_from: int = 0) -> AsyncIterator[KXCompleted]: ...
-
-
-class ClientrpcContacts:
-    """:class:`Contacts` over a :class:`~brmcp.clientrpc.Client` (the daemon's
-    brclient connection): ``ChatService.UserNick`` tells a contact (brclient
-    answers ``user <uid> not found`` for anyone else), ``ChatService.KXStream``
-    each exchange that completes. The stream is opened only while a wait runs
-    and its events are not acked: the kx log stays as brclient keeps it."""
-
-    def __init__(self, client: _KXClient) -> None:
-        self._client = client
-
-    async def is_contact(self, uid: str) -> bool:
-        # Imported here: the approvals page's nick look-up is the same call.
-        from brmcp.clientrpc.nicks import clientrpc_user_nick
-
-        try:
-            await clientrpc_user_nick(self._client, uid.lower())
-        except RPCError as exc:
-            if "not found" in str(exc):
-                return False
-            raise ContactsUnavailable(f"brclient's UserNick failed: {exc}") from None
-        except ClientrpcError as exc:
-            raise ContactsUnavailable(f"brclient cannot tell: {exc or type(exc).__name__}") from None
-        return True
-
-    async def wait_kx(self, uid: str, wait_secs: float) -> bool:
-        wanted = uid.lower()
-        events = self._client.kx_stream()
-        try:
-            with anyio.move_on_after(wait_secs):
-                # Opened before the check: an exchange completing in between
-                # is in the stream (brclient replays its unacked log).
-                if await self.is_contact(wanted):
-                    return True
-                async for event in events:
-                    if event.uid.lower() == wanted:
-                        return True
-            return False
-        finally:
-            close = getattr(events, "close", None)
-            if callable(close):
-                close()
 
 
 class _Proxy(Protocol):
@@ -202,182 +115,6 @@ class DiscoveryHost(Protocol):
     def clock_now(self) -> float: ...
 
     def _proxy(self, uid: str) -> Any: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """What one directory says about one tool of one provider: the listed
-    price (``price_atoms``, None when not given; ``pricing`` ``"dynamic"``
-    when priced per call), the description and tags, and the Unix times of
-    its last crawl (``catalog_checked_at``) and last paid test call
-    (``last_verified_execution``), None when absent or not a time."""
-
-    directory: str
-    description: str = ""
-    price_atoms: int | None = None
-    pricing: str = ""
-    tags: tuple[str, ...] = ()
-    catalog_checked_at: int | None = None
-    last_verified_execution: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "directory": self.directory,
-            "description": self.description,
-            "priceAtoms": self.price_atoms,
-            "pricing": self.pricing,
-            "tags": list(self.tags),
-            "catalogCheckedAt": self.catalog_checked_at,
-            "lastVerifiedExecution": self.last_verified_execution,
-        }
-
-
-@dataclass(slots=True)
-class Hit:
-    """One tool of one provider (``provider``: 64 lowercase hex) and what
-    each directory that listed it said (``claims``, in the order of
-    ``directories``)."""
-
-    provider: str
-    tool: str
-    claims: list[Claim] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"providerUid": self.provider, "tool": self.tool, "claims": [c.to_dict() for c in self.claims]}
-
-
-@dataclass(frozen=True, slots=True)
-class DirectoryAnswer:
-    """How one directory answered a find: ``outcome`` ``"ok"``,
-    ``"refused"`` (the bridge did not pay for the search: ``error`` is the
-    reason, naming the cap), ``"unreachable"`` (no answer, no key exchange,
-    or brclient down), ``"timeout"`` or ``"failed"`` (an error answer, or
-    one over the bounds); ``hits`` kept, ``dropped`` (malformed or over
-    :data:`MAX_HITS_PER_DIRECTORY`) and the ``total`` the directory
-    claimed (None when absent)."""
-
-    directory: str
-    outcome: str
-    error: str = ""
-    hits: int = 0
-    dropped: int = 0
-    total: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"directory": self.directory, "outcome": self.outcome}
-        if self.error:
-            out["error"] = self.error
-        out |= {"hits": self.hits, "dropped": self.dropped, "total": self.total}
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class FindResult:
-    """A find: the merged ``hits`` (one per provider and tool, first-seen
-    order), one :class:`DirectoryAnswer` per configured directory, and
-    ``now``, the bridge clock's Unix time, against which freshness is told."""
-
-    hits: list[Hit]
-    directories: list[DirectoryAnswer]
-    now: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "hits": [h.to_dict() for h in self.hits],
-            "directories": [d.to_dict() for d in self.directories],
-            "now": self.now,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Introduction:
-    """A directory (``via``) sent this bridge's brclient a KX suggestion
-    toward ``provider``; ``note`` is its text (cut, control characters
-    dropped)."""
-
-    provider: str
-    via: str
-    note: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"uid": self.provider, "via": self.via, "suggested": True, "note": self.note}
-
-
-def _text(value: Any, limit: int = MAX_TEXT_CHARS) -> str:
-    """A stranger's string for a terminal or a page: non-strings empty,
-    characters that do not print dropped, cut at ``limit``."""
-    if not isinstance(value, str):
-        return ""
-    kept = "".join(ch for ch in value if ch.isprintable())
-    return kept if len(kept) <= limit else kept[: limit - 1] + "…"
-
-
-def _time(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value >= 1 << 40:
-        return None
-    return value
-
-
-def _claim(directory: str, raw: Any) -> tuple[str, str, Claim] | None:
-    """One hit of a directory's answer, or None when it is malformed."""
-    if not isinstance(raw, dict):
-        return None
-    provider, tool = raw.get("providerUid"), _text(raw.get("tool"), 128)
-    if not isinstance(provider, str) or not is_uid(provider) or not tool:
-        return None
-    price = raw.get("priceAtoms")
-    tags = raw.get("tags")
-    claim = Claim(
-        directory=directory,
-        description=_text(raw.get("description")),
-        price_atoms=price if isinstance(price, int) and not isinstance(price, bool) and price >= 0 else None,
-        pricing=_text(raw.get("pricing"), 16),
-        tags=tuple(_text(t, MAX_TAG_CHARS) for t in tags[:MAX_TAGS] if _text(t, MAX_TAG_CHARS))
-        if isinstance(tags, list)
-        else (),
-        catalog_checked_at=_time(raw.get("catalogCheckedAt")),
-        last_verified_execution=_time(raw.get("lastVerifiedExecution")),
-    )
-    return provider.lower(), tool, claim
-
-
-def _answer_object(result: CallToolResult) -> Any:
-    """The JSON object a directory answered (its structured content, else
-    its first text item parsed). Raises ValueError over the bounds or for
-    text that is not JSON."""
-    if result.structured_content is not None:
-        raw = json.dumps(result.structured_content)
-        if len(raw.encode("utf-8")) > MAX_ANSWER_BYTES:
-            raise ValueError(f"answer over {MAX_ANSWER_BYTES} bytes")
-        return result.structured_content
-    for block in result.content:
-        if isinstance(block, TextContent):
-            if len(block.text.encode("utf-8")) > MAX_ANSWER_BYTES:
-                raise ValueError(f"answer over {MAX_ANSWER_BYTES} bytes")
-            return json.loads(block.text)
-    raise ValueError("answer has no JSON")
-
-
-def _error_text(result: CallToolResult) -> str:
-    texts = [b.text for b in result.content if isinstance(b, TextContent)]
-    return _text(" ".join(texts) or "error without text")
-
-
-def _refusal(result: CallToolResult) -> str | None:
-    """The bridge's own reason for not paying (its refusal note), if any."""
-    for block in result.content:
-        if isinstance(block, TextContent) and _REFUSAL_MARK in block.text:
-            return _text(block.text.split(_REFUSAL_MARK, 1)[1])
-    return None
-
-
-def _cap_hint(reason: str, command: str) -> str:
-    """What to run to change the cap a refusal names (nothing otherwise)."""
-    if "per-call cap" in reason:
-        return f"; raise it with: {command} settings set per_call_cap_atoms=N"
-    if "daily cap" in reason:
-        return f"; raise it with: {command} settings set per_day_cap_atoms=N"
-    return ""
 
 
 class Discovery:
@@ -480,11 +217,13 @@ class Discovery:
             with anyio.move_on_after(limit):
                 result = await self._host._proxy(directory).call("search", args)
         except MCPError as exc:
-            return DirectoryAnswer(directory, "unreachable", f"directory {directory}: {_text(str(exc))}"), []
+            return DirectoryAnswer(
+                directory, "unreachable", f"directory {directory}: {cut_text(str(exc))}"
+            ), []
         except Exception as exc:
             # One directory's failure must not end the others' answers.
             log.exception("search at directory %s failed", directory)
-            why = _text(str(exc) or type(exc).__name__)
+            why = cut_text(str(exc) or type(exc).__name__)
             return DirectoryAnswer(directory, "failed", f"directory {directory}: {why}"), []
         if result is None:
             return (
@@ -497,15 +236,15 @@ class Discovery:
                 [],
             )
         if result.is_error:
-            reason = _refusal(result)
+            reason = refusal_reason(result)
             if reason is not None:
-                error = f"search at directory {directory} refused: {reason}{_cap_hint(reason, command)}"
+                error = f"search at directory {directory} refused: {reason}{cap_hint(reason, command)}"
                 return DirectoryAnswer(directory, "refused", error), []
-            return DirectoryAnswer(directory, "failed", f"directory {directory}: {_error_text(result)}"), []
+            return DirectoryAnswer(directory, "failed", f"directory {directory}: {error_text(result)}"), []
         try:
-            answer = _answer_object(result)
+            answer = answer_object(result)
         except ValueError as exc:
-            return DirectoryAnswer(directory, "failed", f"directory {directory}: {_text(str(exc))}"), []
+            return DirectoryAnswer(directory, "failed", f"directory {directory}: {cut_text(str(exc))}"), []
         raw_hits = answer.get("hits") if isinstance(answer, dict) else None
         if not isinstance(raw_hits, list):
             return DirectoryAnswer(directory, "failed", f"directory {directory}: answer has no hits list"), []
@@ -515,7 +254,7 @@ class Discovery:
         for raw in raw_hits:
             if len(kept) >= MAX_HITS_PER_DIRECTORY:
                 break
-            parsed = _claim(directory, raw)
+            parsed = parse_claim(directory, raw)
             if parsed is None or parsed[:2] in seen:
                 continue
             seen.add(parsed[:2])
@@ -565,23 +304,23 @@ class Discovery:
                 with anyio.move_on_after(self.introduce_timeout):
                     result = await self._host._proxy(directory).call("introduce", {"uid": provider})
             except MCPError as exc:
-                reasons.append(f"directory {directory}: {_text(str(exc))}")
+                reasons.append(f"directory {directory}: {cut_text(str(exc))}")
                 continue
             if result is None:
                 reasons.append(f"directory {directory} did not answer within {self.introduce_timeout:.0f} s")
                 continue
             if result.is_error:
-                reasons.append(f"directory {directory}: {_error_text(result)}")
+                reasons.append(f"directory {directory}: {error_text(result)}")
                 continue
             try:
-                answer = _answer_object(result)
+                answer = answer_object(result)
             except ValueError as exc:
-                reasons.append(f"directory {directory}: {_text(str(exc))}")
+                reasons.append(f"directory {directory}: {cut_text(str(exc))}")
                 continue
             if not isinstance(answer, dict) or answer.get("suggested") is not True:
                 reasons.append(f"directory {directory} did not say it sent a suggestion")
                 continue
-            return Introduction(provider, directory, _text(answer.get("note")))
+            return Introduction(provider, directory, cut_text(answer.get("note")))
         raise DiscoveryError(502, f"no directory introduced you to {provider}: " + "; ".join(reasons))
 
     async def wait_kx(self, uid: str, wait_secs: float) -> bool:
@@ -604,7 +343,7 @@ class Discovery:
         :meth:`find`). Answers ``{"uid", "directories": [{"directory",
         "outcome", "error"?, "claims"}…], "now"}``: ``outcome`` as in
         :class:`DirectoryAnswer`; ``claims`` (None unless ``"ok"``) what that
-        directory says, bounded like a find (:func:`_provider_claims`). Raises
+        directory says, bounded like a find (:func:`provider_claims`). Raises
         :class:`DiscoveryError` (409) when no directory is configured."""
         uid = uid.lower()
         directories = self._directories()
@@ -638,74 +377,23 @@ class Discovery:
             with anyio.move_on_after(limit):
                 result = await self._host._proxy(directory).call("get_provider", {"uid": uid})
         except MCPError as exc:
-            return failed("unreachable", f"directory {directory}: {_text(str(exc))}")
+            return failed("unreachable", f"directory {directory}: {cut_text(str(exc))}")
         except Exception as exc:
             log.exception("get_provider at directory %s failed", directory)
-            return failed("failed", f"directory {directory}: {_text(str(exc) or type(exc).__name__)}")
+            return failed("failed", f"directory {directory}: {cut_text(str(exc) or type(exc).__name__)}")
         if result is None:
             return failed(
                 "timeout", f"directory {directory} did not answer get_provider within {limit:.0f} s"
             )
         if result.is_error:
-            reason = _refusal(result)
+            reason = refusal_reason(result)
             if reason is not None:
                 return failed("refused", f"get_provider at directory {directory} refused: {reason}")
-            return failed("failed", f"directory {directory}: {_error_text(result)}")
+            return failed("failed", f"directory {directory}: {error_text(result)}")
         try:
-            answer = _answer_object(result)
+            answer = answer_object(result)
         except ValueError as exc:
-            return failed("failed", f"directory {directory}: {_text(str(exc))}")
+            return failed("failed", f"directory {directory}: {cut_text(str(exc))}")
         if not isinstance(answer, dict):
             return failed("failed", f"directory {directory}: answer is not an object")
-        return {"directory": directory, "outcome": "ok", "claims": _provider_claims(answer)}
-
-
-def _provider_claims(raw: dict[str, Any]) -> dict[str, Any]:
-    """A directory's ``get_provider`` answer bounded like a find hit: the
-    description cut at :data:`MAX_TEXT_CHARS`, at most :data:`MAX_TAGS`
-    tags, at most :data:`MAX_HITS_PER_DIRECTORY` catalog tools (``name``,
-    ``description``, ``priceAtoms`` and ``pricing`` from their ``_meta``;
-    ``catalogDropped`` counts the rest and the malformed), times that are
-    not Unix seconds as None."""
-    tags = raw.get("tags")
-    catalog = raw.get("catalog")
-    tools: list[dict[str, Any]] = []
-    entries = catalog if isinstance(catalog, list) else []
-    for entry in entries:
-        if len(tools) >= MAX_HITS_PER_DIRECTORY:
-            break
-        if not isinstance(entry, dict) or not _text(entry.get("name"), 128):
-            continue
-        meta = entry.get("_meta")
-        meta = meta if isinstance(meta, dict) else {}
-        price = meta.get("brmcp/priceAtoms")
-        tools.append(
-            {
-                "name": _text(entry.get("name"), 128),
-                "description": _text(entry.get("description")),
-                "priceAtoms": price
-                if isinstance(price, int) and not isinstance(price, bool) and 0 <= price < 1 << 63
-                else None,
-                "pricing": _text(meta.get("brmcp/pricing"), 16),
-            }
-        )
-    latency = raw.get("testLatencyMs")
-    return {
-        "description": _text(raw.get("description")),
-        "tags": [_text(t, MAX_TAG_CHARS) for t in tags[:MAX_TAGS] if _text(t, MAX_TAG_CHARS)]
-        if isinstance(tags, list)
-        else [],
-        "catalog": tools,
-        "catalogDropped": len(entries) - len(tools),
-        "catalogCheckedAt": _time(raw.get("catalogCheckedAt")),
-        "lastVerifiedExecution": _time(raw.get("lastVerifiedExecution")),
-        "testLatencyMs": latency
-        if isinstance(latency, int) and not isinstance(latency, bool) and 0 <= latency < 1 << 40
-        else None,
-        "approvedAt": _time(raw.get("approvedAt")),
-        "renewedAt": _time(raw.get("renewedAt")),
-        "expiresAt": _time(raw.get("expiresAt")),
-    }
-
-
-# -- the admin routes ------------------------------------------------------------
+        return {"directory": directory, "outcome": "ok", "claims": provider_claims(answer)}

@@ -29,7 +29,8 @@ from mcp.types import CallToolResult
 
 from brmcp.bridge.base import is_uid
 
-from ._discovery import ContactsUnavailable, Discovery, DiscoveryError, DiscoveryHost
+from ._contacts import ContactsUnavailable
+from ._discovery import Discovery, DiscoveryError, DiscoveryHost
 from ._receipts import ReceiptBook, StoredReceipt
 
 __all__ = [

@@ -8,7 +8,8 @@ from typing import Any
 
 from brmcp.bridge.base import MAX_ADMIN_BODY_BYTES, read_body, send_json
 
-from ._discovery import MAX_QUERY_CHARS, MAX_TAG_CHARS, MAX_TAGS, DiscoveryError
+from ._answers import MAX_QUERY_CHARS, MAX_TAG_CHARS, MAX_TAGS
+from ._discovery import DiscoveryError
 
 __all__ = ["find_args", "read_json_object"]
 

@@ -36,7 +36,7 @@ from mcp.types import (
     UnsubscribeRequestParams,
 )
 
-from ._linkbase import TRANSPORT_ERROR_CODES, _describe, log
+from ._linkbase import TRANSPORT_ERROR_CODES, describe_failure, log
 from ._subscriptions import Subscriptions
 from ._toolsnap import ToolSnapshot
 
@@ -151,7 +151,7 @@ class BotChanges:
                         request = UnsubscribeRequest(params=UnsubscribeRequestParams(uri=uri))
                         await session.send_request(request, EmptyResult)
         except Exception as exc:
-            log.debug("bot %s: unsubscribing from %s failed: %s", self.uid[:8], uri, _describe(exc))
+            log.debug("bot %s: unsubscribing from %s failed: %s", self.uid[:8], uri, describe_failure(exc))
         finally:
             self._dropping.discard(uri)
 
@@ -173,4 +173,4 @@ class BotChanges:
                             raise
                         log.info("bot %s: re-subscribing to %s refused: %s", self.uid[:8], uri, exc)
         except Exception as exc:
-            log.info("bot %s: re-subscribing resources failed: %s", self.uid[:8], _describe(exc))
+            log.info("bot %s: re-subscribing resources failed: %s", self.uid[:8], describe_failure(exc))

@@ -36,10 +36,10 @@ from ._linkbase import TRANSPORT_ERROR_CODES, ToolListBudget
 from ._snapshots import ListedTools
 
 #: What a bot whose capabilities are unknown is assumed to serve.
-_TOOLS_ONLY = ServerCapabilities(tools=ToolsCapability(list_changed=False))
+TOOLS_ONLY = ServerCapabilities(tools=ToolsCapability(list_changed=False))
 
 
-async def _offer(session: ClientSession, client_info: Implementation) -> InitializeResult:
+async def era_offer(session: ClientSession, client_info: Implementation) -> InitializeResult:
     """Send the first-contact ``initialize``: what ``session.initialize()``
     sends, plus ``params._meta["brmcp/listTools"] = true`` (WIRE.md §Eras).
     Raises RuntimeError for an answer in a version this client lacks."""
@@ -55,7 +55,7 @@ async def _offer(session: ClientSession, client_info: Implementation) -> Initial
     return result
 
 
-def _offered_tools(result: InitializeResult) -> ListedTools | None:
+def offered_tools(result: InitializeResult) -> ListedTools | None:
     """The tools a first-contact answer brought, when it also names a
     modern version this client speaks; None otherwise (a plain answer).
     The ``brmcp/tools`` object is one tools/list page: counted against the
@@ -94,7 +94,7 @@ def _servable(tool: Tool) -> bool:
     )
 
 
-def _pushes(capabilities: ServerCapabilities) -> bool:
+def pushes_unasked(capabilities: ServerCapabilities) -> bool:
     """True when a bot serves resources or prompts, or declares that its
     tool list changes: it may send notifications unasked (resource updates,
     list changes), which only a handshake-era session carries over BR. (A
@@ -108,11 +108,11 @@ def _pushes(capabilities: ServerCapabilities) -> bool:
     )
 
 
-def _modern_discover(capabilities: ServerCapabilities | None) -> DiscoverResult:
+def modern_discover(capabilities: ServerCapabilities | None) -> DiscoverResult:
     """What a modern session adopts instead of asking ``server/discover``."""
     return DiscoverResult(
         supported_versions=[LATEST_MODERN_VERSION],
-        capabilities=capabilities or _TOOLS_ONLY,
+        capabilities=capabilities or TOOLS_ONLY,
         result_type="complete",
         ttl_ms=0,
         cache_scope="public",
@@ -123,7 +123,7 @@ def _modern_discover(capabilities: ServerCapabilities | None) -> DiscoverResult:
 _HANDSHAKE_HINTS = ("initializ", "handshake", "back-channel")
 
 
-def _handshake_only(exc: BaseException, *, probe: bool) -> bool:
+def handshake_only(exc: BaseException, *, probe: bool) -> bool:
     """See :meth:`BotLink.era_refused`. The MCP SDK's "Unsupported protocol
     version" (-32022) counts too: a bot that no longer serves the modern
     version (replaced by an older one, or one that offered it wrongly)."""

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ValidationError
 from brmcp.transport.conn import SendReceipt, send_deadline, send_receipt
 from brmcp.transport.router import Router
 
-from ._linkbase import TRANSPORT_ERROR_CODES, HostOffline, LinkError, LinkSessions, _describe, log
+from ._linkbase import TRANSPORT_ERROR_CODES, HostOffline, LinkError, LinkSessions, describe_failure, log
 from ._retry import RetryPolicy, RttEstimator
 
 __all__ = [
@@ -568,7 +568,7 @@ class Resender:
                 raise reply
             return reply
         waited = anyio.current_time() - start
-        why = f" (last failure: {_describe(last[-1])})" if last else ""
+        why = f" (last failure: {describe_failure(last[-1])})" if last else ""
         took = f"{waited:.0f}" if waited >= 1 else f"{waited:.1f}"
         text = f"no reply from bot {self.uid[:8]} within {took} s after {sends} send(s){why}"
         if sends == 0:

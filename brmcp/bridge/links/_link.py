@@ -63,7 +63,6 @@ from mcp.types import (
     InitializeRequest,
     InitializeRequestParams,
     InitializeResult,
-    ServerCapabilities,
     Tool,
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
@@ -71,24 +70,24 @@ from pydantic import BaseModel
 
 from brmcp._ops.clock import Clock, SystemClock
 from brmcp.protocol.eras import CAPABILITIES_META_KEY
-from brmcp.protocol.pool import PoolAnnouncement
 from brmcp.transport.conn import send_receipt
 from brmcp.transport.router import Router
 
 from ._changes import MAX_PENDING_DROPS, BotChanges, can_subscribe
-from ._eras import _handshake_only, _modern_discover, _offer, _offered_tools, _pushes
+from ._eras import era_offer, handshake_only, modern_discover, offered_tools, pushes_unasked
 from ._exchange import DeadlineError, ProgressFn, Resender, first_answer
 from ._linkbase import (
     CONNECT_TIMEOUT,
     TRANSPORT_ERROR_CODES,
     HostOffline,
     LinkError,
-    _describe,
-    _Session,
+    Session,
+    describe_failure,
     log,
     no_answer_hint,
     sender_offline,
 )
+from ._linktools import LinkTools
 from ._relay import Relay
 from ._retry import RetryPolicy, RttEstimator, relay_estimator
 from ._snapshots import ERA_HANDSHAKE, ERA_MODERN, BotSnapshot, Era, SnapshotStore
@@ -99,8 +98,6 @@ __all__ = [
     "CAPABILITIES_META_KEY",
     "CONNECT_TIMEOUT",
     "MAX_PENDING_DROPS",
-    "RTT_SAVE_INTERVAL",
-    "RTT_SAVE_RATIO",
     "TRANSPORT_ERROR_CODES",
     "BotLink",
     "DeadlineError",
@@ -110,19 +107,11 @@ __all__ = [
     "no_answer_hint",
 ]
 
-#: Least seconds (on the link's clock) between two snapshot writes made
-#: because the measured RTT moved (:meth:`BotLink._rtt_sampled`); other
-#: snapshot writes carry the RTT too.
-RTT_SAVE_INTERVAL = 600.0
-#: The measured RTO is written again once it is this many times the one on
-#: disk, or less than its inverse.
-RTT_SAVE_RATIO = 1.5
-
 
 _T = TypeVar("_T", bound=BaseModel)
 
 
-class BotLink:
+class BotLink(LinkTools):
     """The BR side of one bot. ``uid`` is the lowercase 64-hex bot uid;
     ``router`` the bridge's client-role router; ``task_group`` owns the
     session tasks; ``client_info`` is sent in initialize (and in every
@@ -177,7 +166,7 @@ class BotLink:
         #: The RTO of the RTT last put in a snapshot, and when (link clock).
         self._rtt_saved: float | None = None
         self._rtt_saved_at: float | None = None
-        self._current: _Session | None = None
+        self._current: Session | None = None
         self._gen = 0
         self._lock = anyio.Lock()
         self._closed = False
@@ -239,76 +228,6 @@ class BotLink:
         and every :meth:`exchange`; observability)."""
         return self._resender.resends
 
-    # -- the tool snapshot (:mod:`._toolsnap`) ------------------------------------
-
-    @property
-    def tools(self) -> list[Tool] | None:
-        """The last snapshot (None before the first one), possibly stale."""
-        return self._toolsnap.tools
-
-    @property
-    def marks_refusals(self) -> bool:
-        """True when the tool list in force said ``"brmcp/marksRefusals":
-        true`` (see :attr:`.ToolSnapshot.marks_refusals`)."""
-        return self._toolsnap.marks_refusals
-
-    @property
-    def receipt_key(self) -> str | None:
-        """The receipt key (64 hex) the bot announced in the tool list in
-        force (``brmcp/receiptKey``, WIRE.md §Signed receipts), or None."""
-        return getattr(self._toolsnap.tools, "receipt_key", None)
-
-    @property
-    def pool(self) -> PoolAnnouncement | None:
-        """The pool this bot announced itself a member of in the tool list
-        in force (``brmcp/pool``, WIRE.md §Pools), or None: none announced,
-        or an announcement that does not hold for this bot (its own uid not
-        among the members, or a key other than its ``brmcp/receiptKey``)."""
-        pool = getattr(self._toolsnap.tools, "pool", None)
-        if not isinstance(pool, PoolAnnouncement) or not pool.lists(self.uid) or pool.key != self.receipt_key:
-            return None
-        return pool
-
-    @property
-    def tools_bytes(self) -> int:
-        """UTF-8 bytes of the JSON of the snapshot's tools (0 before the
-        first; see :attr:`.ToolSnapshot.tools_bytes`)."""
-        return self._toolsnap.tools_bytes
-
-    @property
-    def refreshes(self) -> int:
-        """Refreshes of the tool snapshot that reached the bot."""
-        return self._toolsnap.refreshes
-
-    def tool(self, name: str) -> Tool | None:
-        """The snapshot's tool ``name`` (None: not listed)."""
-        return self._toolsnap.tool(name)
-
-    def fixed_price(self, name: str) -> int | None:
-        """The fixed price of tool ``name`` in atoms (``brmcp/priceAtoms``,
-        a whole number > 0), else None (free, dynamic, unknown)."""
-        return self._toolsnap.fixed_price(name)
-
-    @property
-    def stale(self) -> bool:
-        """True when the snapshot is not known to be current (see
-        :attr:`.ToolSnapshot.stale`)."""
-        return self._toolsnap.stale
-
-    def doubt_tools(self) -> bool:
-        """The snapshot may be wrong (an agent called a tool it lacks, or the
-        bot does not know a tool it lists): the next :meth:`refresh` asks
-        the bot, at most once per ``RECHECK_INTERVAL`` seconds. Returns True
-        when it will (see :meth:`.ToolSnapshot.doubt_tools`)."""
-        return self._toolsnap.doubt_tools()
-
-    async def refresh(self) -> list[Tool]:
-        """Return the tool snapshot, fetched with ``tools/list`` when there is
-        none yet (see :meth:`.ToolSnapshot.refresh`). Raises
-        :class:`LinkError` (:class:`~._linkbase.ToolListTooLarge` for a list
-        over a bound)."""
-        return await self._toolsnap.refresh()
-
     # -- sessions -------------------------------------------------------------
 
     @asynccontextmanager
@@ -328,7 +247,7 @@ class BotLink:
             if not self._closed:
                 self._toolsnap.after_lease()
 
-    async def _acquire(self) -> _Session:
+    async def _acquire(self) -> Session:
         async with self._lock:
             if self._closed:
                 raise LinkError("link closed")
@@ -368,10 +287,10 @@ class BotLink:
                 if offline is not None:
                     raise HostOffline(offline)
                 error = state.error
-                raise LinkError(_describe(error) if error is not None else "session closed")
+                raise LinkError(describe_failure(error) if error is not None else "session closed")
             return state
 
-    def _dial(self) -> _Session:
+    def _dial(self) -> Session:
         """A new session in the bot's era (a first contact when unknown),
         made current; its task starts at once. Raises :class:`LinkError`."""
         try:
@@ -381,13 +300,13 @@ class BotLink:
         self._gen += 1
         self.dials += 1
         era = self._toolsnap.era
-        state = _Session(self._gen, conn, era or ERA_HANDSHAKE, offer=era is None)
+        state = Session(self._gen, conn, era or ERA_HANDSHAKE, offer=era is None)
         self._current = state
         self._toolsnap.mark_stale()
         self._tg.start_soon(self._run, state, name=f"brmcp-bridge-link-{self.uid[:8]}")
         return state
 
-    async def _run(self, state: _Session) -> None:
+    async def _run(self, state: Session) -> None:
         # Started from whichever task dialed (maybe a copy of a request that
         # waits for this session): that copy's receipt is not this session's.
         send_receipt.set(None)
@@ -409,7 +328,7 @@ class BotLink:
             ) as s:
                 if modern:
                     # No initialize: the first request carries the envelope.
-                    s.adopt(_modern_discover(self._toolsnap.capabilities))
+                    s.adopt(modern_discover(self._toolsnap.capabilities))
                     capabilities = self._toolsnap.capabilities
                 elif state.offer:
                     result = await self._first_contact(s, state)
@@ -428,14 +347,14 @@ class BotLink:
                 await state.stop.wait()
         except Exception as exc:
             state.error = exc
-            log.info("bot %s: session ended: %s", self.uid[:8], _describe(exc))
+            log.info("bot %s: session ended: %s", self.uid[:8], describe_failure(exc))
         finally:
             state.session = None
             conn.close()
             state.ready.set()
             state.done.set()
 
-    async def _first_contact(self, session: ClientSession, state: _Session) -> InitializeResult | None:
+    async def _first_contact(self, session: ClientSession, state: Session) -> InitializeResult | None:
         """Open a first contact (WIRE.md §Eras, "First contact"): a marked
         ``initialize``. A brmcp bot answers with its modern versions and its
         tools: a bot that pushes nothing unasked is then used in the modern
@@ -449,13 +368,15 @@ class BotLink:
         except MCPError as exc:
             if exc.error.code in TRANSPORT_ERROR_CODES:
                 raise
-            log.info("bot %s refused initialize (%s); trying the modern era", self.uid[:8], _describe(exc))
+            log.info(
+                "bot %s refused initialize (%s); trying the modern era", self.uid[:8], describe_failure(exc)
+            )
             if self._current is state:
                 self._toolsnap.era = ERA_MODERN
             state.switch = True
             return None
-        offered = _offered_tools(result)
-        if offered is not None and not _pushes(result.capabilities):
+        offered = offered_tools(result)
+        if offered is not None and not pushes_unasked(result.capabilities):
             if self._current is state:
                 self._toolsnap.era = ERA_MODERN
                 self._toolsnap.capabilities = result.capabilities
@@ -484,7 +405,7 @@ class BotLink:
 
         async def ask() -> InitializeResult:
             if offer:
-                return await _offer(session, client_info)
+                return await era_offer(session, client_info)
             return await _ask_initialize(session, client_info)
 
         result = await first_answer(
@@ -500,45 +421,7 @@ class BotLink:
             await session.send_notification(InitializedNotification())
         return result
 
-    def _rtt_sampled(self) -> None:
-        """A round trip to the bot was just measured: persist the RTT with
-        the snapshot when none is on disk or the RTO moved by
-        :data:`RTT_SAVE_RATIO` since, at most once per
-        :data:`RTT_SAVE_INTERVAL` (other snapshot writes carry it too)."""
-        measured = self.rtt.measured
-        saved = self._rtt_saved
-        if measured is None or self._store is None or self._closed:
-            return
-        if saved is not None and saved / RTT_SAVE_RATIO <= measured <= saved * RTT_SAVE_RATIO:
-            return
-        now = self._clock.now()
-        if self._rtt_saved_at is not None and now - self._rtt_saved_at < RTT_SAVE_INTERVAL:
-            return
-        if self._toolsnap.record() is None:
-            return  # nothing to write yet: the first snapshot will carry it
-        self._rtt_saved_at = now
-        self._schedule_save()
-
-    def snapshot(self) -> BotSnapshot | None:
-        """What would be persisted now (None before the era is known): the
-        tool snapshot (:meth:`.ToolSnapshot.record`) with the RTT measured
-        to the bot (:meth:`.retry.RttEstimator.record`), which
-        :meth:`_rtt_sampled` then counts as the one on disk."""
-        snapshot = self._toolsnap.record()
-        if snapshot is not None:
-            snapshot.rtt = self.rtt.record()
-            self._rtt_saved = self.rtt.measured
-        return snapshot
-
-    def _schedule_save(self) -> None:
-        """Write :meth:`snapshot` to the store in a task (when there is a
-        store, something to write, and the link is open)."""
-        store, snapshot = self._store, self.snapshot()
-        if store is None or snapshot is None or self._closed:
-            return
-        self._tg.start_soon(_save, store, snapshot)
-
-    def _retire(self, state: _Session) -> None:
+    def _retire(self, state: Session) -> None:
         state.retired = True
         if state.users == 0:
             state.stop.set()
@@ -577,11 +460,6 @@ class BotLink:
         the bot."""
         return sender_offline(self._router.sender)
 
-    @property
-    def era(self) -> Era | None:
-        """The bot's era as far as known (None: not yet contacted)."""
-        return self._toolsnap.era
-
     def session_era(self, gen: int) -> Era | None:
         """The era of session generation ``gen`` (None when it is gone)."""
         state = self._current
@@ -614,7 +492,7 @@ class BotLink:
         state = self._current
         if state is None or state.gen != gen or state.era != ERA_MODERN:
             return False
-        if not _handshake_only(exc, probe=probe):
+        if not handshake_only(exc, probe=probe):
             return False
         self.require_handshake(gen)
         return True
@@ -633,12 +511,6 @@ class BotLink:
     def ttl(self) -> float:
         """Seconds a request to the bot may take: the router's message TTL."""
         return self._router.options.ttl
-
-    @property
-    def capabilities(self) -> ServerCapabilities | None:
-        """The capabilities the bot declared in its last ``initialize`` (None
-        before the first); a reset keeps them until the next session's."""
-        return self._toolsnap.capabilities
 
     @property
     def connected(self) -> bool:
@@ -676,11 +548,3 @@ async def _ask_initialize(session: ClientSession, client_info: Implementation) -
     if result.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
         raise RuntimeError(f"Unsupported protocol version from the server: {result.protocol_version}")
     return result
-
-
-async def _save(store: SnapshotStore, snapshot: BotSnapshot) -> None:
-    try:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(store.save, snapshot)
-    except (OSError, ValueError) as exc:  # ValueError: over MAX_SNAPSHOT_BYTES
-        log.warning("bot %s: snapshot not written: %s", snapshot.bot[:8], exc)

@@ -1,7 +1,7 @@
 """What every part of a bot link shares (:mod:`.link`, :mod:`._exchange`,
 :mod:`._toolsnap`, :mod:`._eras`, :mod:`.relay`, :mod:`.subscriptions`): its
 error (:class:`LinkError`), the hint given when a bot does not answer, the
-record of one BR session (:class:`_Session`), what the link's components
+record of one BR session (:class:`Session`), what the link's components
 use of its sessions (:class:`LinkSessions`, :class:`SnapshotSessions`), the
 transport error codes and the connect limit, and the bounds on what a bot
 sends (SECURITY.md "The bridge against a hostile bot"): the tool-list
@@ -333,7 +333,7 @@ class SnapshotSessions(LinkSessions, Protocol):
         ...
 
 
-class _Session:
+class Session:
     __slots__ = (
         "conn",
         "done",
@@ -370,9 +370,9 @@ class _Session:
         self.retired = False
 
 
-def _describe(exc: BaseException) -> str:
+def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        return _describe(exc.exceptions[0])
+        return describe_failure(exc.exceptions[0])
     if isinstance(exc, TimeoutError):
         return "no answer from the bot"
     return str(exc) or type(exc).__name__

@@ -42,7 +42,7 @@ from brmcp._ops.clock import Clock
 from brmcp.protocol.eras import CAPABILITIES_META_KEY
 from brmcp.protocol.payment import PRICE_ATOMS_KEY
 
-from ._eras import _TOOLS_ONLY, _pushes
+from ._eras import TOOLS_ONLY, pushes_unasked
 from ._linkbase import (
     MAX_TOOL_BYTES,
     MAX_TOOL_LIST_BYTES,
@@ -54,7 +54,7 @@ from ._linkbase import (
     SnapshotSessions,
     ToolListBudget,
     ToolListTooLarge,
-    _describe,
+    describe_failure,
     json_bytes,
     log,
     no_answer_hint,
@@ -398,21 +398,21 @@ class ToolSnapshot:
                         log.info(
                             "bot %s answered tools/list with %s; asking again on a fresh session",
                             self.uid[:8],
-                            _describe(exc),
+                            describe_failure(exc),
                         )
                         continue
-                    raise LinkError(f"tools/list: {_describe(exc)}") from exc
+                    raise LinkError(f"tools/list: {describe_failure(exc)}") from exc
                 self.refreshes += 1
                 self._fetched_at = anyio.current_time()
                 changed = self.era != era or not self.era_confirmed
                 self.era = era
                 self.era_confirmed = True
                 if era == ERA_MODERN:
-                    capabilities = stated if stated is not None else self.capabilities or _TOOLS_ONLY
+                    capabilities = stated if stated is not None else self.capabilities or TOOLS_ONLY
                     if capabilities != self.capabilities:
                         self.capabilities = capabilities
                         changed = True
-                    if _pushes(capabilities):
+                    if pushes_unasked(capabilities):
                         # Resource updates and list changes need the handshake
                         # era's standing session (2026-07-28 has none over BR),
                         # and a bot tells list changes to sessions that listed:
@@ -471,7 +471,9 @@ class ToolSnapshot:
                 except Exception as exc:
                     self._announce = self._announce or announce
                     if not isinstance(exc, ToolListTooLarge):  # already logged
-                        log.info("bot %s: background tools/list failed: %s", self.uid[:8], _describe(exc))
+                        log.info(
+                            "bot %s: background tools/list failed: %s", self.uid[:8], describe_failure(exc)
+                        )
                     return
                 if self._announce:
                     # Announced again while it was fetched: an agent that lists

@@ -32,6 +32,10 @@ from ._payloop import (
     STOPPING,
     PaymentLoop,
 )
+from ._paymaster import (
+    AGENT_GONE_PAID,
+    Payer,
+)
 from ._pools import (
     STILL_RUNNING_MAX_PAUSE,
     STILL_RUNNING_PAUSE,
@@ -39,8 +43,6 @@ from ._pools import (
     still_running_asks,
 )
 from ._settle import (
-    AGENT_GONE_PAID,
-    Payer,
     Settler,
     cap_refusal,
     payment_scheduled,

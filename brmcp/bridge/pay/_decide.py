@@ -23,9 +23,10 @@ from brmcp.protocol.payment import PaymentRequired
 
 from ._approvals import PendingPayment
 from ._budget import CallBudget, listing_of
-from ._funding import Funding, Payment, Share
+from ._funding import Funding
 from ._money import already
 from ._settle import Settler, WhileParked
+from ._shares import Payment, Share
 from ._spend import DAY_SECONDS, STATUS_FAILED, STATUS_PAID, InDoubtSpend
 
 __all__ = [

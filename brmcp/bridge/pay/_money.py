@@ -12,7 +12,7 @@ from mcp.types import CallToolResult, TextContent
 from brmcp.protocol.payment import BALANCE_ATOMS_KEY, PAID_ATOMS_KEY, REFUNDED_ATOMS_KEY, Receipt
 
 from ._budget import CallBudget
-from ._funding import Payment
+from ._shares import Payment
 
 __all__ = ["already", "charged", "refunded", "spent", "with_money"]
 

@@ -5,7 +5,7 @@ mirror server of a bot (:mod:`.proxy`) took is sent, paid for and reissued.
 1. the bridge mints one callKey (16 random bytes as 32 hex) and sends it on
    every reissue and re-sent copy, with this process's ``brmcp/callerEpoch``;
    the agent's own ``_meta`` is not forwarded;
-2. every request is sent by :meth:`BotLink.exchange`: re-sent on an
+2. every request is sent by :meth:`BotLink.exchange` (:mod:`._sending`): re-sent on an
    RTT-sized backoff until a reply or its deadline (the message TTL); at the
    deadline the agent gets a JSON-RPC error saying what was paid;
 3. a refusal is taken only when it is one: refusal-shaped output of a bot
@@ -64,7 +64,6 @@ from brmcp.bridge.links import (
     DeadlineError,
     HostOffline,
     LinkError,
-    strip_reserved_meta,
 )
 from brmcp.protocol.payment import (
     CALL_KEY,
@@ -80,24 +79,33 @@ from brmcp.protocol.payment import (
 from ._approvals import call_arguments
 from ._budget import CallBudget, listing_of
 from ._decide import APPROVAL_PROGRESS_INTERVAL, APPROVAL_PROGRESS_STEP, MAX_PAYMENTS, Covered, Decider
-from ._funding import Funding, Payment, Share
+from ._funding import Funding
 from ._money import already, charged, spent, with_money
 from ._money import refunded as refunded_of
 from ._pools import Pools
+from ._sending import (
+    Alongside,
+    RequestSender,
+    Withdrawn,
+    asks_to_retry,
+    clean_result,
+    needs_back_channel,
+    with_key,
+    with_meta,
+)
 from ._settle import Settler
+from ._shares import Share
 from ._spend import arguments_hash
 
 __all__ = [
     "APPROVAL_PROGRESS_INTERVAL",
     "APPROVAL_PROGRESS_STEP",
     "CONFIRM_WAIT",
-    "DUPLICATE_REFUSED",
     "MAX_DUPLICATE_RETRIES",
     "MAX_PAYMENTS",
     "POLL_ATTEMPTS",
     "POLL_INTERVAL",
     "STOPPING",
-    "WITHDRAWN",
     "PaymentLoop",
 ]
 
@@ -112,22 +120,8 @@ POLL_ATTEMPTS = 6
 #: Seconds a result the bot charged waits for the confirmation of the
 #: payment made alongside it, so its money note says "paid".
 CONFIRM_WAIT = 5.0
-#: How the harness answers a duplicate whose original it refused before
-#: running (WIRE.md §callKey); the bridge then simply asks again.
-DUPLICATE_REFUSED = "duplicate call: the original call with this callKey was refused"
 #: Most such answers one call takes before returning one to the agent.
 MAX_DUPLICATE_RETRIES = 8
-
-
-class _Withdrawn:
-    """The type of :data:`WITHDRAWN`."""
-
-    __slots__ = ()
-
-
-#: :meth:`PaymentLoop._send`: the call was withdrawn because the payment made
-#: alongside failed; ask again unmarked.
-WITHDRAWN = _Withdrawn()
 
 
 #: Most such reissues of one call before it pays as asked.
@@ -138,22 +132,7 @@ _MAX_COVERED = 2
 STOPPING = "the bridge is stopping, so this call ends without the bot's result"
 
 
-class _Alongside:
-    """The payment made alongside one call, while its budget does not count
-    it, the call's share of the credit at the bot (:mod:`.funding`), and
-    the link of the bot that gave the last answer (a pool member,
-    :mod:`.pools`; None: the call's own bot)."""
-
-    __slots__ = ("funding", "member", "payment", "share")
-
-    def __init__(self) -> None:
-        self.payment: Payment | None = None
-        self.funding: Funding | None = None
-        self.share: Share | None = None
-        self.member: BotLink | None = None
-
-
-class PaymentLoop:
+class PaymentLoop(RequestSender):
     """The payment loop of the calls to one bot. Requests go over ``link``;
     payments through ``settler`` (caps, day total, approval, the spend
     log); ``clock`` (the bridge's) paces the credit polls and the approval
@@ -199,81 +178,6 @@ class PaymentLoop:
         #: The bridge's bot pools (:mod:`.pools`): calls of a pool member
         #: spread and fail over across its siblings; None: ``link`` only.
         self.pools: Pools | None = None
-
-    async def _exchange(
-        self,
-        request: CallToolRequest,
-        progress: Any,
-        quiet: anyio.Event | None,
-        deadline: float | None,
-        alongside: _Alongside,
-        tracked: AgentCall | None,
-    ) -> CallToolResult:
-        """One request of the call, over ``link`` or its pool (:mod:`.pools`);
-        ``alongside.member`` is set to the link that answered."""
-        if self.pools is None:
-            alongside.member = self.link
-            return await self.link.exchange(
-                request, CallToolResult, progress=progress, quiet=quiet, deadline=deadline
-            )
-        result, member = await self.pools.exchange(
-            self.link, request, progress=progress, quiet=quiet, deadline=deadline, call=tracked
-        )
-        alongside.member = member
-        return result
-
-    async def _send(
-        self,
-        request: CallToolRequest,
-        progress: Any,
-        ahead: Payment | None,
-        gone: anyio.Event | None,
-        deadline: float | None,
-        alongside: _Alongside,
-        tracked: AgentCall | None,
-    ) -> CallToolResult | _Withdrawn | None:
-        """:meth:`BotLink.exchange` of ``request``. While a payment made
-        alongside is still under way the bot may hold the call
-        (WIRE.md §Pay alongside); the call is withdrawn (the bot is told the
-        request is cancelled, so a held call ends without a charge):
-
-        * when the agent goes away: None is returned;
-        * when the payment fails (a tip that cannot complete now may still
-          land later): :data:`WITHDRAWN` is returned, and the caller asks
-          again unmarked under the same callKey, so the bot's answer decides
-          at once (the result, when the credit came after all or the call
-          already ran; else its refusal) instead of after its hold."""
-        if ahead is None or ahead.done:
-            return await self._exchange(request, progress, None, deadline, alongside, tracked)
-        outcome: list[CallToolResult | BaseException] = []
-        withdrawn = False
-        async with anyio.create_task_group() as tg:
-
-            async def watch_agent(event: anyio.Event) -> None:
-                await event.wait()
-                tg.cancel_scope.cancel()
-
-            async def watch_payment(payment: Payment) -> None:
-                nonlocal withdrawn
-                if await payment.wait() is not None:
-                    withdrawn = True
-                    tg.cancel_scope.cancel()
-
-            if gone is not None:
-                tg.start_soon(watch_agent, gone)
-            tg.start_soon(watch_payment, ahead)
-            try:
-                outcome.append(
-                    await self._exchange(request, progress, ahead.settled, deadline, alongside, tracked)
-                )
-            except Exception as exc:
-                outcome.append(exc)
-            tg.cancel_scope.cancel()
-        if not outcome:
-            return WITHDRAWN if withdrawn and (gone is None or not gone.is_set()) else None
-        if isinstance(outcome[0], BaseException):
-            raise outcome[0]
-        return outcome[0]
 
     def _arguments_valid(self, tool: str, arguments: dict[str, Any] | None) -> bool:
         """True when ``arguments`` satisfy the snapshot's input schema of
@@ -331,7 +235,7 @@ class PaymentLoop:
         (:meth:`stop`), saying what was paid."""
         if budget is None:
             budget = CallBudget(listing_of(self.link.tool(tool)))
-        alongside = _Alongside()
+        alongside = Alongside()
         scope = anyio.CancelScope()
         self._calls.add(scope)
         try:
@@ -358,7 +262,7 @@ class PaymentLoop:
         key: str,
         reused: bool,
         budget: CallBudget,
-        alongside: _Alongside,
+        alongside: Alongside,
     ) -> CallToolResult:
         """:meth:`run`'s loop; ``alongside.payment`` mirrors the payment made
         alongside the call until the budget counts it."""
@@ -415,11 +319,11 @@ class PaymentLoop:
         covers = 0
         if ahead is not None:
             # Only the first send is marked; reissues are plain.
-            request = _with_meta(request, {PAY_ALONGSIDE_KEY: ahead.amount})
+            request = with_meta(request, {PAY_ALONGSIDE_KEY: ahead.amount})
         while True:
             try:
                 sent = await self._send(request, progress, ahead, gone, deadline, alongside, tracked)
-                if isinstance(sent, _Withdrawn):
+                if isinstance(sent, Withdrawn):
                     # The payment made alongside failed: ask again, unmarked,
                     # under the same key (below, a refusal then ends the call
                     # with the payment's note; nothing is paid twice).
@@ -476,8 +380,8 @@ class PaymentLoop:
             receipt = parse_receipt(result.meta)
             refunded = refunded_of(result.meta)
             refusal = self._refusal_of(result, member)
-            result = _clean_result(result)
-            if _asks_to_retry(result) and retries < MAX_DUPLICATE_RETRIES:
+            result = clean_result(result)
+            if asks_to_retry(result) and retries < MAX_DUPLICATE_RETRIES:
                 # A re-sent copy waited on an earlier one the bot refused
                 # (payment_required): the key is free again, ask again.
                 retries += 1
@@ -485,7 +389,7 @@ class PaymentLoop:
             if (
                 not era_switched
                 and result.is_error
-                and _needs_back_channel(result)
+                and needs_back_channel(result)
                 and self.link.era == ERA_MODERN
             ):
                 # A modern session has no channel for the bot's sampling or
@@ -493,7 +397,7 @@ class PaymentLoop:
                 # again, under a new key, on a handshake session.
                 era_switched = True
                 self.link.require_handshake()
-                request = plain = _with_key(plain, secrets.token_hex(16))
+                request = plain = with_key(plain, secrets.token_hex(16))
                 continue
             if funding is not None:
                 funding.observe(tool, result, ahead, refusal=refusal, listing=budget.listing, share=share)
@@ -618,38 +522,3 @@ class PaymentLoop:
             if not (isinstance(meta, dict) and meta.get(REFUSAL_KEY) is True):
                 return None
         return refusal
-
-
-def _asks_to_retry(result: CallToolResult) -> bool:
-    """The bot's answer to a duplicate whose original it refused before
-    running: an error naming the callKey that asks for a retry with it."""
-    if not result.is_error or len(result.content) != 1:
-        return False
-    first = result.content[0]
-    return isinstance(first, TextContent) and first.text.startswith(DUPLICATE_REFUSED)
-
-
-#: The MCP SDK's tool error when a modern-era session cannot carry a request
-#: from the bot (sampling, elicitation) back to the caller.
-_BACK_CHANNEL_TEXT = "no back-channel for server-initiated requests"
-
-
-def _needs_back_channel(result: CallToolResult) -> bool:
-    return any(isinstance(c, TextContent) and _BACK_CHANNEL_TEXT in c.text for c in result.content)
-
-
-def _with_key(request: CallToolRequest, key: str) -> CallToolRequest:
-    return _with_meta(request, {CALL_KEY: key})
-
-
-def _with_meta(request: CallToolRequest, extra: dict[str, Any]) -> CallToolRequest:
-    """``request`` with ``extra`` merged into its ``_meta``."""
-    meta = {**dict(request.params.meta or {}), **extra}
-    params = request.params.model_copy(update={"meta": cast(RequestParamsMeta, meta)})
-    return request.model_copy(update={"params": params})
-
-
-def _clean_result(result: CallToolResult) -> CallToolResult:
-    if not result.meta:
-        return result
-    return result.model_copy(update={"meta": strip_reserved_meta(result.meta)})

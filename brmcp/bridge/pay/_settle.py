@@ -14,7 +14,7 @@ Order of a settlement:
    written to disk *before* any money moves, so concurrent calls can never
    reserve past the daily cap and a policy change made while a call waited
    binds it;
-5. the payer runs with a ``tip_wait_secs`` deadline: success → ``paid``; an
+5. the payer runs (:mod:`._paymaster`) with a ``tip_wait_secs`` deadline: success → ``paid``; an
    error → ``failed`` (no longer counted); an error that says the payment
    may still land (brclient retries the tip later), the deadline, or
    cancellation → stays ``pending`` and counted, because the tip may still
@@ -29,48 +29,33 @@ Pending entries whose payment this process is not making (written before a
 restart, or whose wait ended without an outcome) are *in doubt*:
 :meth:`Settler.in_doubt` lists them and :meth:`Settler.adopt` lets one call
 claim one, so a call after a restart can take over that entry's callKey
-instead of paying again (BRIDGE.md §Spend log and approvals).
+instead of paying again (BRIDGE.md §Spend log and approvals); the spend log's
+side of the settler is :class:`~._ledger.SpendBook`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import anyio
-import anyio.to_thread
 
-from brmcp._ops.payhook import SCHEDULED_CALLBACK, payment_scheduled
-from brmcp.protocol.payment import PaymentRequired
-
-if TYPE_CHECKING:
-    from brmcp.metrics import BridgeMetrics
 from brmcp._ops.clock import Clock, go_duration
+from brmcp._ops.payhook import payment_scheduled
 from brmcp.bridge.base import BridgeError, Settings
 from brmcp.bridge.links import AgentGone
+from brmcp.protocol.payment import PaymentRequired
 
 from ._approvals import ApprovalQueue, PendingPayment
+from ._paymaster import Payer, Paymaster, error_text
 from ._spend import (
-    STATUS_FAILED,
-    STATUS_PAID,
-    STATUS_PENDING,
-    BotBalance,
-    InDoubtSpend,
     SpendLog,
-    SpendSummary,
-    SpendTicket,
 )
 
 __all__ = [
     "AGENT_GONE",
-    "AGENT_GONE_PAID",
     "DETACHED_HOLD_LIMIT",
-    "LATE_OUTCOME_WAIT",
-    "InDoubtSpend",
-    "Payer",
     "Settler",
     "WhileParked",
     "cap_refusal",
@@ -81,42 +66,16 @@ log = logging.getLogger("brmcp.bridge")
 
 #: Why no payment was made for a call whose agent went away.
 AGENT_GONE = "the agent went away before paying; nothing was paid"
-#: The spend entry's note for a payment completed after its agent went away.
-AGENT_GONE_PAID = (
-    "the agent went away while this payment was in flight; the credit stays at the bot for later calls"
-)
 #: Most seconds (wall time) a payment waits for a detached agent connection
 #: to be resumed or given up (the HTTP layer gives up after its 3 s resume
 #: grace); past this the agent counts as gone.
 DETACHED_HOLD_LIMIT = 30.0
-#: Most seconds (wall time) a late tip outcome waits for a payment of the
-#: same payee and amount that this process is still finishing (its tip
-#: stalled an instant ago) before it counts as matching nothing.
-LATE_OUTCOME_WAIT = 10.0
 
 
 #: :meth:`Settler.settle`'s ``while_parked``: an async function run while a
 #: payment waits for the user's decision, with the parked payment and the
 #: time its wait times out (unix seconds on the bridge clock).
 WhileParked = Callable[[PendingPayment, float], Awaitable[None]]
-
-
-@runtime_checkable
-class Payer(Protocol):
-    """Moves money to a bot. ``pay`` returns only once settlement of
-    ``atoms`` atoms to ``payee_uid`` is confirmed and raises otherwise; the
-    exception's text is shown to the agent verbatim, so make it a
-    human-readable reason. An exception with a true ``may_land`` attribute
-    means the payment did not complete now but may still land (the spend
-    stays ``pending``, counted against the day cap, with that reason in
-    ``err``, until a late outcome settles it through
-    :meth:`Settler.resolve`); any other marks it ``failed``. It may be
-    cancelled (the tip wait expired); the payment's outcome is then
-    unknown and the spend stays ``pending`` too."""
-
-    async def pay(self, payee_uid: str, atoms: int) -> None:
-        """Pay ``atoms`` atoms to ``payee_uid``; raise with a reason on failure."""
-        ...
 
 
 def cap_refusal(settings: Settings, amount: int, spent: int) -> str | None:
@@ -144,17 +103,13 @@ def _policy_refusal(settings: Settings, bot: str, amount: int, spent: int) -> st
     return cap_refusal(settings, amount, spent)
 
 
-def _error_text(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
-
-
 async def _while_parked(run: WhileParked, payment: PendingPayment, expires: float) -> None:
     """``run(payment, expires)``; what it raises (not a cancellation) is
     logged and dropped, so it never ends the wait for the decision."""
     try:
         await run(payment, expires)
     except Exception as exc:
-        log.warning("while payment %s waits for approval: %s", payment.id, _error_text(exc))
+        log.warning("while payment %s waits for approval: %s", payment.id, error_text(exc))
 
 
 async def _attached(gone: anyio.Event | None) -> bool:
@@ -171,8 +126,9 @@ async def _attached(gone: anyio.Event | None) -> bool:
     return False
 
 
-class Settler:
-    """Owns the spend log, the approval queue and the payer."""
+class Settler(Paymaster):
+    """Owns the spend log (:class:`~._ledger.SpendBook`), the approval queue
+    and the payer (:class:`~._paymaster.Paymaster`); decides each payment."""
 
     def __init__(
         self,
@@ -183,212 +139,16 @@ class Settler:
         settings: Callable[[], Settings],
         approval_hint: Callable[[str], str] | None = None,
     ) -> None:
-        self._spend = spend
+        super().__init__(spend=spend, payer=payer, clock=clock)
         self._approval_hint = approval_hint
-        self._payer = payer
-        self._clock = clock
         self._settings = settings
-        self._lock = anyio.Lock()
         self.approvals = ApprovalQueue(clock, on_change=self._changed)
-        self._listeners: list[Callable[[], None]] = []
-        self._balances: dict[str, BotBalance] = {}
-        #: Set (and replaced) whenever a payment of this process finishes.
-        self._finished = anyio.Event()
-        #: Prometheus metrics to update (:class:`brmcp.metrics.BridgeMetrics`), or None.
-        self.metrics: BridgeMetrics | None = None
-        #: Bumped whenever the approvals or the spend log change.
-        self.version = 0
-
-    def watch(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` (from the event loop) whenever a payment is
-        parked or decided or the spend log changes; returns the function that
-        removes it."""
-        self._listeners.append(listener)
-
-        def unwatch() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return unwatch
-
-    def _changed(self) -> None:
-        self.version += 1
-        for listener in list(self._listeners):
-            try:
-                listener()
-            except Exception:
-                log.exception("bridge change listener failed")
-
-    def note_balance(self, bot: str, atoms: int) -> None:
-        """Remember the balance ``bot`` reported for this user (atoms, from a
-        receipt or a ``payment_required`` refusal)."""
-        self._balances[bot.lower()] = BotBalance(atoms=atoms, ts=self._now())
-
-    def balances(self) -> dict[str, BotBalance]:
-        """The latest balance each bot reported, by lowercase uid."""
-        return dict(self._balances)
-
-    def _now(self) -> int:
-        return math.floor(self._clock.now())
 
     def approval_hint(self, payment_id: str) -> str:
         """How the user decides the parked payment ``payment_id`` (the
         commands, and the approvals page when it is served), as the embedding
         bridge words it; empty when it gave no hint. Names no secret."""
         return self._approval_hint(payment_id) if self._approval_hint is not None else ""
-
-    async def _persist(self) -> None:
-        """Write the log (pruned) in a worker thread; call with the lock
-        held so writes land in mutation order. Raises BridgeError."""
-        content = self._spend.prepare(self._now())
-        try:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._spend.write, content)
-        finally:
-            self._changed()
-
-    def summary(self) -> SpendSummary:
-        """Entries and the rolling 24-hour total (failed excluded)."""
-        return self._spend.summary(self._now())
-
-    async def resolve(self, payee: str, atoms: int, err: str | None) -> bool:
-        """Late outcome for a pending payment (see :meth:`SpendLog.resolve`):
-        ``err`` None marks it ``paid``, a text ``failed``; persisted. This
-        is how an entry whose tip brclient retries later, whose tip wait
-        ran out, or that an earlier process left pending is settled. When
-        no entry is claimable yet but this process is finishing a payment of
-        the same payee and amount (its tip stalled an instant ago), waits
-        for it, at most :data:`LATE_OUTCOME_WAIT` s. Returns False when
-        nothing matches. Raises BridgeError when the write fails (the change
-        stays in memory and is written with the next change)."""
-        with anyio.move_on_after(LATE_OUTCOME_WAIT):
-            while True:
-                async with self._lock:
-                    if self._spend.resolve(payee, atoms, err):
-                        await self._persist()
-                        return True
-                    if not self._spend.paying(payee, atoms):
-                        return False
-                    finished = self._finished
-                await finished.wait()
-        return False
-
-    def in_doubt(self, bot: str) -> list[InDoubtSpend]:
-        """The spend entries to ``bot`` (case-insensitive) that are
-        ``pending`` and that this process is not making right now, oldest
-        first: written by an earlier process (it stopped or crashed with the
-        tip in flight), or whose tip wait ran out, or whose tip brclient
-        retries later. Their money may have moved; each is settled by a late
-        tip outcome (:meth:`resolve`). Each exposes ``.tool``, ``.atoms``,
-        ``.call_key`` (None for entries of older versions), ``.ts`` (unix
-        seconds), ``.status``, ``.adopted`` and ``await .wait_settled()``
-        (see :class:`~brmcp.bridge.pay._spend.InDoubtSpend`)."""
-        return self._spend.in_doubt(bot)
-
-    def adopt(
-        self,
-        bot: str,
-        tool: str,
-        *,
-        newer_than: float | None = None,
-        scheduled_newer_than: float | None = None,
-        args_hash: str | None = None,
-        paid_newer_than: float | None = None,
-    ) -> InDoubtSpend | None:
-        """Claim the oldest in-doubt entry (:meth:`in_doubt`) to ``bot`` for
-        ``tool`` that no other call has claimed, for one call: it is marked
-        adopted in memory until :meth:`release_adopted`, so two calls never
-        take over the same entry (and its callKey). None when there is
-        none, or when every one was written at or before ``newer_than``
-        (unix seconds; ``scheduled_newer_than`` for entries the wallet took,
-        :func:`payment_scheduled`). The entry stays ``pending`` and counted; claiming
-        it moves no money and writes nothing.
-
-        ``args_hash`` (:func:`~brmcp.bridge.pay._spend.arguments_hash` of the
-        call's arguments): an entry recorded with the same hash and a callKey
-        is the same call's payment and is preferred (the newest such), whatever the tip wait
-        (only ``scheduled_newer_than`` bounds its age): one in doubt, or one
-        an earlier process left pending that a late outcome has settled
-        ``paid`` since (its call may never have been answered; its callKey
-        lets the bot answer it from its record). An entry recorded with
-        another hash paid for other arguments and is never claimed (the bot
-        ran or refused that call, not this one). Entries without a hash
-        (older versions) are claimed by tool alone. An entry whose adopting
-        call was answered (:meth:`mark_answered`) is never claimed again: a
-        later identical call is a new call, and taking over that callKey
-        would answer it with the earlier call's stored result. An entry an
-        earlier process left ``paid`` and unanswered (:meth:`SpendLog.inherited`)
-        is claimed only when written after ``paid_newer_than`` (the bot's
-        replay window: past it the bot no longer holds that call's outcome)."""
-        if args_hash is not None:
-            # The newest first: an agent's retry follows the call it
-            # repeats, and an older entry of the same arguments belongs to
-            # an earlier call (answered, or given up on) as often as not.
-            same_calls = dict.fromkeys((*self._spend.in_doubt(bot), *self._spend.inherited(bot)))
-            for same in sorted(same_calls, key=lambda e: e.ts, reverse=True):
-                if (
-                    same.tool == tool
-                    and not same.adopted
-                    and not same.answered
-                    and same.args_hash == args_hash
-                    and same.call_key is not None
-                    and (scheduled_newer_than is None or same.ts > scheduled_newer_than)
-                    and (paid_newer_than is None or same.status != STATUS_PAID or same.ts > paid_newer_than)
-                ):
-                    same._row.adopted = True
-                    return same
-        candidates = [
-            c for c in self._spend.in_doubt(bot) if c.tool == tool and not c.adopted and not c.answered
-        ]
-        for candidate in candidates:
-            if candidate.args_hash is not None and candidate.args_hash != args_hash:
-                continue
-            limit = scheduled_newer_than if candidate.scheduled else newer_than
-            if limit is not None and candidate.ts <= limit:
-                continue
-            candidate._row.adopted = True
-            return candidate
-        return None
-
-    async def mark_answered(self, entry: InDoubtSpend) -> None:
-        """The call that adopted ``entry`` was answered under its callKey:
-        record it (:meth:`SpendLog.mark_answered`, persisted), so no later
-        identical call, in this process or after a restart, takes that
-        callKey over and is answered with that call's stored result. The
-        entry stays pending (and in the day's total) until its own outcome.
-        A write that fails is logged; the mark is written with the next
-        change."""
-        async with self._lock:
-            if self._spend.mark_answered(entry):
-                try:
-                    await self._persist()
-                except BridgeError as exc:
-                    log.warning("spend log not written after an answered call: %s", exc)
-
-    async def mark_call_answered(self, call_key: str) -> None:
-        """The logical call ``call_key`` was answered with its result: mark
-        every spend entry paid under that callKey
-        (:meth:`SpendLog.mark_key_answered`, persisted) so that none is
-        taken over by a later identical call, in this process or after a
-        restart, even while its own tip is still in doubt (the bot would
-        answer that call with this one's stored result, charging nothing).
-        A write that fails is logged; the mark is written with the next
-        change."""
-        async with self._lock:
-            if self._spend.mark_key_answered(call_key):
-                try:
-                    await self._persist()
-                except BridgeError as exc:
-                    log.warning("spend log not written after an answered call: %s", exc)
-
-    def release_adopted(self, entry: InDoubtSpend) -> None:
-        """Let another call adopt ``entry`` again (idempotent)."""
-        entry._row.adopted = False
-
-    def has_paid(self, bot: str) -> bool:
-        """True when the spend log holds a payment to ``bot`` that did not
-        fail (made, or still pending)."""
-        return any(e.bot == bot and e.counts for e in self._spend.entries)
 
     def precheck(self, bot: str, amount: int, *, unasked: bool = True) -> str | None:
         """The reason a payment of ``amount`` atoms to ``bot`` would be
@@ -611,94 +371,3 @@ class Settler:
         if decision == "gone":
             log.info("payment of %d atoms to %s for %s withdrawn: the agent went away", amount, bot, tool)
         return decision, parked_id
-
-    async def _pay_recording(self, ticket: SpendTicket, bot: str, amount: int) -> None:
-        """``payer.pay``, recording in the spend log (on disk) the moment the
-        payer says the wallet took the payment (:func:`payment_scheduled`)."""
-        taken = anyio.Event()
-        failure: Exception | None = None
-        token = SCHEDULED_CALLBACK.set(taken.set)
-        try:
-            async with anyio.create_task_group() as tg:
-
-                async def record() -> None:
-                    await taken.wait()
-                    async with self._lock:
-                        self._spend.mark_scheduled(ticket)
-                        try:
-                            await self._persist()
-                        except BridgeError as exc:
-                            log.error("spend log not written after the wallet took a payment: %s", exc)
-
-                tg.start_soon(record)
-                try:
-                    await self._payer.pay(bot, amount)
-                except Exception as exc:
-                    # Raised below, as itself (not wrapped in a group).
-                    failure = exc
-                finally:
-                    if not taken.is_set():
-                        tg.cancel_scope.cancel()
-        finally:
-            SCHEDULED_CALLBACK.reset(token)
-        if failure is not None:
-            raise failure
-
-    async def _pay(
-        self,
-        ticket: SpendTicket,
-        bot: str,
-        amount: int,
-        wait_secs: int,
-        spend_id: str,
-        gone: anyio.Event | None = None,
-    ) -> str | None:
-        status, err, reason = STATUS_PENDING, "", None
-        try:
-            with anyio.move_on_after(wait_secs) as scope:
-                try:
-                    await self._pay_recording(ticket, bot, amount)
-                except Exception as exc:
-                    reason = _error_text(exc)
-                    if getattr(exc, "may_land", False):
-                        # It did not complete now but brclient's retry may
-                        # still land it: pending and counted, with the reason;
-                        # its late outcome settles it (SpendLog.resolve).
-                        status, err = STATUS_PENDING, reason
-                    elif not scope.cancel_called:
-                        status, err = STATUS_FAILED, reason
-                else:
-                    status = STATUS_PAID
-            if scope.cancelled_caught:
-                reason = f"tip not confirmed within {go_duration(wait_secs)}; the attempt keeps running"
-                err = f"{reason}, so it may still land"
-        finally:
-            if self.metrics is not None:
-                outcome = {STATUS_PAID: "paid", STATUS_FAILED: "failed"}.get(status, "unknown")
-                self.metrics.payments.labels(outcome).inc()
-                if status == STATUS_PAID:
-                    self.metrics.paid_atoms.inc(amount)
-            if status == STATUS_PAID and gone is not None and gone.is_set():
-                err = AGENT_GONE_PAID
-            if status == STATUS_PAID:
-                log.info("spend %s: paid %d atoms to bot %s", spend_id, amount, bot)
-            elif status == STATUS_FAILED:
-                log.info("spend %s: payment of %d atoms to bot %s failed: %s", spend_id, amount, bot, err)
-            else:
-                log.info(
-                    "spend %s: outcome of %d atoms to bot %s unknown (%s); it stays pending and counted",
-                    spend_id,
-                    amount,
-                    bot,
-                    reason or "cancelled",
-                )
-            with anyio.CancelScope(shield=True):
-                async with self._lock:
-                    self._spend.finish(ticket, status, err)
-                    finished, self._finished = self._finished, anyio.Event()
-                    finished.set()
-                    try:
-                        await self._persist()
-                    except BridgeError as exc:
-                        log.error("spend log not written after paying %s: %s", bot, exc)
-        return None if status == STATUS_PAID else reason

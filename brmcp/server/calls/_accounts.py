@@ -12,7 +12,8 @@ every call it charges records that owner, recovery refunds only the calls
 of dead owners (:func:`.store.journal.dead_owners`), and the (peer,
 callKey) claim is decided in the charging transaction: a key another
 process holds raises :class:`~.callkeys.KeyClaimedElsewhere` with nothing
-charged. On SQLite (one process) none of this applies."""
+charged. On SQLite (one process) none of this applies.
+Tips are :mod:`._tips`'s (a mixin); recovery plans and liveness :mod:`._recovery`'s."""
 
 from __future__ import annotations
 
@@ -23,16 +24,15 @@ import os
 import secrets
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
 
-from brmcp.protocol.units import atoms_from_milliatoms
 from brmcp.server import store
 from brmcp.server.billing import Billing, InsufficientBalance
-from brmcp.server.store import CommitOutcomeUnknown, HeldTip, JournalEntry, StatementEntry
+from brmcp.server.store import CommitOutcomeUnknown, JournalEntry, StatementEntry
 from brmcp.server.store import journal as calls_journal
 from brmcp.server.store._conn import Connection
 from brmcp.server.store._executor import BatchExecutor, GroupCommitExecutor
@@ -44,14 +44,21 @@ from brmcp.server.store.url import DEFAULT_STORE, StoreURL, parse_store_url
 
 from . import _doubt
 from ._callkeys import REPLAY_WINDOW, KeyClaimedElsewhere
+from ._recovery import (
+    Interrupted,
+    Plan,
+    dead_interrupted,
+    host_identity,
+    lease_drops,
+    recovery,
+    run_plan,
+    run_plan_now,
+)
+from ._tips import TipLedger
 
 log = logging.getLogger("brmcp.server")
 
 T = TypeVar("T")
-
-#: One interrupted call recovery may settle: (call_id, peer, call_key, tool,
-#: atoms, state, lease), the lease ``(owner, beat seen)`` on a shared book, else None.
-_Interrupted = tuple[str, str, str | None, str, int, str, tuple[str, float | None] | None]
 
 INTERRUPTED_TEXT = "call interrupted by a server restart; the charge was refunded"
 #: Seconds between sweeps of completed journal rows past their replay window
@@ -59,7 +66,7 @@ INTERRUPTED_TEXT = "call interrupted by a server restart; the charge was refunde
 GC_INTERVAL = 60.0
 
 
-class Accounts:
+class Accounts(TipLedger):
     """See the module docstring. ``store_url`` selects the backend
     (:mod:`.store.url`; a :class:`ValueError` names a bad one): ``sqlite:``
     keeps the book in ``data_dir``, where ``data_dir`` None means no
@@ -95,7 +102,7 @@ class Accounts:
         self.shared = url.kind == "postgresql"
         #: This process's lease owner id on a shared book (random per start), else None.
         self.owner: str | None = secrets.token_hex(16) if self.shared else None
-        self._host = _host_identity() if self.shared else None
+        self._host = host_identity() if self.shared else None
         #: Charges whose commit was lost and not yet resolved, by call id:
         #: (peer, callKey, atoms); settled before that key is charged again (:mod:`._doubt`).
         self._unsettled: dict[str, tuple[str, str | None, int]] = {}
@@ -144,21 +151,8 @@ class Accounts:
         assert self.owner is not None
         calls_journal.beat(conn, owner=self.owner, host=self._host, pid=os.getpid())
 
-    def _dead_interrupted(self, conn: Connection) -> list[_Interrupted]:
-        """The interrupted calls recovery may settle now: on SQLite every one
-        (lease None), on a shared book those of dead owners, each with
-        ``(owner, beat seen)`` for :func:`store.recover_call` to check again.
-        A call of a process without leases (owner NULL) is a dead owner's."""
-        if not self.shared:
-            return [(*row, None) for row in store.interrupted(conn)]
-        rows = calls_journal.interrupted_owned(conn)
-        owners = {row[6] for row in rows if row[6] != self.owner}
-        dead = calls_journal.dead_owners(
-            owners, calls_journal.leases(conn), host=self._host, alive=_pid_alive
-        )
-        return [
-            (*row[:6], None if row[6] is None else (row[6], dead[row[6]])) for row in rows if row[6] in dead
-        ]
+    def _dead_interrupted(self, conn: Connection) -> list[Interrupted]:
+        return dead_interrupted(conn, owner=self.owner, host=self._host)
 
     async def heartbeat(self, replay_window: float, outcome_json: Callable[[str], str]) -> int:
         """One beat of this process's lease on a shared book, then the
@@ -175,7 +169,7 @@ class Accounts:
             await self._settle_unsettled(None, None)
         if not self.local:
             return 0
-        return await _run_plan(
+        return await run_plan(
             db,
             self._recover_dead(
                 self._clock(), replay_window, outcome_json, "a call of a pool member that died"
@@ -184,7 +178,7 @@ class Accounts:
 
     def _recover_dead(
         self, now: float, replay_window: float, outcome_json: Callable[[str], str], why: str
-    ) -> _Plan[int]:
+    ) -> Plan[int]:
         """The recovery of interrupted calls on the built-in ledger, as the
         store operations it takes, each its own transaction: the generator
         yields an operation and is sent its result (the start-up runs them
@@ -194,10 +188,10 @@ class Accounts:
         ``replay_window`` seconds from ``now`` (logged with ``why``, what
         the call was); then the leases of the dead owners are dropped.
         Returns how many calls were refunded."""
-        pending: list[_Interrupted] = yield self._dead_interrupted
+        pending: list[Interrupted] = yield self._dead_interrupted
         if not pending:
             return 0
-        recover = _recovery(now, now + replay_window, outcome_json(INTERRUPTED_TEXT), local=True)
+        recover = recovery(now, now + replay_window, outcome_json(INTERRUPTED_TEXT), local=True)
         for call_id, peer, call_key, _tool, atoms, _state, lease in pending:
             yield functools.partial(
                 recover,
@@ -209,13 +203,13 @@ class Accounts:
                 lease=lease,
             )
             log.warning("refunded %s atoms to %s for %s", f"{atoms:,}", peer, why)
-        yield from _lease_drops(pending)
+        yield from lease_drops(pending)
         return len(pending)
 
-    async def _forget_dead_leases(self, pending: list[_Interrupted]) -> None:
+    async def _forget_dead_leases(self, pending: list[Interrupted]) -> None:
         db = self._db
         assert db is not None
-        for drop in _lease_drops(pending):
+        for drop in lease_drops(pending):
             await db.run(drop)
 
     async def key_holder(self, peer: str, call_key: str) -> KeyHolder | None:
@@ -241,7 +235,7 @@ class Accounts:
             return []
         now = self._clock()
         if self.local:
-            _run_plan_now(
+            run_plan_now(
                 db, self._recover_dead(now, replay_window, outcome_json, "a call interrupted by a restart")
             )
         return db.run_now(lambda c: store.completed_keyed(c, now))
@@ -259,7 +253,7 @@ class Accounts:
         pending = await db.run(self._dead_interrupted)
         now = self._clock()
         text = outcome_json(INTERRUPTED_TEXT)
-        await self._reconcile_external(pending, now, _recovery(now, now + replay_window, text, local=False))
+        await self._reconcile_external(pending, now, recovery(now, now + replay_window, text, local=False))
         if self.shared:
             await self._forget_dead_leases(pending)
         outcome = json.loads(text)
@@ -271,7 +265,7 @@ class Accounts:
 
     async def _reconcile_external(
         self,
-        pending: list[_Interrupted],
+        pending: list[Interrupted],
         now: float,
         recover: functools.partial[None],
     ) -> None:
@@ -587,130 +581,6 @@ class Accounts:
             )
         return known
 
-    # -- tips ------------------------------------------------------------------------
-
-    async def credit_tip(
-        self, *, peer: str, amount_matoms: int, sequence_id: int, allowed: bool
-    ) -> tuple[bool, int]:
-        """Returns (new, atoms credited). Milliatoms are floored to atoms
-        (:func:`~brmcp.protocol.units.atoms_from_milliatoms`; none for an
-        amount <= 0)."""
-        atoms = atoms_from_milliatoms(amount_matoms)
-        now = self._clock()
-        db = self._db
-        key = (sequence_id, peer, amount_matoms)
-        if db is None:
-            if key in self._seen_tips:
-                return False, 0
-            self._seen_tips[key] = None
-            while len(self._seen_tips) > store.TIP_MEMORY:
-                self._seen_tips.popitem(last=False)
-            if allowed and atoms > 0:
-                assert self._billing is not None
-                await self._billing.credit(peer, atoms, ref=store.tip_ref(sequence_id, peer, amount_matoms))
-                return True, atoms
-            if atoms > 0:
-                self._hold_in_memory(key, atoms)
-            return True, 0
-        new, credited = await db.run(
-            lambda c: store.record_tip(
-                c,
-                sequence_id=sequence_id,
-                peer=peer,
-                amount_matoms=amount_matoms,
-                atoms=atoms,
-                credit_it=allowed,
-                ts=now,
-                local=self.local,
-            )
-        )
-        if new and allowed and atoms > 0 and not credited:
-            log.error(
-                "tip %d from %s (%d matoms) recorded but NOT credited: the balance would pass the "
-                "maximum of %d atoms",
-                sequence_id,
-                peer,
-                amount_matoms,
-                store.MAX_BALANCE_ATOMS,
-            )
-        if new and credited and self._billing is not None:
-            await self._billing.credit(peer, credited, ref=store.tip_ref(sequence_id, peer, amount_matoms))
-            await db.run(
-                lambda c: store.finish_tip(
-                    c, sequence_id=sequence_id, peer=peer, amount_matoms=amount_matoms, ts=now
-                )
-            )
-        return new, credited
-
-    def _hold_in_memory(self, key: tuple[int, str, int], atoms: int) -> None:
-        """No journal: keep a held tip in memory (the newest
-        :data:`store.TIP_MEMORY`; an older one is dropped and logged)."""
-        self._held_memory[key] = atoms
-        while len(self._held_memory) > store.TIP_MEMORY:
-            (seq, peer, matoms), lost = self._held_memory.popitem(last=False)
-            log.error(
-                "tip %d from %s (%d matoms, %d atoms) held for a sender not allowed is forgotten: "
-                "without a data directory only the newest %d held tips are kept",
-                seq,
-                peer,
-                matoms,
-                lost,
-                store.TIP_MEMORY,
-            )
-
-    async def held_peers(self) -> list[str]:
-        """The senders with tips held because they were not allowed."""
-        if self._db is None:
-            return sorted({peer for _, peer, _ in self._held_memory})
-        return await self._db.run(store.held_peers)
-
-    async def held_tips(self, peer: str | None = None) -> list[HeldTip]:
-        """The tips held now (of ``peer``, or of everyone), oldest first."""
-        if self._db is None:
-            return [
-                HeldTip(seq, who, matoms, atoms, 0.0)
-                for (seq, who, matoms), atoms in self._held_memory.items()
-                if peer is None or who == peer
-            ]
-        return await self._db.run(lambda c: store.held_tips(c, peer))
-
-    async def release_held(self, peer: str) -> int:
-        """Credit every tip held for ``peer``, each exactly once (its own
-        transaction, under the tip's ref; with a Billing store the credit
-        comes first, then the audit row, so a crash in between is settled
-        by the next release under the same ref). Returns the atoms credited
-        now. A tip that would pass the maximum balance stays held (logged)."""
-        db = self._db
-        billing = self._billing
-        total = 0
-        if db is None:
-            assert billing is not None
-            for key in [k for k in self._held_memory if k[1] == peer]:
-                atoms = self._held_memory[key]
-                await billing.credit(peer, atoms, ref=store.tip_ref(*key))
-                self._held_memory.pop(key, None)
-                total += atoms
-            return total
-        now = self._clock()
-        for tip in await db.run(lambda c: store.held_tips(c, peer)):
-            if billing is not None:
-                await billing.credit(
-                    peer, tip.atoms, ref=store.tip_ref(tip.sequence_id, tip.peer, tip.amount_matoms)
-                )
-            try:
-                total += await db.run(
-                    functools.partial(store.release_held_tip, tip=tip, ts=now, local=self.local)
-                )
-            except store.BalanceLimitError as exc:
-                log.error("tip %d held for %s stays held: %s", tip.sequence_id, peer, exc)
-        return total
-
-    async def has_tip_history(self) -> bool:
-        """True once any received tip was recorded (credited or not)."""
-        if self._db is None:
-            return bool(self._seen_tips)
-        return await self._db.run(lambda c: store.has_tips(c))
-
     async def statement(self, peer: str) -> list[StatementEntry]:
         if self._db is None:
             return []
@@ -721,79 +591,6 @@ class Accounts:
             return 0
         now = self._clock()
         return await self._db.run(lambda c: store.gc_calls(c, now))
-
-
-#: Store operations, each its own transaction, yielded one at a time and each
-#: sent its result; the generator's return value is the plan's.
-_Plan = Generator[Callable[[Connection], Any], Any, T]
-
-
-def _run_plan_now(db: BatchExecutor[Any], plan: _Plan[T]) -> T:
-    """Run ``plan``'s operations on the calling thread (start-up)."""
-    result: Any = None
-    while True:
-        try:
-            op = plan.send(result)
-        except StopIteration as done:
-            value: T = done.value
-            return value
-        result = db.run_now(op)
-
-
-async def _run_plan(db: BatchExecutor[Any], plan: _Plan[T]) -> T:
-    """Run ``plan``'s operations through the executor (while serving)."""
-    result: Any = None
-    while True:
-        try:
-            op = plan.send(result)
-        except StopIteration as done:
-            value: T = done.value
-            return value
-        result = await db.run(op)
-
-
-def _lease_drops(pending: list[_Interrupted]) -> list[functools.partial[None]]:
-    """The operations dropping the leases of the dead owners whose calls
-    ``pending`` settled (each lease once, only those seen beating)."""
-    owners = {lease for *_, lease in pending if lease is not None and lease[1] is not None}
-    return [functools.partial(calls_journal.drop_lease, owner=owner, seen=seen) for owner, seen in owners]
-
-
-def _recovery(ts: float, expires: float, outcome_json: str, *, local: bool) -> functools.partial[None]:
-    """:func:`store.recover_call` with what every interrupted call settled at
-    one start-up shares: the time, the end of its replay window (unix
-    seconds) and the interrupted-call outcome (CallToolResult JSON)."""
-    return functools.partial(
-        store.recover_call, ts=ts, expires=expires, outcome_json=outcome_json, local=local
-    )
-
-
-def _host_identity() -> str | None:
-    """Where this process runs, precisely enough that a pid means the same
-    process to every holder of the same value: the kernel's boot id and the
-    pid namespace (containers on one host differ). None when unknown (not
-    Linux): leases are then judged by their age alone."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        namespace = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None
-    return f"{boot}:{namespace}" if boot else None
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists in this pid namespace (one that is
-    not ours to signal exists too). A reused pid reads as alive: its owner
-    is then judged dead only when its lease expires."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def is_store_error(exc: BaseException) -> bool:

@@ -22,6 +22,9 @@ from ._context import (
     PeerContext,
     peer_of,
 )
+from ._facade import (
+    CatalogMethods,
+)
 from ._prompts import (
     PromptFields,
     PromptHandler,
@@ -52,6 +55,7 @@ __all__ = [
     "MAX_SUBSCRIPTIONS",
     "CallContext",
     "Catalog",
+    "CatalogMethods",
     "Completer",
     "CompletionFields",
     "CompletionSpec",

@@ -36,7 +36,7 @@ __all__ = ["DB_FILENAME", "SCHEMA_VERSION", "open_database"]
 DB_FILENAME = "brmcp.sqlite3"
 SCHEMA_VERSION = 3
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE balances (
     peer  TEXT PRIMARY KEY,
     atoms INTEGER NOT NULL CHECK (atoms >= 0)
@@ -92,7 +92,7 @@ CREATE INDEX held_tips_by_peer ON held_tips (peer);
 
 #: Schema version 3's table (and index) added to a version 1 or 2 file.
 _HELD_TIPS_SCHEMA = (
-    _SCHEMA[_SCHEMA.index("CREATE TABLE held_tips") :]
+    SCHEMA[SCHEMA.index("CREATE TABLE held_tips") :]
     .replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
     .replace("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS ")
 )
@@ -148,7 +148,7 @@ def _create(path: Path) -> None:
         try:
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("BEGIN IMMEDIATE")
-            for statement in _SCHEMA.split(";"):
+            for statement in SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

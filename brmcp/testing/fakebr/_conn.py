@@ -13,15 +13,15 @@ from aiohttp import WSMsgType, web
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ...clientrpc.protojson import frame
-from ._protocol import CODE_EOF, _echo_id
+from ._protocol import CODE_EOF, echo_id
 
-_WS_CLOSED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR)
+WS_CLOSED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR)
 
 
-class _Stream:
+class Stream:
     __slots__ = ("conn", "end", "ended", "kind", "method", "request_id")
 
-    def __init__(self, conn: _Conn, request_id: Any, method: str, kind: str) -> None:
+    def __init__(self, conn: Conn, request_id: Any, method: str, kind: str) -> None:
         self.conn = conn
         self.request_id = request_id
         self.method = method
@@ -30,7 +30,7 @@ class _Stream:
         self.end: tuple[int, str] = (CODE_EOF, "EOF")
 
 
-class _Conn:
+class Conn:
     """One websocket connection to the fake."""
 
     def __init__(self, ws: web.WebSocketResponse, transport: Any, serial: int) -> None:
@@ -42,7 +42,7 @@ class _Conn:
         self.out_recv: MemoryObjectReceiveStream[bytes] = recv
         self.in_flight = 0
         self.slot_freed = anyio.Event()
-        self.streams: list[_Stream] = []
+        self.streams: list[Stream] = []
         self.keepalive_ping: bytes | None = None
         self.keepalive_pong = anyio.Event()
         self.test_pings: dict[bytes, anyio.Event] = {}
@@ -60,7 +60,7 @@ class _Conn:
             self.closed = True
 
     def respond(self, request_id: Any, *, result: Any = None, error: tuple[int, str] | None = None) -> None:
-        message: dict[str, Any] = {"jsonrpc": "2.0", "id": _echo_id(request_id)}
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": echo_id(request_id)}
         if error is not None:
             message["error"] = {"code": error[0], "message": error[1]}
         else:

@@ -16,13 +16,13 @@ from typing import Any, TypeVar
 
 from ...clientrpc.protojson import dumps
 from ...clientrpc.types import KXCompleted, ReceivedPM, ReceivedTip, TipProgressEvent
-from ._conn import _Conn, _Stream
+from ._conn import Conn, Stream
 from ._limits import MAX_MSG_SIZE, RM_OVERHEAD
-from ._protocol import _STREAMS, KIND_KX, KIND_PM, KIND_TIP_PROGRESS, KIND_TIP_RECEIVED
-from ._state import _Changes, _Settings
+from ._protocol import KIND_KX, KIND_PM, KIND_TIP_PROGRESS, KIND_TIP_RECEIVED, STREAMS
+from ._state import Changes, Settings
 from .replaylog import ReplayLog
 
-__all__ = ["LOGS_FILE", "_EventLog"]
+__all__ = ["LOGS_FILE", "EventLog"]
 
 log = logging.getLogger("brmcp.testing.fakebr")
 
@@ -32,7 +32,7 @@ LOGS_FILE = "fakebr-replaylogs.json"
 Ev = TypeVar("Ev", ReceivedPM, ReceivedTip, TipProgressEvent, KXCompleted)
 
 
-class _EventLog:
+class EventLog:
     """The replay logs (``logs``, by kind) and open streams of one fake.
 
     ``settings``: the fake's identity (``uid`` for the saved logs, ``nick``
@@ -41,12 +41,12 @@ class _EventLog:
     event's peer.
     """
 
-    def __init__(self, settings: _Settings, changes: _Changes, nicks: Mapping[str, str]) -> None:
+    def __init__(self, settings: Settings, changes: Changes, nicks: Mapping[str, str]) -> None:
         self._settings = settings
         self._changes = changes
         self._nicks = nicks
-        self.logs: dict[str, ReplayLog[Any]] = {k: ReplayLog(k) for k in _STREAMS.values()}
-        self._streams: dict[str, list[_Stream]] = {k: [] for k in _STREAMS.values()}
+        self.logs: dict[str, ReplayLog[Any]] = {k: ReplayLog(k) for k in STREAMS.values()}
+        self._streams: dict[str, list[Stream]] = {k: [] for k in STREAMS.values()}
 
     # -- events ------------------------------------------------------------------------
 
@@ -156,7 +156,7 @@ class _EventLog:
 
     # -- streams -----------------------------------------------------------------------
 
-    def open_stream(self, stream: _Stream, unacked_from: int) -> None:
+    def open_stream(self, stream: Stream, unacked_from: int) -> None:
         """Replay the events of the stream's kind after ``unacked_from`` and
         register it for live events, in one step (no event falls between)."""
         conn = stream.conn
@@ -166,19 +166,19 @@ class _EventLog:
         conn.streams.append(stream)
         self._changes.changed()
 
-    def close_stream(self, stream: _Stream) -> None:
+    def close_stream(self, stream: Stream) -> None:
         """Unregister ``stream`` (idempotent)."""
         if stream in self._streams[stream.kind]:
             self._streams[stream.kind].remove(stream)
         if stream in stream.conn.streams:
             stream.conn.streams.remove(stream)
 
-    def forget_conn(self, conn: _Conn) -> None:
+    def forget_conn(self, conn: Conn) -> None:
         """Unregister every stream of a closed connection."""
         for streams in self._streams.values():
             streams[:] = [s for s in streams if s.conn is not conn]
 
-    def streams(self, kind: str) -> list[_Stream]:
+    def streams(self, kind: str) -> list[Stream]:
         """The open streams of ``kind``, in opening order (a copy)."""
         return list(self._streams[kind])
 

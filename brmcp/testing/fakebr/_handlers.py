@@ -2,7 +2,7 @@
 then brclient's checks and error texts in its order (Version,
 UserPublicIdentity, UserNick, PM, TipUser, MediateKX, the four acks; docs/clientrpc.md
 §Methods brmcp calls, §Error texts). Both transports (the websocket
-sessions and the POST endpoint) run them through :class:`_Methods`."""
+sessions and the POST endpoint) run them through :class:`MethodTable`."""
 
 from __future__ import annotations
 
@@ -14,26 +14,26 @@ from typing import Any
 import anyio
 
 from ...clientrpc.types import PublicIdentity
-from ._events import _EventLog
+from ._events import EventLog
 from ._limits import MAX_MSG_SIZE, estimated_wire_size, whole_atoms_matoms
 from ._protocol import (
-    _ACKS,
-    _STREAMS,
+    ACKS,
     CODE_INTERNAL,
     CODE_INVALID_PARAMS,
+    STREAMS,
     RPCFault,
-    _go_float,
-    _go_percent_f,
-    _method_name,
+    go_float,
+    go_percent_f,
+    method_name,
 )
-from ._state import _Controls, _Settings
+from ._state import Controls, Settings
 from .params import ParamsError, decode_params
 from .relay import FakeRelay, Mediation, RelayMember
 
-__all__ = ["_Methods"]
+__all__ = ["MethodTable"]
 
 
-class _Methods:
+class MethodTable:
     """The method handlers of one fake brclient; each returns the protojson
     result or raises :class:`RPCFault`.
 
@@ -46,10 +46,10 @@ class _Methods:
 
     def __init__(
         self,
-        settings: _Settings,
+        settings: Settings,
         relay: FakeRelay,
-        events: _EventLog,
-        controls: _Controls,
+        events: EventLog,
+        controls: Controls,
         member: RelayMember,
     ) -> None:
         self._settings = settings
@@ -79,8 +79,8 @@ class _Methods:
     async def execute(self, method: str, params: Any, present: bool) -> Any:
         """Run a unary method (``method`` as sent, suffix included); returns
         the protojson result or raises :class:`RPCFault`."""
-        name = _method_name(method)
-        if name in _STREAMS:
+        name = method_name(method)
+        if name in STREAMS:
             raise RPCFault(CODE_INTERNAL, "fakebr: streams need the websocket transport")
         request = self.decode(name, params, present)
         await self._controls.pass_hold(name)
@@ -100,7 +100,7 @@ class _Methods:
         if name == "ChatService.MediateKX":
             self.mediate_kx(str(request.get("mediator", "")), str(request.get("target", "")))
             return {}
-        kind = _ACKS.get(name)
+        kind = ACKS.get(name)
         if kind is not None:
             self._events.ack(kind, int(request.get("sequence_id", 0)))
             return {}
@@ -117,7 +117,7 @@ class _Methods:
         if len(raw) == 32:
             uid = raw.hex()
         elif len(hex_uid.encode("utf-8")) == 64:
-            uid = _go_hex_decode(hex_uid).hex()
+            uid = go_hex_decode(hex_uid).hex()
         else:
             raise RPCFault(CODE_INTERNAL, "invalid uid and hex_uid")
         if uid not in self._relay.contacts(self._settings.uid):
@@ -171,7 +171,7 @@ class _Methods:
         then the request goes to the relay, which completes or drops it in
         the background (:meth:`FakeRelay.start_mediate_kx`)."""
         mediator_uid = self._user_by_nick(mediator)
-        raw = _go_hex_decode(target)
+        raw = go_hex_decode(target)
         if len(raw) != 32:
             raise RPCFault(CODE_INTERNAL, f"invalid ShortID length: {len(raw)}")
         target_uid = raw.hex()
@@ -195,9 +195,9 @@ class _Methods:
             raise RPCFault(CODE_INTERNAL, "remote tip sending not allowed")
         cap = settings.max_remote_send_tip_amt
         if cap > 0 and dcr_amount > cap:
-            raise RPCFault(CODE_INTERNAL, f"tip exceeds max limit: {_go_float(cap)}")
+            raise RPCFault(CODE_INTERNAL, f"tip exceeds max limit: {go_float(cap)}")
         if dcr_amount <= 0:
-            raise RPCFault(CODE_INTERNAL, f"cannot pay user {_go_percent_f(dcr_amount)} <= 0")
+            raise RPCFault(CODE_INTERNAL, f"cannot pay user {go_percent_f(dcr_amount)} <= 0")
         max_attempts = int(request.get("max_attempts", 0))
         if max_attempts <= 0:
             raise RPCFault(CODE_INTERNAL, f"maxAttempts {max_attempts} <= 0")
@@ -210,7 +210,7 @@ class _Methods:
         self._relay.start_tip(self._member, target, whole_atoms_matoms(dcr_amount), max_attempts, failure)
 
 
-def _go_hex_decode(text: str) -> bytes:
+def go_hex_decode(text: str) -> bytes:
     """Go's ``hex.DecodeString``: the bytes, or an :class:`RPCFault` with Go's
     text for the first byte that is not a hex digit (``encoding/hex: invalid
     byte: U+0067 'g'``), or for an odd length once the digits are good."""

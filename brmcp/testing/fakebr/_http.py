@@ -1,7 +1,7 @@
 """The HTTP side of a fake brclient: brclient's Basic-auth wrapper and its
 texts (docs/clientrpc.md §Basic auth), the Origin check and upgrade of ``/ws``, and the
 plain POST JSON-RPC endpoint on every other path (with the no-auth wrapper
-bug that appends its text). :class:`_HTTP` also keeps the open
+bug that appends its text). :class:`HTTPFront` also keeps the open
 websocket connections."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ import json
 from aiohttp import web
 
 from ...clientrpc.protojson import frame
-from ._conn import _Conn
-from ._events import _EventLog
-from ._handlers import _Methods
-from ._protocol import RPCFault, _basic_auth, _echo_id, _envelope, _http_error, _origin_ok, _skip_ws
-from ._session import _Sessions
-from ._state import _Changes, _Record, _Settings
+from ._conn import Conn
+from ._events import EventLog
+from ._handlers import MethodTable
+from ._protocol import RPCFault, basic_auth, echo_id, envelope_fields, http_error, origin_ok, skip_ws
+from ._session import Sessions
+from ._state import Changes, Record, Settings
 from .params import Pairs
 
-__all__ = ["_HTTP"]
+__all__ = ["HTTPFront"]
 
 
-class _HTTP:
+class HTTPFront:
     """The aiohttp handlers of one fake brclient and its open connections
     (:attr:`conns`, in accept order).
 
@@ -35,12 +35,12 @@ class _HTTP:
 
     def __init__(
         self,
-        settings: _Settings,
-        record: _Record,
-        changes: _Changes,
-        events: _EventLog,
-        methods: _Methods,
-        sessions: _Sessions,
+        settings: Settings,
+        record: Record,
+        changes: Changes,
+        events: EventLog,
+        methods: MethodTable,
+        sessions: Sessions,
     ) -> None:
         self._settings = settings
         self._record = record
@@ -48,7 +48,7 @@ class _HTTP:
         self._events = events
         self._methods = methods
         self._sessions = sessions
-        self.conns: list[_Conn] = []
+        self.conns: list[Conn] = []
         self._serial = 0
 
     def routes(self, app: web.Application) -> None:
@@ -60,14 +60,14 @@ class _HTTP:
         """brclient's Basic-auth wrapper (docs/clientrpc.md §Basic auth); None when the request passes."""
         user, password = self._settings.rpcuser, self._settings.rpcpass
         if not user or not password:
-            return _http_error(401, "Forbidden")
-        creds = _basic_auth(request.headers.get("Authorization"))
+            return http_error(401, "Forbidden")
+        creds = basic_auth(request.headers.get("Authorization"))
         if creds is None:
-            resp = _http_error(401, "Unauthorized")
+            resp = http_error(401, "Unauthorized")
             resp.headers["WWW-Authenticate"] = 'Basic realm="Restricted"'
             return resp
         if creds != (user, password):
-            return _http_error(403, "Forbidden")
+            return http_error(403, "Forbidden")
         return None
 
     async def _ws_handler(self, request: web.Request) -> web.StreamResponse:
@@ -76,8 +76,8 @@ class _HTTP:
             failure = self._auth_failure(request)
             if failure is not None:
                 return failure
-        if not _origin_ok(request):
-            resp = _http_error(403, "Forbidden")
+        if not origin_ok(request):
+            resp = http_error(403, "Forbidden")
             resp.headers["Sec-Websocket-Version"] = "13"
             return resp
         ws = web.WebSocketResponse(autoping=False, compress=False, max_msg_size=0, protocols=())
@@ -85,7 +85,7 @@ class _HTTP:
         await ws.prepare(request)
         self._serial += 1
         self._record.total_connections += 1
-        conn = _Conn(ws, transport, self._serial)
+        conn = Conn(ws, transport, self._serial)
         self.conns.append(conn)
         self._changes.changed()
         try:
@@ -113,14 +113,14 @@ class _HTTP:
         decoder = json.JSONDecoder(object_pairs_hook=Pairs)
         pos = 0
         while True:
-            pos = _skip_ws(body, pos)
+            pos = skip_ws(body, pos)
             if pos >= len(body):
                 break
             try:
                 value, pos = decoder.raw_decode(body, pos)
             except ValueError:
                 break
-            env = _envelope(value)
+            env = envelope_fields(value)
             if env is None or env.get("jsonrpc") != "2.0":
                 break
             method = env.get("method")
@@ -128,11 +128,11 @@ class _HTTP:
                 continue
             try:
                 result = await self._methods.execute(method, env.get("params"), "params" in env)
-                line = {"jsonrpc": "2.0", "id": _echo_id(env["id"]), "result": result}
+                line = {"jsonrpc": "2.0", "id": echo_id(env["id"]), "result": result}
             except RPCFault as fault:
                 line = {
                     "jsonrpc": "2.0",
-                    "id": _echo_id(env["id"]),
+                    "id": echo_id(env["id"]),
                     "error": {"code": fault.code, "message": fault.message},
                 }
             await resp.write(frame(line))

@@ -39,13 +39,13 @@ KIND_TIP_RECEIVED = "tipstream"
 KIND_TIP_PROGRESS = "tipprogress"
 KIND_KX = "kx"
 
-_STREAMS = {
+STREAMS = {
     "ChatService.PMStream": KIND_PM,
     "PaymentsService.TipStream": KIND_TIP_RECEIVED,
     "PaymentsService.TipProgress": KIND_TIP_PROGRESS,
     "ChatService.KXStream": KIND_KX,
 }
-_ACKS = {
+ACKS = {
     "ChatService.AckReceivedPM": KIND_PM,
     "PaymentsService.AckTipReceived": KIND_TIP_RECEIVED,
     "PaymentsService.AckTipProgress": KIND_TIP_PROGRESS,
@@ -77,12 +77,12 @@ class RPCFault(Exception):
         self.message = message
 
 
-def _pad16(data: bytes) -> bytes:
+def pad16(data: bytes) -> bytes:
     """brclient's pong payload: the ping payload zero-padded or truncated to 16 bytes."""
     return data[:16].ljust(16, b"\0")
 
 
-def _echo_id(raw: Any) -> Any:
+def echo_id(raw: Any) -> Any:
     """The id as Go echoes it: numbers pass through a float64."""
     if isinstance(raw, bool):
         return raw
@@ -91,7 +91,7 @@ def _echo_id(raw: Any) -> Any:
     return raw
 
 
-def _go_float(value: float) -> str:
+def go_float(value: float) -> str:
     """Go's ``%v`` of a float64 (shortest repr; ``NaN``, ``+Inf``, ``-Inf``)."""
     if math.isnan(value):
         return "NaN"
@@ -101,7 +101,7 @@ def _go_float(value: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
-def _go_percent_f(value: float) -> str:
+def go_percent_f(value: float) -> str:
     """Go's ``%f`` of a float64: six decimals; ``NaN``, ``+Inf``, ``-Inf``."""
     if math.isnan(value):
         return "NaN"
@@ -110,7 +110,7 @@ def _go_percent_f(value: float) -> str:
     return f"{value:.6f}"
 
 
-def _method_name(method: str) -> str:
+def method_name(method: str) -> str:
     """Strip a decimal stream suffix and check ``Service.Method``; raises
     :class:`RPCFault` for malformed or unknown names."""
     match = _SUFFIX.search(method)
@@ -125,7 +125,7 @@ def _method_name(method: str) -> str:
     return name
 
 
-def _envelope(value: Any) -> dict[str, Any] | None:
+def envelope_fields(value: Any) -> dict[str, Any] | None:
     """The JSON-RPC envelope fields, matched case-insensitively (Go's
     encoding/json), the last duplicate winning; None for a non-object."""
     if not isinstance(value, Pairs):
@@ -138,13 +138,13 @@ def _envelope(value: Any) -> dict[str, Any] | None:
     return env
 
 
-def _skip_ws(text: str, pos: int) -> int:
+def skip_ws(text: str, pos: int) -> int:
     while pos < len(text) and text[pos] in " \t\r\n":
         pos += 1
     return pos
 
 
-def _http_error(status: int, text: str) -> web.Response:
+def http_error(status: int, text: str) -> web.Response:
     """Go's ``http.Error``: the text plus a newline, as plain text."""
     resp = web.Response(status=status, text=text + "\n")
     resp.headers["Content-Type"] = "text/plain; charset=utf-8"
@@ -152,7 +152,7 @@ def _http_error(status: int, text: str) -> web.Response:
     return resp
 
 
-def _basic_auth(header: str | None) -> tuple[str, str] | None:
+def basic_auth(header: str | None) -> tuple[str, str] | None:
     """Go's ``Request.BasicAuth`` parsing."""
     if header is None or len(header) < 6 or header[:6].lower() != "basic ":
         return None
@@ -166,7 +166,7 @@ def _basic_auth(header: str | None) -> tuple[str, str] | None:
     return user, password
 
 
-def _origin_ok(request: web.Request) -> bool:
+def origin_ok(request: web.Request) -> bool:
     """gorilla's same-origin check with brclient's port-stripping quirk: a host
     that carries a port is compared whole, a port-less one becomes ``""``."""
     origin = request.headers.get("Origin")

@@ -15,19 +15,19 @@ from typing import Any
 import anyio
 from aiohttp import WSMsgType
 
-from ._conn import _WS_CLOSED, _Conn, _Stream
-from ._events import _EventLog
-from ._handlers import _Methods
-from ._protocol import _STREAMS, CODE_INTERNAL, RPCFault, _envelope, _method_name, _pad16, _skip_ws
-from ._state import _Changes, _Controls, _Record, _Settings
+from ._conn import WS_CLOSED, Conn, Stream
+from ._events import EventLog
+from ._handlers import MethodTable
+from ._protocol import CODE_INTERNAL, STREAMS, RPCFault, envelope_fields, method_name, pad16, skip_ws
+from ._state import Changes, Controls, Record, Settings
 from .params import Pairs, plain
 
-__all__ = ["_Sessions"]
+__all__ = ["Sessions"]
 
 log = logging.getLogger("brmcp.testing.fakebr")
 
 
-class _Sessions:
+class Sessions:
     """The per-connection loops of one fake brclient.
 
     ``settings``: keepalive and in-flight limits (read per connection) and
@@ -38,12 +38,12 @@ class _Sessions:
 
     def __init__(
         self,
-        settings: _Settings,
-        record: _Record,
-        changes: _Changes,
-        controls: _Controls,
-        events: _EventLog,
-        methods: _Methods,
+        settings: Settings,
+        record: Record,
+        changes: Changes,
+        controls: Controls,
+        events: EventLog,
+        methods: MethodTable,
     ) -> None:
         self._settings = settings
         self._record = record
@@ -52,9 +52,9 @@ class _Sessions:
         self._events = events
         self._methods = methods
 
-    async def serve(self, conn: _Conn) -> None:
+    async def serve(self, conn: Conn) -> None:
         """Run ``conn``'s writer, pinger and reader until the reader ends
-        (the client left, a bad message, or :meth:`_Conn.abort`)."""
+        (the client left, a bad message, or :meth:`Conn.abort`)."""
         async with anyio.create_task_group() as tg:
             conn.tg = tg
             tg.start_soon(self._writer, conn)
@@ -64,7 +64,7 @@ class _Sessions:
             await self._read_loop(conn)
             tg.cancel_scope.cancel()
 
-    async def _writer(self, conn: _Conn) -> None:
+    async def _writer(self, conn: Conn) -> None:
         try:
             async with conn.out_recv:
                 async for data in conn.out_recv:
@@ -72,7 +72,7 @@ class _Sessions:
         except (ConnectionError, RuntimeError) as exc:
             conn.abort(f"write failed: {exc}")
 
-    async def _pinger(self, conn: _Conn, interval: float, wait: float) -> None:
+    async def _pinger(self, conn: Conn, interval: float, wait: float) -> None:
         while True:
             await anyio.sleep(interval)
             data = os.urandom(16)
@@ -90,7 +90,7 @@ class _Sessions:
                 conn.abort("pong timeout")
                 return
 
-    def _on_pong(self, conn: _Conn, data: bytes) -> None:
+    def _on_pong(self, conn: Conn, data: bytes) -> None:
         conn.pongs.append(data)
         waiter = conn.test_pings.pop(data, None)
         if waiter is not None:
@@ -106,7 +106,7 @@ class _Sessions:
             self._record.keepalive_pongs += 1
             self._changes.changed()
 
-    async def _read_loop(self, conn: _Conn) -> None:
+    async def _read_loop(self, conn: Conn) -> None:
         ws = conn.ws
         while not conn.closed:
             if await self._controls.wait_reading():
@@ -116,12 +116,12 @@ class _Sessions:
                 data = bytes(msg.data)
                 self._record.pings_received.append(data)
                 self._changes.changed()
-                await ws.pong(_pad16(data))
+                await ws.pong(pad16(data))
                 continue
             if msg.type == WSMsgType.PONG:
                 self._on_pong(conn, bytes(msg.data))
                 continue
-            if msg.type in _WS_CLOSED:
+            if msg.type in WS_CLOSED:
                 return
             raw = msg.data if isinstance(msg.data, bytes) else str(msg.data).encode("utf-8")
             self._record.frames_in.append(raw)
@@ -129,16 +129,16 @@ class _Sessions:
                 conn.abort("bad message")
                 return
 
-    async def _on_message(self, conn: _Conn, raw: bytes) -> bool:
+    async def _on_message(self, conn: Conn, raw: bytes) -> bool:
         """Handle one client message; False closes the connection."""
         nick = self._settings.nick
         try:
             text = raw.decode("utf-8")
-            value, _ = json.JSONDecoder(object_pairs_hook=Pairs).raw_decode(text, _skip_ws(text, 0))
+            value, _ = json.JSONDecoder(object_pairs_hook=Pairs).raw_decode(text, skip_ws(text, 0))
         except (UnicodeDecodeError, ValueError):
             log.info("fakebr: %s: malformed JSON from the client; closing", nick)
             return False
-        env = _envelope(value)
+        env = envelope_fields(value)
         if env is None:
             log.info("fakebr: %s: a message that is not a JSON object; closing", nick)
             return False
@@ -169,11 +169,11 @@ class _Sessions:
         return True
 
     async def _handle_request(
-        self, conn: _Conn, request_id: Any, method: str, params: Any, present: bool
+        self, conn: Conn, request_id: Any, method: str, params: Any, present: bool
     ) -> None:
         try:
-            name = _method_name(method)
-            kind = _STREAMS.get(name)
+            name = method_name(method)
+            kind = STREAMS.get(name)
             if kind is not None:
                 request = self._methods.decode(name, params, present)
                 await self._serve_stream(conn, request_id, method, kind, request)
@@ -189,8 +189,8 @@ class _Sessions:
             conn.release_slot()
             self._changes.changed()
 
-    async def _serve_stream(self, conn: _Conn, request_id: Any, method: str, kind: str, request: Any) -> None:
-        stream = _Stream(conn, request_id, method, kind)
+    async def _serve_stream(self, conn: Conn, request_id: Any, method: str, kind: str, request: Any) -> None:
+        stream = Stream(conn, request_id, method, kind)
         self._events.open_stream(stream, int(request.get("unacked_from", 0)))
         try:
             await stream.ended.wait()

@@ -1,13 +1,13 @@
 """The small parts of a fake brclient that the others share, each with its
 own behaviour (server.py documents the fake as a whole):
 
-* :class:`_Settings`: the brclient it plays (identity, clientrpc options,
+* :class:`Settings`: the brclient it plays (identity, clientrpc options,
   ``TipUser`` guards, speed options), read live by every part;
-* :class:`_Record`: what it observed, for tests (requests, frames, upgrade
+* :class:`Record`: what it observed, for tests (requests, frames, upgrade
   headers, pings, keepalive round trips, connection and in-flight counts);
-* :class:`_Changes`: the "state changed" signal :meth:`FakeBRClient.wait_for`
+* :class:`Changes`: the "state changed" signal :meth:`FakeBRClient.wait_for`
   waits on;
-* :class:`_Controls`: the switches tests flip (paused reading, held
+* :class:`Controls`: the switches tests flip (paused reading, held
   methods, queued tip failures).
 """
 
@@ -22,11 +22,11 @@ import anyio
 from ...clientrpc.types import VersionResponse
 from .relay import TipFailure
 
-__all__ = ["_Changes", "_Controls", "_Record", "_Settings"]
+__all__ = ["Changes", "Controls", "Record", "Settings"]
 
 
 @dataclass(slots=True)
-class _Settings:
+class Settings:
     """The brclient a fake plays; :class:`~.server.FakeBRClient` documents
     each field (its constructor arguments of the same names). ``uid`` is
     empty until the relay registers the user."""
@@ -49,7 +49,7 @@ class _Settings:
 
 
 @dataclass(slots=True)
-class _Record:
+class Record:
     """What a fake observed (the public counters of :class:`~.server.FakeBRClient`)."""
 
     #: Every request accepted: ``(method as sent, params as a plain value)``.
@@ -68,7 +68,7 @@ class _Record:
     max_in_flight_seen: int = 0
 
 
-class _Changes:
+class Changes:
     """A level-triggered "something changed" signal: :meth:`changed` wakes
     every :meth:`wait_for`, which re-checks its predicate. Inactive (waits
     raise RuntimeError) until :meth:`start`."""
@@ -97,7 +97,7 @@ class _Changes:
             await self._event.wait()
 
 
-class _Controls:
+class Controls:
     """The test switches: reading paused on every connection, unary methods
     held until released, and failures queued for the next ``TipUser`` calls."""
 

@@ -11,7 +11,7 @@ body that is not ``{"invitee": "<hex>", "target": "<hex>"}`` or a uid that
 does not parse (Go's hex and ``invalid ShortID length: N`` texts); 404
 ``user <uid> not found`` when the invitee or the target is not a contact
 (``SuggestKX`` looks both up among the contacts). Tests queue other answers
-with :meth:`_StatusServer.fail_next`.
+with :meth:`StatusServer.fail_next`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from ._handlers import _go_hex_decode
-from ._protocol import RPCFault, _http_error
-from ._state import _Changes, _Settings
+from ._handlers import go_hex_decode
+from ._protocol import RPCFault, http_error
+from ._state import Changes, Settings
 from .relay import FakeRelay
 
-__all__ = ["SUGGEST_KX_PATH", "_StatusServer"]
+__all__ = ["SUGGEST_KX_PATH", "StatusServer"]
 
 log = logging.getLogger("brmcp.testing.fakebr")
 
@@ -37,7 +37,7 @@ SUGGEST_KX_PATH = "/contacts/suggest-kx"
 _MAX_BODY = 64 << 10
 
 
-class _StatusServer:
+class StatusServer:
     """The aiohttp handlers of one fake's status server.
 
     ``settings``: the user (its uid, read per request); ``relay``: contacts
@@ -48,9 +48,9 @@ class _StatusServer:
 
     def __init__(
         self,
-        settings: _Settings,
+        settings: Settings,
         relay: FakeRelay,
-        changes: _Changes,
+        changes: Changes,
         on_request: Callable[[int, dict[str, str] | None], None],
     ) -> None:
         self._settings = settings
@@ -70,16 +70,16 @@ class _StatusServer:
         self._faults.append((status, body))
 
     async def _not_found(self, request: web.Request) -> web.Response:
-        return _http_error(404, "404 page not found")
+        return http_error(404, "404 page not found")
 
     async def _suggest(self, request: web.Request) -> web.Response:
         if request.method != "POST":
-            return _http_error(405, "method not allowed")
+            return http_error(405, "method not allowed")
         raw = await request.content.read(_MAX_BODY)
         if self._faults:
             status, text = self._faults.popleft()
             self._answered(status, None)
-            return _http_error(status, text)
+            return http_error(status, text)
         try:
             body = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
@@ -108,7 +108,7 @@ class _StatusServer:
     def _refuse(self, status: int, text: str, fields: dict[str, str] | None) -> web.Response:
         log.info("fakebr: %s status server refused a suggestion: %d %s", self._settings.nick, status, text)
         self._answered(status, fields)
-        return _http_error(status, text)
+        return http_error(status, text)
 
     def _answered(self, status: int, fields: dict[str, str] | None) -> None:
         self._on_request(status, fields)
@@ -117,7 +117,7 @@ class _StatusServer:
 
 def _short_id(text: str) -> str:
     """zkidentity's ``ShortID.FromString``: Go hex, then exactly 32 bytes."""
-    raw = _go_hex_decode(text)
+    raw = go_hex_decode(text)
     if len(raw) != 32:
         raise RPCFault(0, f"invalid ShortID length: {len(raw)}")
     return raw.hex()

@@ -62,19 +62,19 @@ record tests read, the change signal, the test switches), ``_events`` (replay
 logs, open streams, the ``emit_*`` injectors, persistence), ``_handlers``
 (the unary methods and brclient's checks), ``_session`` (each websocket
 connection's loops, requests and streams) and ``_http`` (Basic auth, the
-``/ws`` upgrade, the POST endpoint, the open connections).
+``/ws`` upgrade, the POST endpoint, the open connections); ``_parts`` has
+the descriptor forwarding the client's knobs to those parts and ``_listen``
+the TLS listeners.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
-import ssl
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -92,9 +92,11 @@ from ...clientrpc.types import (
     TipProgressEvent,
     VersionResponse,
 )
-from ._events import LOGS_FILE, _EventLog
-from ._handlers import _Methods
-from ._http import _HTTP
+from ._events import LOGS_FILE, EventLog
+from ._handlers import MethodTable
+from ._http import HTTPFront
+from ._listen import serve_tls
+from ._parts import In
 from ._protocol import (
     CODE_EOF,
     CODE_INTERNAL,
@@ -105,9 +107,9 @@ from ._protocol import (
     KIND_TIP_RECEIVED,
     RPCFault,
 )
-from ._session import _Sessions
-from ._state import _Changes, _Controls, _Record, _Settings
-from ._status import _StatusServer
+from ._session import Sessions
+from ._state import Changes, Controls, Record, Settings
+from ._status import StatusServer
 from .certs import BRClientCerts, ensure_brclient_certs
 from .relay import FakeRelay, KXSuggestion, Mediation, TipFailure
 from .replaylog import ReplayLog
@@ -125,34 +127,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("brmcp.testing.fakebr")
-
-T = TypeVar("T")
-
-
-class _In(Generic[T]):
-    """A :class:`FakeBRClient` attribute kept in one of its parts (the part
-    named ``part``, under the attribute's own name): reading and assigning it
-    on the client reads and assigns it there, so every part sees a change."""
-
-    def __init__(self, part: str) -> None:
-        self._part = part
-        self._name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> _In[T]: ...
-    @overload
-    def __get__(self, obj: object, owner: type) -> T: ...
-    def __get__(self, obj: object | None, owner: type) -> T | _In[T]:
-        if obj is None:
-            return self
-        value: T = getattr(getattr(obj, self._part), self._name)
-        return value
-
-    def __set__(self, obj: object, value: T) -> None:
-        setattr(getattr(obj, self._part), self._name, value)
 
 
 class FakeBRClient:
@@ -180,44 +154,44 @@ class FakeBRClient:
     """
 
     # The brclient played, kept in its settings part (every part reads them live).
-    nick = _In[str]("_settings")
-    name = _In[str]("_settings")
-    uid = _In[str]("_settings")
-    sig_key = _In[bytes]("_settings")
-    version = _In[VersionResponse]("_settings")
-    auth_mode = _In[str]("_settings")
-    rpcuser = _In[str]("_settings")
-    rpcpass = _In[str]("_settings")
-    ping_interval = _In[float | None]("_settings")
-    ping_timeout = _In[float]("_settings")
-    allow_remote_send_tip = _In[bool]("_settings")
-    max_remote_send_tip_amt = _In[float]("_settings")
-    max_in_flight = _In[int]("_settings")
+    nick = In[str]("_settings")
+    name = In[str]("_settings")
+    uid = In[str]("_settings")
+    sig_key = In[bytes]("_settings")
+    version = In[VersionResponse]("_settings")
+    auth_mode = In[str]("_settings")
+    rpcuser = In[str]("_settings")
+    rpcpass = In[str]("_settings")
+    ping_interval = In[float | None]("_settings")
+    ping_timeout = In[float]("_settings")
+    allow_remote_send_tip = In[bool]("_settings")
+    max_remote_send_tip_amt = In[float]("_settings")
+    max_in_flight = In[int]("_settings")
     #: Speed option (0 = off): seconds between the deliveries of
     #: back-to-back PMs in one direction (the ``PM`` call still returns at
     #: once; :meth:`FakeRelay.send_pm`), and the time one tip takes; a real
     #: brclient batches its rendezvous subscriptions every 0.1 s.
-    pm_pacing = _In[float]("_settings")
+    pm_pacing = In[float]("_settings")
     #: Speed option (0 = off): ``TipUser`` blocks until this many seconds
     #: after the fake started (brclient's ``tipuser.restartdelay``, 60 s).
-    tip_restart_delay = _In[float]("_settings")
+    tip_restart_delay = In[float]("_settings")
     # What it observed, kept in its record part.
     #: Every request the fake accepted: ``(method as sent, params as a plain value)``.
-    requests = _In[list[tuple[str, Any]]]("_record")
+    requests = In[list[tuple[str, Any]]]("_record")
     #: Every websocket data message received, as bytes.
-    frames_in = _In[list[bytes]]("_record")
+    frames_in = In[list[bytes]]("_record")
     #: Headers of every request to ``/ws`` (before auth and upgrade).
-    upgrade_headers = _In[list[dict[str, str]]]("_record")
+    upgrade_headers = In[list[dict[str, str]]]("_record")
     #: Payloads of the pings clients sent (each answered with a 16-byte pong).
-    pings_received = _In[list[bytes]]("_record")
+    pings_received = In[list[bytes]]("_record")
     #: Keepalive round trips completed (an identical pong to the fake's own ping).
-    keepalive_pongs = _In[int]("_record")
+    keepalive_pongs = In[int]("_record")
     #: Connections accepted so far.
-    total_connections = _In[int]("_record")
+    total_connections = In[int]("_record")
     #: The most requests seen in flight on one connection.
-    max_in_flight_seen = _In[int]("_record")
+    max_in_flight_seen = In[int]("_record")
     #: The replay logs by kind (``KIND_PM``, ``KIND_TIP_RECEIVED``, ``KIND_TIP_PROGRESS``, ``KIND_KX``).
-    logs = _In[dict[str, ReplayLog[Any]]]("_events")
+    logs = In[dict[str, ReplayLog[Any]]]("_events")
 
     #: Where the replay logs persist between runs on the same root.
     LOGS_FILE = LOGS_FILE
@@ -258,7 +232,7 @@ class FakeBRClient:
         #: False models brclient's ``[payment] wallettype = disabled``: tips to
         #: this user never complete (it reports a 0-matoms tip at once).
         self.wallet = wallet
-        self._settings = _Settings(
+        self._settings = Settings(
             nick=nick,
             name=name if name is not None else nick,
             sig_key=Ed25519PrivateKey.generate()
@@ -278,16 +252,18 @@ class FakeBRClient:
         )
         self._settings.uid = relay._register(self, uid)
         self.certs = BRClientCerts(self.root)
-        self._record = _Record()
-        self._changes = _Changes()
-        self._controls = _Controls()
-        self._events = _EventLog(self._settings, self._changes, relay.nicks)
+        self._record = Record()
+        self._changes = Changes()
+        self._controls = Controls()
+        self._events = EventLog(self._settings, self._changes, relay.nicks)
         self._events.load(self.root)
-        self._methods = _Methods(self._settings, relay, self._events, self._controls, member=self)
-        sessions = _Sessions(
+        self._methods = MethodTable(self._settings, relay, self._events, self._controls, member=self)
+        sessions = Sessions(
             self._settings, self._record, self._changes, self._controls, self._events, self._methods
         )
-        self._http = _HTTP(self._settings, self._record, self._changes, self._events, self._methods, sessions)
+        self._http = HTTPFront(
+            self._settings, self._record, self._changes, self._events, self._methods, sessions
+        )
         self._runner: web.AppRunner | None = None
         self.status_server = status_server
         self.status_port = status_port
@@ -298,7 +274,7 @@ class FakeBRClient:
         #: Every status-server answer about a suggestion: ``(HTTP status,
         #: {"invitee", "target"} as sent, or None for an unreadable body)``.
         self.status_requests: list[tuple[int, dict[str, str] | None]] = []
-        self._status = _StatusServer(
+        self._status = StatusServer(
             self._settings,
             relay,
             self._changes,
@@ -314,12 +290,12 @@ class FakeBRClient:
         ctx = self.certs.server_ssl_context(require_client_cert=self.require_client_cert)
         app = web.Application()
         self._http.routes(app)
-        self._runner, self.port = await _serve(app, self.host, self.port, ctx)
+        self._runner, self.port = await serve_tls(app, self.host, self.port, ctx)
         if self.status_server:
             status_app = web.Application()
             self._status.routes(status_app)
             try:
-                self._status_runner, self.status_port = await _serve(
+                self._status_runner, self.status_port = await serve_tls(
                     status_app, self.host, self.status_port, ctx
                 )
             except BaseException:
@@ -618,26 +594,3 @@ class FakeBRClient:
         """Apply ``failure`` (default: one failed attempt that will be retried) to
         the next ``TipUser`` call; calls queue up in order."""
         self._controls.fail_next_tip(failure or TipFailure())
-
-
-async def _serve(
-    app: web.Application, host: str, port: int, ctx: ssl.SSLContext
-) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` over TLS on ``host:port`` (0 picks a port); returns the
-    runner (clean it up to stop) and the bound port."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-    await runner.setup()
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        await runner.cleanup()
-        raise
-    bound = sock.getsockname()[1]
-    site = web.SockSite(runner, sock, ssl_context=ctx)
-    await site.start()
-    return runner, bound

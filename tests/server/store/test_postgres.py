@@ -86,9 +86,7 @@ def test_a_connection_waits_out_a_slow_schema_creation_elsewhere(postgres_url: s
     thread.start()
     try:
         deadline = time.monotonic() + 20
-        while not raw_sql(
-            postgres_url, "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-        ):
+        while not raw_sql(postgres_url, "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"):
             assert time.monotonic() < deadline, "the new connection never waited for the schema lock"
             time.sleep(0.01)
         # PostgreSQL's own timer is what is under test, so real time passes here.

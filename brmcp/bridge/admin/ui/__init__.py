@@ -17,17 +17,12 @@ directories whose Add acts only on the user's confirmation.
 
 from brmcp.clientrpc.nicks import NickBook, NickSource
 
-from ._app import UI_PREFIX, UIHandler, UIHost, ui_handler
-from ._pages import (
-    BOT_REQUEST_ROWS,
-    MAX_REQUEST_TEXT,
-    PageState,
-    bot_requests_from_json,
-    render_bot_requests,
-    render_page,
-    time_left,
-)
-from ._sessions import SESSION_TTL, TICKET_TTL, UISessions
+from .._sessions import SESSION_TTL, TICKET_TTL, UISessions
+from ._app import UIHandler, UIHost, ui_handler
+from ._botrequests import BOT_REQUEST_ROWS, MAX_REQUEST_TEXT, bot_requests_from_json, render_bot_requests
+from ._html import time_left
+from ._pagehttp import UI_PREFIX
+from ._pages import PageState, render_page
 
 __all__ = [
     "BOT_REQUEST_ROWS",

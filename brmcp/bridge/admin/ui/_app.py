@@ -57,8 +57,7 @@ import hmac
 import importlib.resources
 import json
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from http.cookies import CookieError, SimpleCookie
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import parse_qs
 
@@ -77,29 +76,37 @@ from brmcp.bridge.base import (
 from brmcp.bridge.pay import BotBalance, PendingPayment, SpendSummary
 from brmcp.clientrpc.nicks import NickBook, NickSource
 
+from .. import AdminHost, admin_handler
+from .._sessions import SESSION_TTL, UISession, UISessions
+from ._botrequests import BotRequests, bot_requests_from_json
+from ._pagehttp import (
+    API_HEADERS,
+    UI_PREFIX,
+    cookie_value,
+    query_of,
+    redirect,
+    send_body,
+    send_html,
+    set_cookie,
+    wants_json,
+)
 from ._pages import (
     RECENT_ROWS,
     RECENT_SECS,
     SPEND_ROWS,
-    BotRequests,
     PageState,
-    bot_requests_from_json,
     decision_text,
     render_fragments,
     render_login_needed,
     render_notice,
     render_page,
 )
-from ._sessions import SESSION_TTL, UISession, UISessions
 
 if TYPE_CHECKING:
-    from brmcp.bridge.admin import AdminHost
     from brmcp.bridge.pay import Settler
 
 __all__ = [
-    "COOKIE",
     "LONG_POLL_SECS",
-    "UI_PREFIX",
     "UIHandler",
     "UIHost",
     "UIHostConfig",
@@ -107,10 +114,6 @@ __all__ = [
     "ui_handler",
 ]
 
-#: The page's path prefix.
-UI_PREFIX = "/ui"
-#: The session cookie's name.
-COOKIE = "brmcp_ui"
 #: Longest wait of a ``/ui/state?after=N`` request (seconds).
 LONG_POLL_SECS = 20.0
 #: Largest form body accepted (bytes).
@@ -119,20 +122,6 @@ MAX_FORM_BYTES = 4096
 MAX_API_BYTES = 4096
 #: The ``/ui/api/…`` calls answered by the admin route of the same name: (method, route).
 _FORWARDED = {("POST", "find"), ("GET", "contact"), ("POST", "introduce"), ("POST", "wait-kx")}
-
-_CSP = (
-    "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; "
-    "img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-)
-_SECURITY_HEADERS = (
-    (b"cache-control", b"no-store"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"content-security-policy", _CSP.encode()),
-)
-#: What JSON answers add to :func:`~.._asgi.send_json`'s own headers.
-_API_HEADERS = _SECURITY_HEADERS[2:]
 
 #: Serves one ``/ui/…`` request; the last argument is the path.
 UIHandler = Callable[[Scope, Receive, Send, str], Awaitable[None]]
@@ -197,61 +186,6 @@ class UIHost(Protocol):
 @functools.cache
 def _script() -> bytes:
     return importlib.resources.files(__package__).joinpath("app.js").read_bytes()
-
-
-async def _send(
-    send: Send, status: int, body: bytes, ctype: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
-) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", ctype),
-                (b"content-length", str(len(body)).encode()),
-                *_SECURITY_HEADERS,
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _html(send: Send, status: int, text: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    await _send(send, status, text.encode("utf-8"), b"text/html; charset=utf-8", headers)
-
-
-async def _redirect(send: Send, location: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    await _send(send, 303, b"", b"text/plain; charset=utf-8", [(b"location", location.encode()), *headers])
-
-
-def _cookie_value(scope: Scope) -> str | None:
-    for raw in header_values(scope, b"cookie"):
-        jar: SimpleCookie = SimpleCookie()
-        try:
-            jar.load(raw.decode("latin-1"))
-        except CookieError:
-            continue
-        morsel = jar.get(COOKIE)
-        if morsel is not None:
-            return morsel.value
-    return None
-
-
-def _set_cookie(value: str, max_age: int) -> tuple[bytes, bytes]:
-    return (
-        b"set-cookie",
-        f"{COOKIE}={value}; Path={UI_PREFIX}; HttpOnly; SameSite=Strict; Max-Age={max_age}".encode(),
-    )
-
-
-def _wants_json(scope: Scope) -> bool:
-    return any(b"application/json" in v for v in header_values(scope, b"accept"))
-
-
-def _query(scope: Scope) -> dict[str, list[str]]:
-    raw: bytes = scope.get("query_string", b"")
-    return parse_qs(raw.decode("latin-1"), keep_blank_values=True)
 
 
 def _bots_shown(host: UIHost, now: float) -> list[str]:
@@ -345,10 +279,8 @@ def nick_source_of(host: UIHost) -> NickSource | None:
 
 def _admin_of(host: UIHost) -> PathHandler:
     """The admin surface's handler over ``host``, which is then also an
-    :class:`~brmcp.bridge.admin._routes.AdminHost` (the :class:`~brmcp.bridge.Bridge` is)."""
-    from brmcp.bridge.admin import admin_handler  # the admin module imports this package
-
-    return admin_handler(cast("AdminHost", host))
+    :class:`~brmcp.bridge.admin.AdminHost` (the :class:`~brmcp.bridge.Bridge` is)."""
+    return admin_handler(cast(AdminHost, host))
 
 
 def ui_handler(host: UIHost, *, nicks: NickBook | None = None, admin: PathHandler | None = None) -> UIHandler:
@@ -363,32 +295,32 @@ def ui_handler(host: UIHost, *, nicks: NickBook | None = None, admin: PathHandle
     async def handle(scope: Scope, receive: Receive, send: Send, path: str) -> None:
         method = scope.get("method", "")
         if path == UI_PREFIX:
-            await _redirect(send, UI_PREFIX + "/")
+            await redirect(send, UI_PREFIX + "/")
             return
         route = path[len(UI_PREFIX) :]
         if route == "/app.js" and method == "GET":
-            await _send(send, 200, _script(), b"text/javascript; charset=utf-8")
+            await send_body(send, 200, _script(), b"text/javascript; charset=utf-8")
             return
         if route == "/login" and method == "GET":
-            ticket = (_query(scope).get("ticket") or [""])[0]
+            ticket = (query_of(scope).get("ticket") or [""])[0]
             session = host.ui_sessions.redeem(ticket) if ticket else None
             if session is None:
                 reason = "This login link is unknown, used or expired."
-                await _html(send, 401, render_login_needed(reason, host.cli_command))
+                await send_html(send, 401, render_login_needed(reason, host.cli_command))
                 return
-            await _redirect(send, UI_PREFIX + "/", [_set_cookie(session.sid, int(SESSION_TTL))])
+            await redirect(send, UI_PREFIX + "/", [set_cookie(session.sid, int(SESSION_TTL))])
             return
-        session = host.ui_sessions.session(_cookie_value(scope))
+        session = host.ui_sessions.session(cookie_value(scope))
         if session is None:
-            if route.startswith("/state") or _wants_json(scope):
+            if route.startswith("/state") or wants_json(scope):
                 error = f"not logged in; get a login link with: {host.cli_command} ui"
                 await send_json(send, 401, {"error": error})
             else:
                 reason = "You are not logged in (or the session ended)."
-                await _html(send, 401, render_login_needed(reason, host.cli_command))
+                await send_html(send, 401, render_login_needed(reason, host.cli_command))
             return
         if route == "/" and method == "GET":
-            await _html(send, 200, render_page(await _state(host, book, admin_routes), session.csrf))
+            await send_html(send, 200, render_page(await _state(host, book, admin_routes), session.csrf))
             return
         if route == "/state" and method == "GET":
             await _state_answer(host, book, admin_routes, scope, send, session)
@@ -412,7 +344,7 @@ def ui_handler(host: UIHost, *, nicks: NickBook | None = None, admin: PathHandle
                 return
             if parts == ["logout"]:
                 host.ui_sessions.end(session.sid)
-                await _redirect(send, UI_PREFIX + "/", [_set_cookie("", 0)])
+                await redirect(send, UI_PREFIX + "/", [set_cookie("", 0)])
                 return
             verb = parts[2]
             if verb not in ("approve", "deny"):
@@ -437,7 +369,7 @@ async def _decide(
         # Timed out or withdrawn before the decision, or decided already (the
         # other way, or by an earlier click): this decision does not count.
         late = ended.late_text()
-    if _wants_json(scope):
+    if wants_json(scope):
         if late is not None:
             await send_json(send, 409, {"error": late})
         elif not known or ended is None:
@@ -448,15 +380,15 @@ async def _decide(
             await send_json(send, 200, {"id": payment_id, "approved": approve, "message": message})
         return
     if late is not None:
-        await _html(send, 409, render_notice(late, UI_PREFIX + "/"))
+        await send_html(send, 409, render_notice(late, UI_PREFIX + "/"))
         return
-    await _redirect(send, UI_PREFIX + "/")
+    await redirect(send, UI_PREFIX + "/")
 
 
 async def _state_answer(
     host: UIHost, nicks: NickBook, admin: PathHandler, scope: Scope, send: Send, session: UISession
 ) -> None:
-    after = (_query(scope).get("after") or [""])[0]
+    after = (query_of(scope).get("after") or [""])[0]
     if after == str(host.change_version):
         changed = anyio.Event()
         unsubscribe = host.watch(changed.set)
@@ -512,7 +444,7 @@ async def _api(
             return
         raw = read
     status, value = await _forward(admin, method, "/admin/" + "/".join(parts), raw)
-    await send_json(send, status, value, _API_HEADERS)
+    await send_json(send, status, value, API_HEADERS)
 
 
 async def _api_body(receive: Receive, send: Send) -> dict[str, Any] | None:
@@ -588,7 +520,7 @@ async def _add_bot(host: UIHost, admin: PathHandler, send: Send, body: dict[str,
         "mode": settings.mode,
         "message": message,
     }
-    await send_json(send, 200, answer, _API_HEADERS)
+    await send_json(send, 200, answer, API_HEADERS)
 
 
 async def _decide_bot_request(
@@ -609,10 +541,10 @@ async def _decide_bot_request(
     else:
         error = str(answer.get("error") or f"HTTP {status}")
         result = {"error": error}
-    if _wants_json(scope):
-        await send_json(send, status, result, _API_HEADERS)
+    if wants_json(scope):
+        await send_json(send, status, result, API_HEADERS)
         return
     if status != 200:
-        await _html(send, status, render_notice(result["error"], UI_PREFIX + "/"))
+        await send_html(send, status, render_notice(result["error"], UI_PREFIX + "/"))
         return
-    await _redirect(send, UI_PREFIX + "/")
+    await redirect(send, UI_PREFIX + "/")

@@ -5,11 +5,8 @@ Content-Security-Policy forbids one)."""
 
 from __future__ import annotations
 
-import html
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from brmcp._ops.clock import go_duration
 from brmcp.bridge.base import (
@@ -31,29 +28,22 @@ from brmcp.bridge.pay import (
     SpendSummary,
 )
 
+from ._botrequests import BotRequests, render_bot_requests
+from ._html import atoms_text, bot_html, bot_label, esc, time_left, when_text
+
 __all__ = [
-    "BOT_REQUEST_ROWS",
-    "MAX_REQUEST_TEXT",
     "RECENT_ROWS",
     "RECENT_SECS",
     "SPEND_ROWS",
-    "BotRequest",
-    "BotRequests",
-    "EndedBotRequest",
     "PageState",
     "approved_outcome",
-    "bot_label",
-    "bot_request_text",
-    "bot_requests_from_json",
     "caps_of",
     "decision_text",
-    "render_bot_requests",
     "render_find",
     "render_fragments",
     "render_login_needed",
     "render_notice",
     "render_page",
-    "time_left",
 ]
 
 #: Spend entries shown (newest first).
@@ -89,51 +79,6 @@ class PageState:
     bot_requests: BotRequests | None = None
 
 
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _when(ts: float) -> str:
-    try:
-        return datetime.fromtimestamp(int(ts), UTC).strftime("%Y-%m-%d %H:%M:%S")
-    except (OverflowError, OSError, ValueError):
-        return str(ts)
-
-
-def _uid(uid: str) -> str:
-    return f'<code title="{_e(uid)}">{_e(uid[:16])}…</code>' if len(uid) > 16 else f"<code>{_e(uid)}</code>"
-
-
-def _bot(uid: str, nicks: Mapping[str, str]) -> str:
-    """A bot as HTML: its nick when brclient knows one, always its uid."""
-    nick = nicks.get(uid.lower())
-    if nick is None:
-        return _uid(uid)
-    return f'<span class="nick" title="nick from brclient (not an identity)">{_e(nick)}</span> {_uid(uid)}'
-
-
-def bot_label(uid: str, nicks: Mapping[str, str]) -> str:
-    """A bot as plain text: ``"alice" (1a2b3c4d5e6f7a8b…)``, or the uid
-    prefix alone without a nick. Not escaped."""
-    prefix = f"{uid[:16]}…" if len(uid) > 16 else uid
-    nick = nicks.get(uid.lower())
-    return f"“{nick}” ({prefix})" if nick is not None else prefix
-
-
-def _atoms(atoms: int) -> str:
-    return f"{atoms:,}"
-
-
-def time_left(seconds: float) -> str:
-    """A countdown as the page prints it: ``1m 58s left``, ``9s left``, or
-    ``time is up`` at and after zero (whole seconds, rounded down)."""
-    if seconds <= 0:
-        return "time is up"
-    whole = math.floor(seconds)
-    minutes, secs = divmod(whole, 60)
-    return f"{minutes}m {secs:02d}s left" if minutes else f"{secs}s left"
-
-
 _OUTCOME_LABEL = {
     "approved": "Approved",
     "denied": "Denied",
@@ -149,7 +94,7 @@ def decision_text(ended: EndedPayment, nicks: Mapping[str, str]) -> str:
     (:func:`approved_outcome`)."""
     p = ended.payment
     label = _OUTCOME_LABEL[ended.outcome]
-    what = f"{label}: {_atoms(p.atoms)} atoms to {bot_label(p.bot, nicks)} for tool {p.tool}"
+    what = f"{label}: {atoms_text(p.atoms)} atoms to {bot_label(p.bot, nicks)} for tool {p.tool}"
     if ended.outcome == "approved":
         return f"{what}; {approved_outcome(ended)}"
     if ended.outcome == "denied":
@@ -198,8 +143,8 @@ def _decision_class(ended: EndedPayment) -> str:
 def _arguments(p: PendingPayment, inline: bool) -> str:
     if p.arguments is None:
         return '<p class="noargs">No call arguments (a prepayment, or not known).</p>'
-    body = _e(p.arguments) if inline else ""
-    return f'<pre class="args" data-args-for="{_e(p.id)}">{body}</pre>'
+    body = esc(p.arguments) if inline else ""
+    return f'<pre class="args" data-args-for="{esc(p.id)}">{body}</pre>'
 
 
 def _countdown(p: PendingPayment, now: float) -> str:
@@ -208,8 +153,8 @@ def _countdown(p: PendingPayment, now: float) -> str:
     left = p.expires - now
     urgent = " urgent" if left < 30 else ""
     return (
-        f'<span class="countdown{urgent}" data-remaining="{max(left, 0.0):.1f}">{_e(time_left(left))}</span>'
-        f'<br><small class="expires">refused at {_when(p.expires)} UTC</small>'
+        f'<span class="countdown{urgent}" data-remaining="{max(left, 0.0):.1f}">{esc(time_left(left))}</span>'
+        f'<br><small class="expires">refused at {when_text(p.expires)} UTC</small>'
     )
 
 
@@ -231,28 +176,28 @@ def render_approvals(
     rows = []
     for p in pending:
         forms = "".join(
-            f'<form class="decide" method="post" action="/ui/approvals/{_e(p.id)}/{verb}">'
-            f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
-            f'<button type="submit" class="{verb}" data-id="{_e(p.id)}">{label}</button></form>'
+            f'<form class="decide" method="post" action="/ui/approvals/{esc(p.id)}/{verb}">'
+            f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+            f'<button type="submit" class="{verb}" data-id="{esc(p.id)}">{label}</button></form>'
             for verb, label in (("approve", "Approve"), ("deny", "Deny"))
         )
         rows.append(
-            f'<tr class="pending" data-id="{_e(p.id)}"><td class="bot">{_bot(p.bot, names)}</td>'
-            f'<td><span class="tool">{_e(p.tool)}</span>{_arguments(p, inline_args)}</td>'
-            f"<td class=num>{_atoms(p.atoms)}</td>"
+            f'<tr class="pending" data-id="{esc(p.id)}"><td class="bot">{bot_html(p.bot, names)}</td>'
+            f'<td><span class="tool">{esc(p.tool)}</span>{_arguments(p, inline_args)}</td>'
+            f"<td class=num>{atoms_text(p.atoms)}</td>"
             f'<td class="left">{_countdown(p, now)}</td>'
-            f"<td>{_when(p.created)}<br><small>ID <code>{_e(p.id)}</code></small></td>"
+            f"<td>{when_text(p.created)}<br><small>ID <code>{esc(p.id)}</code></small></td>"
             f'<td class="actions">{forms}</td></tr>'
         )
     if not rows:
         note = " Autopay is on: payments within the caps are made without asking." if settings.autopay else ""
-        return f'<p class="empty">No payments waiting for approval.{_e(note)}</p>'
+        return f'<p class="empty">No payments waiting for approval.{esc(note)}</p>'
     timeout = (
         "Each payment waits for your decision until its time is up (approval_timeout_secs, now "
         f"{settings.approval_timeout_secs} s), then is refused and nothing is paid."
     )
     return (
-        f"<p>{_e(timeout)}</p><table><thead><tr><th>Bot</th><th>Tool and call arguments</th><th>Atoms</th>"
+        f"<p>{esc(timeout)}</p><table><thead><tr><th>Bot</th><th>Tool and call arguments</th><th>Atoms</th>"
         f"<th>Time left</th><th>Since (UTC)</th><th></th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
@@ -262,8 +207,8 @@ def render_decisions(recent: Iterable[EndedPayment], nicks: Mapping[str, str] | 
     CLI or the admin API, timed out or withdrawn), newest first."""
     names = nicks or {}
     items = "".join(
-        f'<li class="{_e(_decision_class(ended))}">{_e(decision_text(ended, names))} '
-        f"<small>({_when(ended.ended)} UTC)</small></li>"
+        f'<li class="{esc(_decision_class(ended))}">{esc(decision_text(ended, names))} '
+        f"<small>({when_text(ended.ended)} UTC)</small></li>"
         for ended in recent
     )
     if not items:
@@ -273,10 +218,10 @@ def render_decisions(recent: Iterable[EndedPayment], nicks: Mapping[str, str] | 
 
 def _cap_line(label: str, used: int, cap: int) -> str:
     if cap <= 0:
-        return f"<li>{_e(label)}: {_atoms(used)} atoms; cap 0 means never pay</li>"
+        return f"<li>{esc(label)}: {atoms_text(used)} atoms; cap 0 means never pay</li>"
     percent = min(100, used * 100 // cap)
     return (
-        f"<li>{_e(label)}: <strong>{_atoms(used)}</strong> of {_atoms(cap)} atoms "
+        f"<li>{esc(label)}: <strong>{atoms_text(used)}</strong> of {atoms_text(cap)} atoms "
         f'<meter min="0" max="{cap}" value="{min(used, cap)}">{percent}%</meter></li>'
     )
 
@@ -292,12 +237,12 @@ def render_spend(
             day[entry.bot.lower()] = day.get(entry.bot.lower(), 0) + entry.atoms
     lines = [
         _cap_line("Spent in the last 24 hours", summary.day_total_atoms, settings.per_day_cap_atoms),
-        f"<li>Per-call cap: {_atoms(settings.per_call_cap_atoms)} atoms"
+        f"<li>Per-call cap: {atoms_text(settings.per_call_cap_atoms)} atoms"
         + (" (never pay)" if settings.per_call_cap_atoms <= 0 else "")
         + "</li>",
     ]
     per_bot = "".join(
-        f"<tr><td>{_bot(bot, names)}</td><td class=num>{_atoms(total)}</td></tr>"
+        f"<tr><td>{bot_html(bot, names)}</td><td class=num>{atoms_text(total)}</td></tr>"
         for bot, total in sorted(day.items())
     )
     out = f'<ul class="totals">{"".join(lines)}</ul>'
@@ -310,11 +255,12 @@ def render_spend(
     rows = []
     for e in newest:
         status = e.status or "paid"
-        detail = f" ({_e(e.err)})" if e.err else ""
-        klass = "failed" if status == STATUS_FAILED else _e(status)
+        detail = f" ({esc(e.err)})" if e.err else ""
+        klass = "failed" if status == STATUS_FAILED else esc(status)
         rows.append(
-            f'<tr class="{klass}"><td>{_when(e.ts)}</td><td>{_bot(e.bot, names)}</td><td>{_e(e.tool)}</td>'
-            f"<td class=num>{_atoms(e.atoms)}</td><td>{_e(status)}{detail}</td></tr>"
+            f'<tr class="{klass}"><td>{when_text(e.ts)}</td><td>{bot_html(e.bot, names)}</td>'
+            f"<td>{esc(e.tool)}</td>"
+            f"<td class=num>{atoms_text(e.atoms)}</td><td>{esc(status)}{detail}</td></tr>"
         )
     return (
         out + "<table><thead><tr><th>When (UTC)</th><th>Bot</th><th>Tool</th><th>Atoms</th><th>Status</th>"
@@ -330,7 +276,8 @@ def render_balances(balances: Mapping[str, BotBalance], nicks: Mapping[str, str]
             '<p class="empty">No bot has reported a balance yet (bots report it with each paid result).</p>'
         )
     rows = "".join(
-        f"<tr><td>{_bot(bot, names)}</td><td class=num>{_atoms(b.atoms)}</td><td>{_when(b.ts)}</td></tr>"
+        f"<tr><td>{bot_html(bot, names)}</td><td class=num>{atoms_text(b.atoms)}</td>"
+        f"<td>{when_text(b.ts)}</td></tr>"
         for bot, b in sorted(balances.items())
     )
     return (
@@ -340,7 +287,7 @@ def render_balances(balances: Mapping[str, BotBalance], nicks: Mapping[str, str]
 
 
 def _set(command: str, assignment: str) -> str:
-    return f"<code>{_e(command)} settings set {_e(assignment)}</code>"
+    return f"<code>{esc(command)} settings set {esc(assignment)}</code>"
 
 
 def _how_to_change(key: str, settings: Settings, command: str) -> str:
@@ -375,8 +322,8 @@ def _how_to_change(key: str, settings: Settings, command: str) -> str:
     if key == "token":
         return (
             f"{_set(command, 'token=')} mints a new random one (or give one of at least {MIN_TOKEN_CHARS} "
-            f"characters); see it with <code>{_e(command)} settings --show-token</code>; agents then "
-            f"need the new one: <code>{_e(command)} config-snippet BOT_UID</code>"
+            f"characters); see it with <code>{esc(command)} settings --show-token</code>; agents then "
+            f"need the new one: <code>{esc(command)} config-snippet BOT_UID</code>"
         )
     if key == "allowed_bots":
         return f"{_set(command, 'allowed_bots=UID,UID')}: the whole list (64-hex uids); empty allows none"
@@ -387,7 +334,7 @@ def _how_to_change(key: str, settings: Settings, command: str) -> str:
         )
     if key == "directories":
         return (
-            f"{_set(command, 'directories=UID,UID')}: the directories <code>{_e(command)} find</code> "
+            f"{_set(command, 'directories=UID,UID')}: the directories <code>{esc(command)} find</code> "
             "asks (64-hex uids; reachable like allowed bots); empty asks none"
         )
     return _set(command, f"{key}=VALUE")
@@ -395,7 +342,7 @@ def _how_to_change(key: str, settings: Settings, command: str) -> str:
 
 def _uid_list(bots: tuple[str, ...] | None) -> str:
     return (
-        "<ul>" + ("".join(f"<li><code>{_e(b)}</code></li>" for b in bots or ()) or "<li>none</li>") + "</ul>"
+        "<ul>" + ("".join(f"<li><code>{esc(b)}</code></li>" for b in bots or ()) or "<li>none</li>") + "</ul>"
     )
 
 
@@ -405,30 +352,30 @@ def render_settings(
     """The settings in force (the agents' token hidden), each with the
     command that changes it."""
     items = [
-        ("enabled", _e("true" if settings.enabled else "false")),
-        ("mode", _e(settings.mode)),
-        ("per_call_cap_atoms", _atoms(settings.per_call_cap_atoms)),
-        ("per_day_cap_atoms", _atoms(settings.per_day_cap_atoms)),
-        ("approval_timeout_secs", _e(settings.approval_timeout_secs)),
-        ("tip_wait_secs", _e(settings.tip_wait_secs)),
+        ("enabled", esc("true" if settings.enabled else "false")),
+        ("mode", esc(settings.mode)),
+        ("per_call_cap_atoms", atoms_text(settings.per_call_cap_atoms)),
+        ("per_day_cap_atoms", atoms_text(settings.per_day_cap_atoms)),
+        ("approval_timeout_secs", esc(settings.approval_timeout_secs)),
+        ("tip_wait_secs", esc(settings.tip_wait_secs)),
         ("token", "set (hidden)" if settings.token else "not set"),
         ("allowed_bots", _uid_list(settings.allowed_bots)),
         ("prepay_bots", _uid_list(settings.prepay_bots)),
         ("directories", _uid_list(settings.directories)),
     ]
     rows = "".join(
-        f'<tr><th>{_e(k)}</th><td>{v}</td><td class="how">{_how_to_change(k, settings, command)}</td></tr>'
+        f'<tr><th>{esc(k)}</th><td>{v}</td><td class="how">{_how_to_change(k, settings, command)}</td></tr>'
         for k, v in items
     )
     where = (
-        f"<code>{_e(settings_file)}</code>"
+        f"<code>{esc(settings_file)}</code>"
         if settings_file
         else "<code>mcpclient.json</code> in the data directory"
     )
     return (
         '<table class="settings"><thead><tr><th>Key</th><th>Value</th><th>How to change it</th></tr></thead>'
         f"<tbody>{rows}</tbody></table>"
-        f"<p>Change them with <code>{_e(command)} settings set KEY=VALUE</code> (several pairs at once "
+        f"<p>Change them with <code>{esc(command)} settings set KEY=VALUE</code> (several pairs at once "
         "are fine): the running daemon applies them at once and writes them to "
         f"{where}. That file can also be edited by hand: the daemon reads it again on SIGHUP "
         "or when it restarts.</p>"
@@ -437,191 +384,6 @@ def render_settings(
         "<code>approvalnotify</code> and the logging keys in <code>brmcp-bridge.conf</code>, next to "
         "that file) apply when it restarts.</p>"
     )
-
-
-# -- add-bot requests from agents and the "Find tools" view ---------------------------------------
-
-#: Characters of an agent's reason (and of other request texts) shown at most.
-MAX_REQUEST_TEXT = 300
-#: Add-bot requests shown at most, pending and recent each.
-BOT_REQUEST_ROWS = 20
-
-
-def _cut(value: object, limit: int = MAX_REQUEST_TEXT) -> str:
-    """``value`` as printable text of at most ``limit`` characters (``…`` marks a cut)."""
-    text = "".join(ch for ch in str(value) if ch.isprintable())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _text_of(value: object) -> str | None:
-    return None if value is None else _cut(value)
-
-
-def _time_of(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-@dataclass(frozen=True, slots=True)
-class BotRequest:
-    """One agent's request to add a bot, parked for the user (an entry of
-    ``pending`` in ``GET /admin/bot-requests``): ``uid`` the bot, ``reason``
-    the agent's words (untrusted text), ``via`` the directory named (or
-    None), ``agent`` who asked, ``requested_at``/``expires_at`` unix
-    seconds (None: not given), ``contact`` whether the bot is a contact of
-    brclient (None: not known)."""
-
-    id: str
-    uid: str
-    reason: str
-    via: str | None
-    agent: str | None
-    requested_at: float | None
-    expires_at: float | None
-    contact: bool | None
-
-
-@dataclass(frozen=True, slots=True)
-class EndedBotRequest:
-    """An add-bot request that ended (``recent`` in ``GET /admin/bot-requests``)."""
-
-    id: str
-    uid: str
-    outcome: str
-    ended_at: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class BotRequests:
-    """What ``GET /admin/bot-requests`` answered, bounded to
-    :data:`BOT_REQUEST_ROWS` rows each and with every text cut to
-    :data:`MAX_REQUEST_TEXT` printable characters."""
-
-    pending: tuple[BotRequest, ...] = ()
-    recent: tuple[EndedBotRequest, ...] = ()
-
-
-def bot_requests_from_json(value: object) -> BotRequests | None:
-    """The add-bot requests of a ``GET /admin/bot-requests`` answer
-    (``{"pending": [{"id", "uid", "reason", "via", "agent", "requestedAt",
-    "expiresAt", "contact"}…], "recent": [{"id", "uid", "outcome",
-    "endedAt"}…]}``); None when it is not such an object. Rows without a
-    string ``id`` and ``uid`` are left out; every other field is optional."""
-    if not isinstance(value, dict):
-        return None
-    pending_raw, recent_raw = value.get("pending"), value.get("recent", [])
-    if not isinstance(pending_raw, list) or not isinstance(recent_raw, list):
-        return None
-    pending: list[BotRequest] = []
-    for row in pending_raw[:BOT_REQUEST_ROWS]:
-        if (
-            not isinstance(row, dict)
-            or not isinstance(row.get("id"), str)
-            or not isinstance(row.get("uid"), str)
-        ):
-            continue
-        contact = row.get("contact")
-        pending.append(
-            BotRequest(
-                id=_cut(row["id"], 80),
-                uid=_cut(row["uid"], 80),
-                reason=_cut(row.get("reason") or ""),
-                via=_text_of(row.get("via")),
-                agent=_text_of(row.get("agent")),
-                requested_at=_time_of(row.get("requestedAt")),
-                expires_at=_time_of(row.get("expiresAt")),
-                contact=contact if isinstance(contact, bool) else None,
-            )
-        )
-    recent: list[EndedBotRequest] = []
-    for row in recent_raw[:BOT_REQUEST_ROWS]:
-        if (
-            not isinstance(row, dict)
-            or not isinstance(row.get("id"), str)
-            or not isinstance(row.get("uid"), str)
-        ):
-            continue
-        recent.append(
-            EndedBotRequest(
-                id=_cut(row["id"], 80),
-                uid=_cut(row["uid"], 80),
-                outcome=_cut(row.get("outcome") or "ended", 80),
-                ended_at=_time_of(row.get("endedAt")),
-            )
-        )
-    return BotRequests(tuple(pending), tuple(recent))
-
-
-def bot_request_text(request: BotRequest) -> str:
-    """The line a pending request is shown with, as plain text (not
-    escaped): ``An agent asks to add bot <full uid>: <reason>``."""
-    return f"An agent asks to add bot {request.uid}: {request.reason or '(no reason given)'}"
-
-
-def render_bot_requests(
-    requests: BotRequests | None, csrf: str, now: float = 0.0, nicks: Mapping[str, str] | None = None
-) -> str:
-    """The agents' add-bot requests: each pending one as ``An agent asks to
-    add bot <uid>: <reason>`` with who asked, through which directory,
-    whether the bot is a contact, when it expires, and Approve / Deny
-    forms (``POST /ui/bot-requests/<id>/approve`` or ``…/deny``); then the
-    ones that ended lately. Empty (nothing shown) when the bridge has no
-    such requests (``requests`` None: ``/admin/bot-requests`` is not
-    served)."""
-    if requests is None:
-        return ""
-    names = nicks or {}
-    rows = []
-    for r in requests.pending:
-        forms = "".join(
-            f'<form class="decide" method="post" action="/ui/bot-requests/{_e(r.id)}/{verb}">'
-            f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
-            f'<button type="submit" class="{verb}" data-request="{_e(r.id)}">{label}</button></form>'
-            for verb, label in (("approve", "Approve"), ("deny", "Deny"))
-        )
-        nick = names.get(r.uid.lower())
-        details = [f"request <code>{_e(r.id)}</code>"]
-        if r.agent:
-            details.append(f"from agent {_e(r.agent)}")
-        if r.via:
-            details.append(f"via directory <code>{_e(r.via)}</code>")
-        if nick is not None:
-            details.append(f'brclient nick <span class="nick">{_e(nick)}</span> (a label, not an identity)')
-        if r.contact is None:
-            details.append("contact not known")
-        else:
-            details.append(
-                "a contact of your brclient"
-                if r.contact
-                else "not a contact yet (a key exchange comes first)"
-            )
-        if r.requested_at is not None:
-            details.append(f"asked at {_when(r.requested_at)} UTC")
-        if r.expires_at is not None:
-            details.append(f"expires at {_when(r.expires_at)} UTC ({_e(time_left(r.expires_at - now))})")
-        rows.append(
-            f'<li class="bot-request" data-request="{_e(r.id)}">'
-            f'<span class="ask">{_e(bot_request_text(r))}</span>'
-            f'<br><small>{"; ".join(details)}</small><div class="actions">{forms}</div></li>'
-        )
-    out = "<h2>Add-bot requests from agents</h2>"
-    if rows:
-        out += (
-            "<p>Approving puts the bot on allowed_bots under your caps; an agent can only ask.</p>"
-            f'<ul class="bot-requests">{"".join(rows)}</ul>'
-        )
-    else:
-        out += '<p class="empty">No agent asks to add a bot.</p>'
-    ended = "".join(
-        f'<li class="{_e(e.outcome)}">Bot <code>{_e(e.uid)}</code>: {_e(e.outcome)}'
-        + (f" <small>({_when(e.ended_at)} UTC)</small>" if e.ended_at is not None else "")
-        + "</li>"
-        for e in requests.recent
-    )
-    if ended:
-        out += f'<ul class="bot-requests-recent">{ended}</ul>'
-    return out
 
 
 def caps_of(settings: Settings) -> dict[str, object]:
@@ -659,10 +421,10 @@ def render_find(settings: Settings, command: str = "brmcp-bridge") -> str:
         '<label>Max price (atoms) <input type="number" id="find-max-price" name="maxPriceAtoms" min="0" '
         'step="1"></label> <button type="submit" id="find-go">Search</button></form>'
         f'<p class="noscript-note">Searching here needs the page\'s script; or run '
-        f"<code>{_e(command)} find QUERY</code>.</p>"
+        f"<code>{esc(command)} find QUERY</code>.</p>"
         '<div id="find-results" aria-live="polite"></div>'
         f'<span id="find-caps" hidden data-per-call="{settings.per_call_cap_atoms}" '
-        f'data-per-day="{settings.per_day_cap_atoms}" data-mode="{_e(settings.mode)}"></span>'
+        f'data-per-day="{settings.per_day_cap_atoms}" data-mode="{esc(settings.mode)}"></span>'
         '<div id="add-confirm" class="confirm" hidden>'
         '<p><strong>Add bot</strong> <code id="add-uid"></code>?</p>'
         '<p id="add-caps"></p>'
@@ -740,7 +502,7 @@ def render_page(state: PageState, csrf: str) -> str:
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f'<meta name="brmcp-csrf" content="{_e(csrf)}">'
+        f'<meta name="brmcp-csrf" content="{esc(csrf)}">'
         f"<title>brmcp bridge: approvals</title><style>{_STYLE}</style></head>"
         f'<body data-version="{state.version}">'
         '<span id="status">static page: reload to update</span>'
@@ -756,7 +518,7 @@ def render_page(state: PageState, csrf: str) -> str:
         f'<h2>Find tools</h2><section id="find">{render_find(state.settings, state.command)}</section>'
         f'<h2>Settings</h2><section id="settings">{parts["settings"]}</section>'
         '<form method="post" action="/ui/logout"><input type="hidden" name="csrf" '
-        f'value="{_e(csrf)}"><button type="submit">Log out</button></form>'
+        f'value="{esc(csrf)}"><button type="submit">Log out</button></form>'
         '<script src="/ui/app.js"></script></body></html>'
     )
 
@@ -767,8 +529,8 @@ def render_notice(message: str, back: str) -> str:
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>brmcp bridge</title>"
         f"<style>{_STYLE}</style></head><body><h1>brmcp bridge</h1>"
-        f'<p id="notice" class="notice late" role="alert">{_e(message)}</p>'
-        f'<p><a href="{_e(back)}">Back to the approvals</a></p></body></html>'
+        f'<p id="notice" class="notice late" role="alert">{esc(message)}</p>'
+        f'<p><a href="{esc(back)}">Back to the approvals</a></p></body></html>'
     )
 
 
@@ -778,7 +540,7 @@ def render_login_needed(reason: str, command: str = "brmcp-bridge") -> str:
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>brmcp bridge: log in</title>"
         f"<style>{_STYLE}</style></head><body><h1>brmcp bridge</h1>"
-        f'<section id="login-needed"><p>{_e(reason)}</p>'
-        f"<p>Get a one-time login link with <code>{_e(command)} ui</code>.</p>"
+        f'<section id="login-needed"><p>{esc(reason)}</p>'
+        f"<p>Get a one-time login link with <code>{esc(command)} ui</code>.</p>"
         "</section></body></html>"
     )

@@ -30,7 +30,7 @@ import contextlib
 import re
 from typing import TYPE_CHECKING, Any
 
-from .._schema import _SCHEMA, SCHEMA_VERSION
+from .._schema import SCHEMA, SCHEMA_VERSION
 from ..records import StoreError
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def _postgres_ddl(sqlite_ddl: str) -> str:
 
 
 #: The PostgreSQL DDL of schema version :data:`SCHEMA_VERSION`, idempotent.
-POSTGRES_SCHEMA = _postgres_ddl(_SCHEMA)
+POSTGRES_SCHEMA = _postgres_ddl(SCHEMA)
 #: The shared book's ownership additions (``leases`` and ``calls.owner``),
 #: idempotent; ``beat`` is the database clock's unix seconds.
 POOL_DDL = (
