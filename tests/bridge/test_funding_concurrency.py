@@ -482,7 +482,11 @@ async def test_calls_arriving_while_a_prepayment_is_under_way(tmp_path: Path, ki
                     for i in range(8):
                         tg.start_soon(_append, results, env.proxy.call("paid", {"text": f"call {i}"}))
                     # One is marked with the prepayment; seven wait for it.
-                    await until(lambda: env.funding.waiting == 7)
+                    try:
+                        await until(lambda: env.funding.waiting == 7)
+                    except TimeoutError:
+                        state = f"{env.funding.waiting} waiting, tips {env.payer.calls}"
+                        raise AssertionError(f"calls waiting for the prepayment: {state}") from None
                     assert len(env.payer.calls) == 2
                     tip_may_land.set()
             finally:

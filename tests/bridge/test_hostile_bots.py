@@ -451,7 +451,12 @@ async def test_concurrent_calls_of_a_refusal_loop_are_bounded(tmp_path: Path, pr
             await quiet(env)
             payments = [atoms for _, atoms in env.payer.calls]
             assert len(answers) == 20
-            assert len(env.bot.call_keys) == 20
+            # The virtual clock advances whenever every task waits, so on a
+            # loaded machine a call's deadline can pass while it queues behind
+            # another call's payment (or its own prepayment) and it never
+            # reaches the bot; the money bounds hold either way.
+            assert 1 <= len(env.bot.call_keys) <= 20
+            assert all(a.is_error for a in answers), [a.text for a in answers if not a.is_error]
             assert len(payments) <= 20, f"{len(payments)} payments for 20 calls"
             assert all(atoms <= price for atoms in payments), payments
             assert sum(payments) <= min(20 * price, DAY_CAP), sum(payments)

@@ -638,9 +638,10 @@ async def test_repeated_invites_run_one_registration(tmp_path: Path) -> None:
         reg = net.registrant(funded())
         reg.register_tools(net.provider)
         await net.tg.start(reg.run)
-        assert await invite(net, {"listingFeeAtoms": FEE}) == InviteOut(accepted=True)
+        invited = await invite(net, {"directory": OTHER_DIRECTORY, "listingFeeAtoms": FEE})
+        assert invited == InviteOut(accepted=True)
         await net.directory.hung.wait()
-        again = await invite(net, {"listingFeeAtoms": FEE})
+        again = await invite(net, {"directory": OTHER_DIRECTORY, "listingFeeAtoms": FEE})
         assert again == InviteOut(accepted=True, note="a registration is already in progress")
         assert len(net.directory.registrations) == 1
 

@@ -30,6 +30,7 @@ from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent
 
+from brmcp.directory.provider import INVITE_SCHEMA
 from brmcp.server import Harness, HarnessConfig
 from brmcp.testing import Fabric
 from brmcp.transport import Router
@@ -91,6 +92,15 @@ PUBLIC_TOOLS = {
 
 def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _shape(schema: Any) -> Any:
+    """A JSON schema without its ``description`` texts (wording may differ)."""
+    if isinstance(schema, dict):
+        return {k: _shape(v) for k, v in schema.items() if k not in {"description", "$schema"}}
+    if isinstance(schema, list):
+        return [_shape(v) for v in schema]
+    return schema
 
 
 def ok(result: CallToolResult) -> dict[str, Any]:
@@ -477,6 +487,9 @@ async def test_listing_of_a_go_provider_with_autofund(tmp_path: Path, goref_bina
         entry = await wait_state(d, PROVIDER, "pending_review")
         assert entry["reg"]["testOutcome"] == "ok"
         assert [t["name"] for t in entry["reg"]["catalog"]] == ["echo", "listing_invite", "test"]
+        # Our Registrant's listing_invite takes the same input as the reference's.
+        (go_invite,) = (t for t in entry["reg"]["catalog"] if t["name"] == "listing_invite")
+        assert _shape(go_invite["inputSchema"]) == _shape(INVITE_SCHEMA), go_invite["inputSchema"]
         assert d.payments == [(PROVIDER, TEST_PRICE)]
         assert prov.executions("test") == 1
         assert await prov.balance(DIRECTORY) == 0

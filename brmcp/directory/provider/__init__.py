@@ -20,6 +20,7 @@ from ._regconfig import (
 )
 from ._registrant import (
     FUND_WINDOW_SECS,
+    INVITE_SCHEMA,
     RENEW_AHEAD_SECS,
     Registrant,
 )
@@ -31,6 +32,7 @@ from ._tippay import (
 __all__ = [
     "FUND_FILE",
     "FUND_WINDOW_SECS",
+    "INVITE_SCHEMA",
     "RENEW_AHEAD_SECS",
     "AutoFund",
     "ClientTipPayer",

@@ -69,6 +69,7 @@ __all__ = [
     "CALL_TIMEOUT_SECS",
     "FUND_FILE",
     "FUND_WINDOW_SECS",
+    "INVITE_SCHEMA",
     "MAX_FOLLOW_FAILURES",
     "MAX_REGISTRATIONS_IN_FLIGHT",
     "PAY_TIMEOUT_SECS",
@@ -121,13 +122,17 @@ _INT64_MAX = (1 << 63) - 1
 Notify = Callable[[str, StatusOut | None, Exception | None], Awaitable[None] | None]
 
 
-_INVITE_SCHEMA: dict[str, Any] = {
+INVITE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "directory": {"type": "string", "description": "the inviting directory's name (informational)"},
         "listingFeeAtoms": {"type": "integer", "description": "the directory's listing fee, in atoms"},
         "note": {"type": "string"},
     },
+    # As the Go reference's schema (inferred from its InviteIn): the fields
+    # without omitempty are required, and nothing else is accepted.
+    "required": ["directory", "listingFeeAtoms"],
+    "additionalProperties": False,
 }
 _INVITE_DESCRIPTION = (
     "Invite this provider to register at the calling directory. The operator's auto-fund policy "
@@ -229,7 +234,7 @@ class Registrant:
             "listing_invite",
             self._invite,
             description=_INVITE_DESCRIPTION,
-            input_schema=_INVITE_SCHEMA,
+            input_schema=INVITE_SCHEMA,
             price_atoms=0,
         )
 
