@@ -482,11 +482,10 @@ async def test_calls_arriving_while_a_prepayment_is_under_way(tmp_path: Path, ki
                     for i in range(8):
                         tg.start_soon(_append, results, env.proxy.call("paid", {"text": f"call {i}"}))
                     # One is marked with the prepayment; seven wait for it.
-                    try:
-                        await until(lambda: env.funding.waiting == 7)
-                    except TimeoutError:
-                        state = f"{env.funding.waiting} waiting, tips {env.payer.calls}"
-                        raise AssertionError(f"calls waiting for the prepayment: {state}") from None
+                    await until(
+                        lambda: env.funding.waiting == 7,
+                        state=lambda: f"{env.funding.waiting} calls wait, tips {env.payer.calls}",
+                    )
                     assert len(env.payer.calls) == 2
                     tip_may_land.set()
             finally:

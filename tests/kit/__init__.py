@@ -50,17 +50,28 @@ BOB = uid(3)
 OTHER_BOT = BOB
 
 
-async def until(predicate: Callable[[], Awaitable[bool] | bool], limit: float = 20.0) -> None:
+async def until(
+    predicate: Callable[[], Awaitable[bool] | bool],
+    limit: float = 20.0,
+    *,
+    state: Callable[[], str] | None = None,
+) -> None:
     """Poll ``predicate`` (sync or async) every 5 ms until it is true; fail
-    with TimeoutError after ``limit`` seconds."""
-    with anyio.fail_after(limit):
-        while True:
-            value = predicate()
-            if inspect.isawaitable(value):
-                value = await value
-            if value:
-                return
-            await anyio.sleep(0.005)
+    with TimeoutError after ``limit`` seconds, or with AssertionError naming
+    ``state()`` (what was true instead) when ``state`` is given."""
+    try:
+        with anyio.fail_after(limit):
+            while True:
+                value = predicate()
+                if inspect.isawaitable(value):
+                    value = await value
+                if value:
+                    return
+                await anyio.sleep(0.005)
+    except TimeoutError:
+        if state is None:
+            raise
+        raise AssertionError(f"not true after {limit} s: {state()}") from None
 
 
 def pm_parts(text: str) -> list[wire.Part]:
